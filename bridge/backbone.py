@@ -1,0 +1,175 @@
+"""The Qwen3.5 backbone through llama.cpp: tokenize, and prefill into last-layer hidden states."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp as lc
+from llama_cpp import _logger as lc_logger
+from llama_cpp import llama_cpp_ext as lc_ext
+
+from ..head.errors import ClefError
+
+
+class BackboneError(ClefError):
+    """llama.cpp could not load the GGUF or could not run a batch."""
+
+    error_type = "backbone_error"
+
+
+class DecodeFailed(BackboneError):
+    """llama_decode returned an error for a batch (out of memory, aborted, ...)."""
+
+    error_type = "decode_failed"
+
+
+@dataclass(frozen=True)
+class BackboneOptions:
+    n_ctx: int = 16384  # token budget of one llama_decode, all sequences together
+    n_gpu_layers: int = -1  # -1: every layer on the GPU when llama.cpp was built with one
+    n_seq_max: int = 8  # sequences per decode (each hybrid model sequence needs its own recurrent slot)
+    n_ubatch: int = 512
+    n_threads: int = 0  # 0: every core
+    flash_attn: bool = True  # llama.cpp turns it off itself where the backend lacks it
+    verbose: bool = False
+
+
+class _Batch:
+    """A llama_batch whose buffers numpy owns, so filling it needs no per-token Python loop."""
+
+    def __init__(self, capacity: int):
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)  # one sequence id per token, pointed to by seq_ptr
+        self.seq_ptr = (self.seq.ctypes.data + 4 * np.arange(capacity, dtype=np.uint64)).astype(np.uint64)
+        self.logits = np.zeros(capacity, dtype=np.int8)  # outputs: the last token of each sequence only
+        self.struct = lc.llama_batch()
+        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(lc.llama_token))
+        self.struct.embd = None
+        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(lc.llama_pos))
+        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.seq_id = self.seq_ptr.ctypes.data_as(ctypes.POINTER(ctypes.POINTER(lc.llama_seq_id)))
+        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def fill(self, sequences: list[np.ndarray]) -> int:
+        n = 0
+        for seq_id, ids in enumerate(sequences):
+            k = len(ids)
+            self.token[n:n + k] = ids
+            self.pos[n:n + k] = np.arange(k, dtype=np.int32)
+            self.seq[n:n + k] = seq_id
+            self.logits[n:n + k] = 0
+            self.logits[n + k - 1] = 1
+            n += k
+        self.struct.n_tokens = n
+        return n
+
+
+class Backbone:
+    """One GGUF backbone and one llama.cpp context; not thread-safe (one worker owns it).
+
+    The hidden states come from llama.cpp's unmasked "nextn" embeddings: the final-norm output
+    of every token, while only each sequence's last token is an output. Marking every token as
+    an output (plain embeddings=True) would also run the LM head on every token and reserve
+    n_vocab floats per token on the host: 10 GB for a 16k-token batch of a 152k vocabulary.
+    """
+
+    def __init__(self, path: str | Path, options: BackboneOptions = BackboneOptions()):
+        self.path = Path(path)
+        self.options = options
+        lc_logger.set_verbose(options.verbose)
+        lc.llama_backend_init()
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = options.n_gpu_layers
+        self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise BackboneError(f"{self.path}: llama.cpp could not load this GGUF (run `clef-bridge check "
+                                f"{self.path}` to see why)")
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = options.n_ctx
+        cparams.n_batch = options.n_ctx
+        cparams.n_ubatch = min(options.n_ubatch, options.n_ctx)
+        cparams.n_seq_max = options.n_seq_max
+        cparams.embeddings = False  # True would force every token to be an output (see the class docstring)
+        cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
+        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO if options.flash_attn else \
+            lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.kv_unified = True  # sequences share the n_ctx budget instead of n_ctx / n_seq_max each
+        threads = options.n_threads or os.cpu_count() or 1
+        cparams.n_threads = cparams.n_threads_batch = threads
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            self._model = None
+            raise BackboneError(f"{self.path}: llama.cpp could not create a context with n_ctx={options.n_ctx} "
+                                "(out of memory? lower n_ctx or n_gpu_layers in models.toml)")
+        lc_ext.llama_set_embeddings_nextn(self._ctx, True, False)
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self._memory = lc.llama_get_memory(self._ctx)
+        self.n_embd = lc.llama_model_n_embd(self._model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx = lc.llama_n_ctx(self._ctx)
+        self._batch = _Batch(self.n_ctx)
+        self._tok_buf = (lc.llama_token * 4096)()
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "Backbone":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1024)
+        n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def tokenize(self, text: str, parse_special: bool) -> list[int]:
+        """llama.cpp's tokenization of one piece, with no BOS/EOS added."""
+        raw = text.encode("utf-8")
+        n = lc.llama_tokenize(self._vocab, raw, len(raw), self._tok_buf, len(self._tok_buf), False, parse_special)
+        if n < 0:
+            self._tok_buf = (lc.llama_token * (-n))()
+            n = lc.llama_tokenize(self._vocab, raw, len(raw), self._tok_buf, len(self._tok_buf), False, parse_special)
+        return np.ctypeslib.as_array(self._tok_buf)[:n].tolist()
+
+    def prefill(self, token_ids: np.ndarray) -> np.ndarray:
+        """float32 [n_tokens, n_embd] last-layer hidden states (after the final norm)."""
+        return self.prefill_many([token_ids])[0]
+
+    def prefill_many(self, sequences: list[np.ndarray]) -> list[np.ndarray]:
+        """Several sequences in ONE llama_decode, each in its own sequence id; one array per sequence."""
+        if not sequences or len(sequences) > self.options.n_seq_max:
+            raise ValueError(f"prefill_many takes 1 to {self.options.n_seq_max} sequences, got {len(sequences)}")
+        lengths = [len(s) for s in sequences]
+        total = sum(lengths)
+        if min(lengths) == 0 or total > self.n_ctx:
+            raise ValueError(f"sequences of {lengths} tokens do not fit a batch of {self.n_ctx}")
+        # Each decode starts from empty memory: KV cells and the recurrent state slots alike.
+        lc.llama_memory_clear(self._memory, True)
+        n = self._batch.fill([np.asarray(s, dtype=np.int32) for s in sequences])
+        status = lc.llama_decode(self._ctx, self._batch.struct)
+        if status != 0:
+            lc.llama_memory_clear(self._memory, True)
+            raise DecodeFailed(f"llama_decode failed with status {status} on {len(sequences)} sequence(s), "
+                               f"{n} tokens")
+        ptr = lc_ext.llama_get_embeddings_nextn(self._ctx)
+        hidden = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd)).copy()  # [n, n_embd]
+        lc.llama_memory_clear(self._memory, True)
+        return np.split(hidden, np.cumsum(lengths)[:-1])

@@ -1,0 +1,79 @@
+"""From option logits to System One answers (the reference's systemone_answer, plus options)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import ClefError
+from .schema import QUESTION_TYPES, DecisionRequest, Question
+
+
+class NonFiniteOutput(ClefError):
+    """The head produced NaN or infinity: a backend fault, never a valid answer."""
+
+    error_type = "non_finite_output"
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    temperature: dict[str, float] = field(default_factory=lambda: dict.fromkeys(QUESTION_TYPES, 1.0))
+    confidence: str = "reference"  # "reference": p of the chosen option; "jev": TypeSafe's normalised formula
+
+
+def softmax64(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def jev_choice_confidence(p: np.ndarray) -> float:
+    n = len(p)
+    return float((p.max() - 1 / n) / (1 - 1 / n))
+
+
+def jev_score_confidence(p: np.ndarray) -> float:
+    n = len(p)
+    levels = np.arange(n)
+    spread = np.abs(levels - (n - 1) / 2).mean()
+    return float(max(0.0, 1 - (p * np.abs(levels - p.argmax())).sum() / spread))
+
+
+def answer(question: Question, probabilities: np.ndarray, confidence: str) -> dict[str, Any]:
+    """probabilities: [n_options] in prompt order (question.options)."""
+    by_id = {oid: float(p) for (oid, _), p in zip(question.options, probabilities)}
+    if question.type == "noul":
+        return {"type": "noul", "noul": round(by_id["true"], 4)}
+    ordered = np.array([by_id[k] for k in question.answer_keys])  # [n] in answer order
+    if question.type == "choice":
+        best = question.answer_keys[int(ordered.argmax())]  # first maximum in request order, as the reference
+        conf = by_id[best] if confidence == "reference" else jev_choice_confidence(ordered)
+        return {
+            "type": "choice",
+            "choice": best,
+            "confidence": round(conf, 4),
+            "probabilities": {k: round(by_id[k], 4) for k in question.answer_keys},
+        }
+    conf = float(ordered.max()) if confidence == "reference" else jev_score_confidence(ordered)
+    return {
+        "type": "score",
+        "score": round(float(sum(i * p for i, p in enumerate(ordered))), 4),
+        "confidence": round(conf, 4),
+        "legend": {k: d for k, d in question.options},
+        "probabilities": {k: round(by_id[k], 4) for k in question.answer_keys},
+    }
+
+
+def answers(request: DecisionRequest, logits: np.ndarray, offsets: np.ndarray,
+            options: AnswerOptions = AnswerOptions()) -> dict[str, dict[str, Any]]:
+    """logits: [n_options] flat in layout order; offsets: [n_q] first option of each question."""
+    if not np.isfinite(logits).all():
+        raise NonFiniteOutput("the head produced non-finite logits; the backend is faulty, retry later")
+    bounds = list(offsets) + [len(logits)]
+    out = {}
+    for q, start, end in zip(request.questions, bounds, bounds[1:]):
+        p = softmax64(logits[start:end] / options.temperature[q.type])
+        out[q.id] = answer(q, p, options.confidence)
+    return out

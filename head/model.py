@@ -1,0 +1,191 @@
+"""JointSchemaHead's forward pass as pure functions over arrays (numpy, or CuPy on a GPU).
+
+One function per torch module of the reference, named after it; parameters arrive by ``**``
+unpacking of the nested state dict (see weights.unflatten), so names are the torch names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+LOG_100 = math.log(100.0)
+
+
+def array_module(x: Any) -> Any:
+    """numpy, or cupy when x lives on a GPU."""
+    if type(x).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the questions and options sit in the token sequence (host-side integer arrays)."""
+
+    question_spans: np.ndarray  # [n_q, 2] token [start, end), sorted, disjoint, non-empty
+    option_spans: np.ndarray  # [n_o, 2] token [start, end), sorted, disjoint, non-empty
+    option_offsets: np.ndarray  # [n_q] index of each question's first option
+    types: np.ndarray  # [n_q] 0 noul, 1 choice, 2 score
+
+    @property
+    def option_question(self) -> np.ndarray:
+        counts = np.diff(np.append(self.option_offsets, len(self.option_spans)))  # [n_q]
+        return np.repeat(np.arange(len(counts)), counts)  # [n_o]
+
+
+def erf(x):
+    # Numerical Recipes' erfc (fractional error < 1.2e-7): numpy has no erf, and GELU is exact in torch.
+    xp = array_module(x)
+    z = xp.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277))))))))
+    erfc = t * xp.exp(poly)
+    return xp.where(x >= 0, 1.0 - erfc, erfc - 1.0).astype(x.dtype)
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + erf(x * np.float32(1 / math.sqrt(2))))
+
+
+def softmax(x, axis=-1):
+    xp = array_module(x)
+    e = xp.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    xc = x - x.mean(axis=-1, keepdims=True)
+    xc *= 1.0 / array_module(x).sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+    xc *= weight  # in place: the hidden norm runs over [t, H], where every pass counts
+    xc += bias
+    return xc
+
+
+def linear(x, weight, bias=None):
+    # Few rows: BLAS streams the weight twice as fast as the left operand of a gemm.
+    y = (weight @ x.T).T if x.ndim == 2 and x.shape[0] <= 32 else x @ weight.T  # [..., in] -> [..., out]
+    return y if bias is None else y + bias
+
+
+def normalize(x, eps=1e-12):
+    xp = array_module(x)
+    return x / xp.maximum(xp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def cosine_similarity(a, b, eps=1e-8):
+    xp = array_module(a)
+    na = (a * a).sum(-1)
+    nb = (b * b).sum(-1)
+    return (a * b).sum(-1) / xp.sqrt(xp.maximum(na * nb, eps * eps))
+
+
+def sequential(x, first, last):
+    """nn.Sequential(Linear, GELU, Dropout, Linear[, Dropout]) at inference."""
+    return linear(gelu(linear(x, **first)), **last)
+
+
+def multi_head_attention(x, memory, in_proj_weight, in_proj_bias, out_proj, n_head):
+    """nn.MultiheadAttention(x, memory, memory), picking the cheaper of two exact forms.
+
+    With few queries over a long memory, the key projection moves onto the queries
+    (q Wk mem^T) and the value projection after the weighted sum ((p mem) Wv^T + bv);
+    the key bias adds one constant to each query's scores, which the softmax ignores.
+    """
+    xp = array_module(x)
+    nq, w = x.shape
+    t = memory.shape[0]
+    hd = w // n_head
+    wq, wk, wv = in_proj_weight.reshape(3, w, w)
+    bq, bk, bv = in_proj_bias.reshape(3, w)
+    q = (linear(x, wq, bq) * np.float32(1 / math.sqrt(hd))).reshape(nq, n_head, hd)  # [nq, h, hd]
+    q = q.transpose(1, 0, 2)  # [h, nq, hd]
+    if nq * (w + (n_head - 1) * t) < t * w:
+        qk = q @ wk.reshape(n_head, hd, w)  # [h, nq, w]
+        p = softmax((qk.reshape(n_head * nq, w) @ memory.T).reshape(n_head, nq, t))  # [h, nq, t]
+        pm = (p.reshape(n_head * nq, t) @ memory).reshape(n_head, nq, w)  # [h, nq, w]
+        o = pm @ wv.reshape(n_head, hd, w).transpose(0, 2, 1) + bv.reshape(n_head, 1, hd)  # [h, nq, hd]
+    else:
+        k = linear(memory, wk, bk).reshape(t, n_head, hd).transpose(1, 0, 2)  # [h, t, hd]
+        v = linear(memory, wv, bv).reshape(t, n_head, hd).transpose(1, 0, 2)  # [h, t, hd]
+        o = softmax(q @ k.transpose(0, 2, 1)) @ v  # [h, nq, hd]
+    o = xp.ascontiguousarray(o.transpose(1, 0, 2)).reshape(nq, w)  # [nq, w]
+    return linear(o, **out_proj)
+
+
+def evidence_routing_layer(queries, memory, query_norm, memory_norm, attention, feedforward_norm,
+                           feedforward, n_head):
+    m = layer_norm(memory, **memory_norm)  # [t, w]
+    queries = queries + multi_head_attention(layer_norm(queries, **query_norm), m, **attention, n_head=n_head)
+    return queries + sequential(layer_norm(queries, **feedforward_norm), feedforward["0"], feedforward["3"])
+
+
+def transformer_decoder_layer(x, memory, self_attn, multihead_attn, linear1, linear2, norm1, norm2, norm3,
+                              n_head):
+    """nn.TransformerDecoderLayer(norm_first=True, activation='gelu'), no masks."""
+    h = layer_norm(x, **norm1)
+    x = x + multi_head_attention(h, h, **self_attn, n_head=n_head)
+    x = x + multi_head_attention(layer_norm(x, **norm2), memory, **multihead_attn, n_head=n_head)
+    return x + sequential(layer_norm(x, **norm3), linear1, linear2)
+
+
+def span_means(x, spans):
+    """Means of x over [start, end) row spans: [n, 2] -> [n, d]."""
+    return array_module(x).stack([x[s:e].mean(axis=0) for s, e in spans.tolist()])
+
+
+def joint_schema_head(hidden, option_rows, layout: Layout, n_head: int, *, hidden_norm, memory_projection,
+                      question_projection, option_question_projection, global_projection,
+                      option_context_projection, option_lexical_projection, type_embedding, evidence_layers,
+                      option_summary_norm, layers, field_norm, option_norm, residual_scorer,
+                      prior_logit_scale, joint_logit_scale, residual_gate):
+    """One record's option logits, flat in layout order.
+
+    hidden: [t, H] last hidden states; option_rows: [s, H] output-embedding rows of every
+    option-span token, in order (the spans concatenated).
+    """
+    xp = array_module(hidden)
+    oq = xp.asarray(layout.option_question)  # [n_o]
+    bounds = np.append(layout.option_offsets, len(layout.option_spans))  # [n_q + 1]
+    questions = np.stack([bounds[:-1], bounds[1:]], axis=1)  # [n_q, 2] option index ranges
+    ends = np.cumsum(layout.option_spans[:, 1] - layout.option_spans[:, 0])  # [n_o]
+    row_spans = np.stack([ends - (layout.option_spans[:, 1] - layout.option_spans[:, 0]), ends], axis=1)  # [n_o, 2]
+
+    h = layer_norm(hidden, **hidden_norm)  # [t, H]
+    memory = linear(h, **memory_projection)  # [t, w]
+    g = h[-1]  # [H]
+    question = span_means(h, layout.question_spans)  # [n_q, H]
+    context = span_means(h, layout.option_spans)  # [n_o, H]
+    lexical = span_means(option_rows, row_spans)  # [n_o, H]
+
+    options = (linear(context, **option_context_projection) + linear(lexical, **option_lexical_projection)
+               + linear(question, **option_question_projection)[oq])  # [n_o, w]
+    for layer in evidence_layers:
+        options = evidence_routing_layer(options, memory, **layer, n_head=n_head)
+
+    base = linear(question, **question_projection)  # [n_q, w]
+    route = (options * base[oq]).sum(-1) / np.float32(math.sqrt(options.shape[-1]))  # [n_o]
+    summaries = xp.stack([softmax(route[s:e]) @ options[s:e] for s, e in questions.tolist()])  # [n_q, w]
+    fields = (base + layer_norm(summaries, **option_summary_norm) + linear(g, **global_projection)
+              + type_embedding["weight"][xp.asarray(layout.types)])  # [n_q, w]
+    for layer in layers:
+        fields = transformer_decoder_layer(fields, memory, **layer, n_head=n_head)
+    fields = layer_norm(fields, **field_norm)  # [n_q, w]
+
+    anchor = normalize(question + g)  # [n_q, H]
+    prior_scale = xp.exp(xp.minimum(prior_logit_scale, LOG_100))
+    prior = prior_scale * (normalize(lexical) * anchor[oq]).sum(-1)  # [n_o]
+    opts = layer_norm(options, **option_norm)  # [n_o, w]
+    f = fields[oq]  # [n_o, w]
+    features = xp.concatenate([f, opts, f * opts, xp.abs(f - opts)], axis=-1)  # [n_o, 4w]
+    residual = sequential(features, residual_scorer["0"], residual_scorer["3"])[:, 0]  # [n_o]
+    joint = xp.exp(xp.minimum(joint_logit_scale, LOG_100)) * cosine_similarity(f, opts) + residual  # [n_o]
+    gate = 1.0 / (1.0 + xp.exp(-residual_gate))
+    return prior + gate * joint  # [n_o]

@@ -1,0 +1,153 @@
+"""Validation of System One request bodies into typed questions, per the Jev contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import Problem, RequestInvalid
+
+QUESTION_TYPES = {"noul": 0, "choice": 1, "score": 2}
+NOUL_DEFAULTS = {
+    "true": "The proposition is true or the answer is yes.",
+    "false": "The proposition is false or the answer is no.",
+}
+MEDIA_FIELDS = ("images", "videos", "assets")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_questions: int = 64
+    max_options: int = 255
+    max_levels: int = 10
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    type: str
+    instructions: Any  # str, dict, list or None, as sent
+    options: tuple[tuple[str, Any], ...]  # (option id, description or None) in prompt order
+    answer_keys: tuple[str, ...]  # option ids in the order the answer lists them
+
+    @property
+    def type_id(self) -> int:
+        return QUESTION_TYPES[self.type]
+
+
+@dataclass(frozen=True)
+class DecisionRequest:
+    model: str
+    state: Any
+    questions: tuple[Question, ...]
+
+
+def _is_text(value: Any) -> bool:
+    return value is None or isinstance(value, (str, dict, list))
+
+
+def _text_problem(loc: tuple, what: str) -> Problem:
+    return Problem(loc, f"{what} must be a string, an object, an array or null", "type_error")
+
+
+def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list[Problem]):
+    loc = ("body", "questions", qid, "criteria")
+    if qtype == "noul":
+        if criteria is None:
+            criteria = {}
+        if not isinstance(criteria, dict):
+            problems.append(Problem(loc, "noul criteria must be null or an object with 'true' and/or 'false'",
+                                    "type_error"))
+            return None
+        extra = sorted(set(criteria) - {"true", "false"})
+        if extra:
+            problems.append(Problem(loc, f"noul criteria take only 'true' and 'false', not {extra}", "value_error"))
+        for key, value in criteria.items():
+            if not _is_text(value):
+                problems.append(_text_problem(loc + (key,), "a criterion"))
+        merged = NOUL_DEFAULTS | {k: v for k, v in criteria.items() if k in NOUL_DEFAULTS}
+        return tuple((k, merged[k]) for k in ("true", "false")), ("true", "false")
+    if qtype == "choice":
+        if not isinstance(criteria, dict):
+            problems.append(Problem(loc, "choice criteria must be an object of option name -> description",
+                                    "type_error"))
+            return None
+        if not 2 <= len(criteria) <= limits.max_options:
+            problems.append(Problem(loc, f"a choice needs 2 to {limits.max_options} options, got {len(criteria)}",
+                                    "value_error"))
+        for key, value in criteria.items():
+            if not _is_text(value):
+                problems.append(_text_problem(loc + (key,), "an option description"))
+        # The prompt lists options sorted by code point, so request order cannot move an answer.
+        return tuple(sorted(criteria.items())), tuple(criteria)
+    if not isinstance(criteria, list):
+        problems.append(Problem(loc, "score criteria must be an array of levels, lowest first", "type_error"))
+        return None
+    if not 2 <= len(criteria) <= limits.max_levels:
+        problems.append(Problem(loc, f"a score needs 2 to {limits.max_levels} levels, got {len(criteria)}",
+                                "value_error"))
+    for i, value in enumerate(criteria):
+        if not _is_text(value):
+            problems.append(_text_problem(loc + (i,), "a level"))
+    keys = tuple(str(i) for i in range(len(criteria)))
+    return tuple(zip(keys, criteria)), keys
+
+
+def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem]) -> Question | None:
+    loc = ("body", "questions", qid)
+    if not isinstance(raw, dict):
+        problems.append(Problem(loc, "a question must be an object with 'type'", "type_error"))
+        return None
+    qtype = raw.get("type")
+    if qtype not in QUESTION_TYPES:
+        problems.append(Problem(loc + ("type",), f"type must be one of noul, choice, score; got {qtype!r}",
+                                "value_error"))
+        return None
+    instructions = raw.get("instructions")
+    if not _is_text(instructions):
+        problems.append(_text_problem(loc + ("instructions",), "instructions"))
+    elif qid == "" and instructions in (None, ""):
+        # The prompt falls back to the id as the instruction; an empty one leaves nothing to read.
+        problems.append(Problem(loc, "a question with an empty id needs non-empty instructions", "value_error"))
+    if qtype != "noul" and "criteria" not in raw:
+        problems.append(Problem(loc + ("criteria",), f"a {qtype} question needs criteria", "missing"))
+        return None
+    built = _options(qid, qtype, raw.get("criteria"), limits, problems)
+    if built is None:
+        return None
+    options, keys = built
+    return Question(qid, qtype, instructions, options, keys)
+
+
+def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
+    """Validate a decoded request body; every problem found is reported in one RequestInvalid."""
+    if not isinstance(body, dict):
+        raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
+    problems: list[Problem] = []
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
+    if "state" not in body:
+        problems.append(Problem(("body", "state"), "state is required", "missing"))
+    elif not isinstance(body["state"], (str, dict, list)):
+        problems.append(Problem(("body", "state"), "state must be a string, an object or an array", "type_error"))
+    for field in MEDIA_FIELDS:
+        if body.get(field):
+            problems.append(Problem(("body", field), "this backend takes no images or videos: the GGUF backbone "
+                                    "path has no vision tower; send text state only", "images_not_supported"))
+    raw_questions = body.get("questions")
+    questions: list[Question] = []
+    if not isinstance(raw_questions, dict) or not raw_questions:
+        problems.append(Problem(("body", "questions"), "questions must be a non-empty object of id -> question",
+                                "type_error"))
+    elif len(raw_questions) > limits.max_questions:
+        problems.append(Problem(("body", "questions"), f"at most {limits.max_questions} questions per request, "
+                                f"got {len(raw_questions)}", "value_error"))
+    else:
+        for qid, raw in raw_questions.items():
+            question = _question(qid, raw, limits, problems)
+            if question is not None:
+                questions.append(question)
+    if problems:
+        raise RequestInvalid(problems)
+    return DecisionRequest(model, body["state"], tuple(questions))

@@ -1,0 +1,225 @@
+"""Test fixtures, built deterministically into .fixtures/ and reused when present.
+
+- the llama-cpp-python sdist (its convert_hf_to_gguf.py, gguf-py and the real Qwen3.5 vocab);
+- a Qwen3.5 tokenizer.json built with `tokenizers` from that vocab and the qwen35 pre-tokenizer;
+- a tiny random Qwen3.5 (transformers, float32) with that tokenizer, converted to F32, F16 and
+  Q8_0 GGUFs through llama.cpp's own converter and quantizer;
+- a tiny random joint head (bf16 safetensors + joint_head_config.json).
+
+Run `python -m tests.fixturegen` to build them by hand; the tests build them on first use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(os.environ.get("CLEF_BRIDGE_FIXTURES", ROOT / ".fixtures"))
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+SDIST_NAME = "llama_cpp_python-0.3.36"
+VENDOR = f"{SDIST_NAME}/vendor/llama.cpp"
+SEED = 1234
+
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35 regex (src/llama-vocab.cpp), the tokenizer.json form
+QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Slots the vocab-only GGUF leaves as [PADn] hold these in Qwen3 and Qwen3.5 releases.
+ADDED = {151652: ("<|vision_start|>", True), 151653: ("<|vision_end|>", True), 151654: ("<|vision_pad|>", True),
+         151655: ("<|image_pad|>", True), 151656: ("<|video_pad|>", True), 151667: ("<think>", False),
+         151668: ("</think>", False)}
+TINY_HEAD = {"hidden_size": 64, "width": 32, "routing_layers": 1, "layers": 1, "heads": 2, "feedforward": 64}
+
+
+@dataclass(frozen=True)
+class Fixtures:
+    root: Path
+    vocab_gguf: Path  # the real Qwen3.5 vocab (vocab only)
+    vocab_inp: Path
+    vocab_out: Path
+    tokenizer_dir: Path  # tokenizer.json built from the vocab
+    hf_model: Path  # tiny random Qwen3.5, transformers format
+    gguf_f32: Path
+    gguf_f16: Path
+    gguf_q8_0: Path
+    head: Path  # joint_head.safetensors, with joint_head_config.json beside it
+
+
+@contextmanager
+def _lock(root: Path):
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # pytest-xdist workers or two shells must not build twice
+        yield
+
+
+def _log(msg: str) -> None:
+    print(f"[fixtures] {msg}", file=sys.stderr, flush=True)
+
+
+def sdist(root: Path) -> Path:
+    """The extracted parts of the llama-cpp-python sdist that the fixtures need."""
+    out = root / "sdist"
+    marker = out / VENDOR / "models" / "ggml-vocab-qwen35.gguf"
+    if marker.exists():
+        return out / VENDOR
+    archives = glob.glob(str(out / f"{SDIST_NAME}.tar.gz"))
+    if not archives:
+        _log(f"downloading the {LLAMA_CPP_PYTHON} sdist (convert_hf_to_gguf.py, the Qwen3.5 vocab)")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "-d", str(out), LLAMA_CPP_PYTHON], check=True)
+        archives = glob.glob(str(out / f"{SDIST_NAME}.tar.gz"))
+    wanted = (f"{VENDOR}/convert_hf_to_gguf.py", f"{VENDOR}/conversion/", f"{VENDOR}/gguf-py/",
+              f"{VENDOR}/models/ggml-vocab-qwen35.gguf")
+    with tarfile.open(archives[0]) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(wanted)]
+        tar.extractall(out, members=members, filter="data")
+    return out / VENDOR
+
+
+def _vocab(vocab_gguf: Path) -> tuple[list[str], list[int], list[str]]:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(vocab_gguf)
+    field = lambda name: reader.fields[name]  # noqa: E731
+    tokens = [bytes(field("tokenizer.ggml.tokens").parts[i]).decode() for i in field("tokenizer.ggml.tokens").data]
+    types = [int(field("tokenizer.ggml.token_type").parts[i][0]) for i in field("tokenizer.ggml.token_type").data]
+    merges = [bytes(field("tokenizer.ggml.merges").parts[i]).decode() for i in field("tokenizer.ggml.merges").data]
+    return tokens, types, merges
+
+
+def build_tokenizer(vocab_gguf: Path, out_dir: Path) -> None:
+    """tokenizer.json: byte-level BPE over the vocab's tokens and merges, qwen35 pre-tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens, types, merges = _vocab(vocab_gguf)
+    for i, (text, _) in ADDED.items():
+        tokens[i], types[i] = text, 4
+    normal = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 1}
+    tok = Tokenizer(models.BPE(vocab=normal, merges=[tuple(m.split(" ", 1)) for m in merges],
+                               ignore_merges=False, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN35_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    specials = {i: (tokens[i], True) for i, ty in enumerate(types) if ty == 3} | ADDED
+    raw = json.loads(tok.to_str())
+    raw["added_tokens"] = [  # explicit ids, as in a release's tokenizer.json
+        {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": special} for i, (text, special) in sorted(specials.items())]
+    tok = Tokenizer.from_str(json.dumps(raw))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
+                              "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>"},
+    )
+    fast.save_pretrained(out_dir)
+
+
+def build_tiny_model(tokenizer_dir: Path, out_dir: Path, vocab_size: int) -> None:
+    """A tiny random Qwen3.5 (4 hybrid layers) in float32, in the transformers format."""
+    import torch
+    from clef_finetune.tiny import tiny_config
+    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = tiny_config(tokenizer, vocab_size=vocab_size)
+    # llama.cpp needs the mrope sections to sum to half the rotary width (head_dim 16 x 0.25 = 4)
+    config.text_config.rope_parameters = dict(config.text_config.rope_parameters or {}, mrope_section=[1, 1, 0],
+                                              mrope_interleaved=True)
+    torch.manual_seed(SEED)
+    model = Qwen3_5ForConditionalGeneration(config).to(torch.float32).eval()
+    with torch.no_grad():  # default init leaves norms at one; vary them so the test sees the weights
+        for name, p in model.named_parameters():
+            if "norm" in name and p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+CONVERT = """
+import runpy, sys
+sys.path[:0] = [{vendor!r}, {gguf_py!r}]
+from conversion import base
+# The chktxt hash of a home-made tokenizer can match Qwen1.5's first; a Clef GGUF says qwen35.
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen35"
+sys.argv = {argv!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def convert(vendor: Path, hf_dir: Path, out: Path, outtype: str) -> None:
+    script = vendor / "convert_hf_to_gguf.py"
+    argv = [str(script), str(hf_dir), "--outfile", str(out), "--outtype", outtype, "--no-mtp"]
+    code = CONVERT.format(vendor=str(vendor), gguf_py=str(vendor / "gguf-py"), argv=argv, script=str(script))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=vendor, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+
+def quantize(src: Path, out: Path, ftype: str) -> None:
+    import llama_cpp as lc
+    from llama_cpp import _logger
+
+    _logger.set_verbose(False)
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = getattr(lc, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = os.cpu_count() or 1
+    status = lc.llama_model_quantize(str(src).encode(), str(out).encode(), params)
+    if status != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {ftype}) failed with {status}")
+
+
+def build_head(out: Path, config: dict, seed: int) -> None:
+    from clef_bridge.head.config import HeadConfig
+    from clef_bridge.head.weights import save_state_dict
+    from clef_bridge.tools.randomhead import random_state_dict
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_state_dict(out, random_state_dict(HeadConfig(**config), seed), "BF16")
+    (out.parent / "joint_head_config.json").write_text(json.dumps(config, indent=2))
+
+
+def build(root: Path = FIXTURES) -> Fixtures:
+    with _lock(root):
+        vendor = sdist(root)
+        vocab = vendor / "models" / "ggml-vocab-qwen35.gguf"
+        fx = Fixtures(
+            root=root, vocab_gguf=vocab, vocab_inp=vocab.with_suffix(".gguf.inp"),
+            vocab_out=vocab.with_suffix(".gguf.out"), tokenizer_dir=root / "tokenizer", hf_model=root / "tiny-hf",
+            gguf_f32=root / "tiny-f32.gguf", gguf_f16=root / "tiny-f16.gguf", gguf_q8_0=root / "tiny-q8_0.gguf",
+            head=root / "tiny-head" / "joint_head.safetensors",
+        )
+        if not (fx.tokenizer_dir / "tokenizer.json").exists():
+            _log("building tokenizer.json from the Qwen3.5 vocab")
+            build_tokenizer(vocab, fx.tokenizer_dir)
+        if not (fx.hf_model / "config.json").exists():
+            _log("building the tiny random Qwen3.5")
+            build_tiny_model(fx.tokenizer_dir, fx.hf_model, vocab_size=151936)
+        for path, outtype in ((fx.gguf_f32, "f32"), (fx.gguf_f16, "f16")):
+            if not path.exists():
+                _log(f"converting to {path.name}")
+                convert(vendor, fx.hf_model, path.with_suffix(".tmp"), outtype)
+                path.with_suffix(".tmp").rename(path)
+        if not fx.gguf_q8_0.exists():
+            _log(f"quantizing to {fx.gguf_q8_0.name}")
+            quantize(fx.gguf_f32, fx.gguf_q8_0.with_suffix(".tmp"), "Q8_0")
+            fx.gguf_q8_0.with_suffix(".tmp").rename(fx.gguf_q8_0)
+        if not fx.head.exists():
+            build_head(fx.head, TINY_HEAD, SEED)
+        return fx
+
+
+if __name__ == "__main__":
+    print(build())
