@@ -35,7 +35,9 @@ class BackboneOptions:
     n_seq_max: int = 8  # sequences per decode (each hybrid model sequence needs its own recurrent slot)
     n_ubatch: int = 512
     n_threads: int = 0  # 0: every core
-    flash_attn: bool = True  # llama.cpp turns it off itself where the backend lacks it
+    # None: on where layers are offloaded to a GPU, off on the CPU, where llama.cpp's flash attention
+    # rounds through f16 (batched results then differ from one-at-a-time by ~1e-4) and saves little.
+    flash_attn: bool | None = None
     verbose: bool = False
 
 
@@ -71,6 +73,45 @@ class _Batch:
         return n
 
 
+class Tokenizer:
+    """llama.cpp's tokenizer over a loaded vocabulary."""
+
+    def __init__(self, vocab):
+        self._vocab = vocab
+        self._buf = (lc.llama_token * 4096)()
+
+    def tokenize(self, text: str, parse_special: bool) -> list[int]:
+        raw = text.encode("utf-8")
+        n = lc.llama_tokenize(self._vocab, raw, len(raw), self._buf, len(self._buf), False, parse_special)
+        if n < 0:
+            self._buf = (lc.llama_token * (-n))()
+            n = lc.llama_tokenize(self._vocab, raw, len(raw), self._buf, len(self._buf), False, parse_special)
+        return np.ctypeslib.as_array(self._buf)[:n].tolist()
+
+
+class VocabOnly:
+    """A GGUF's tokenizer without its weights (llama.cpp's vocab_only load)."""
+
+    def __init__(self, path: str | Path, verbose: bool = False):
+        lc_logger.set_verbose(verbose)
+        lc.llama_backend_init()
+        mparams = lc.llama_model_default_params()
+        mparams.vocab_only = True
+        self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise BackboneError(f"{path}: llama.cpp could not load this GGUF's vocabulary")
+        self._tokenizer = Tokenizer(lc.llama_model_get_vocab(self._model))
+        self.tokenize = self._tokenizer.tokenize
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class Backbone:
     """One GGUF backbone and one llama.cpp context; not thread-safe (one worker owns it).
 
@@ -98,8 +139,10 @@ class Backbone:
         cparams.n_seq_max = options.n_seq_max
         cparams.embeddings = False  # True would force every token to be an output (see the class docstring)
         cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
-        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO if options.flash_attn else \
-            lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        flash = options.flash_attn
+        if flash is None:
+            flash = bool(lc.llama_supports_gpu_offload()) and options.n_gpu_layers != 0
+        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.kv_unified = True  # sequences share the n_ctx budget instead of n_ctx / n_seq_max each
         threads = options.n_threads or os.cpu_count() or 1
         cparams.n_threads = cparams.n_threads_batch = threads
@@ -116,7 +159,7 @@ class Backbone:
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         self.n_ctx = lc.llama_n_ctx(self._ctx)
         self._batch = _Batch(self.n_ctx)
-        self._tok_buf = (lc.llama_token * 4096)()
+        self._tokenizer = Tokenizer(self._vocab)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -142,12 +185,7 @@ class Backbone:
 
     def tokenize(self, text: str, parse_special: bool) -> list[int]:
         """llama.cpp's tokenization of one piece, with no BOS/EOS added."""
-        raw = text.encode("utf-8")
-        n = lc.llama_tokenize(self._vocab, raw, len(raw), self._tok_buf, len(self._tok_buf), False, parse_special)
-        if n < 0:
-            self._tok_buf = (lc.llama_token * (-n))()
-            n = lc.llama_tokenize(self._vocab, raw, len(raw), self._tok_buf, len(self._tok_buf), False, parse_special)
-        return np.ctypeslib.as_array(self._tok_buf)[:n].tolist()
+        return self._tokenizer.tokenize(text, parse_special)
 
     def prefill(self, token_ids: np.ndarray) -> np.ndarray:
         """float32 [n_tokens, n_embd] last-layer hidden states (after the final norm)."""

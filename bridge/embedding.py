@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .backbone import BackboneError
+from .gguf_file import read_gguf, tensor_rows
 
 OUTPUT = "output.weight"
 TIED = "token_embd.weight"  # used when the model ties its input and output embeddings
@@ -20,23 +21,20 @@ class OutputEmbedding:
     """Dequantizes only the rows asked for and caches them per token id (up to max_rows)."""
 
     def __init__(self, path: str | Path, max_rows: int = 16384):
-        try:
-            reader = GGUFReader(path, "r")
-        except (OSError, ValueError) as exc:
-            raise BackboneError(f"{path}: cannot read the GGUF: {exc}") from None
-        tensors = {t.name: t for t in reader.tensors}
-        tensor = tensors.get(OUTPUT) or tensors.get(TIED)
+        info = read_gguf(path)
+        tensor = info.tensors.get(OUTPUT) or info.tensors.get(TIED)
         if tensor is None:
             raise BackboneError(f"{path}: neither {OUTPUT} nor {TIED} is in this GGUF; the head needs the output "
                                 "embedding")
-        if tensor.tensor_type not in SUPPORTED:
-            raise BackboneError(f"{path}: {tensor.name} is {tensor.tensor_type.name}, which clef-bridge cannot "
-                                f"dequantize; supported: {sorted(t.name for t in SUPPORTED)}")
+        if tensor.type not in SUPPORTED:
+            name = getattr(tensor.type, "name", tensor.type)
+            raise BackboneError(f"{path}: {tensor.name} is {name}, which clef-bridge cannot dequantize; "
+                                f"supported: {sorted(t.name for t in SUPPORTED)}")
         self.tensor_name = tensor.name
-        self.qtype = tensor.tensor_type
+        self.qtype = tensor.type
         self.n_embd = int(tensor.shape[0])
         self.n_vocab = int(tensor.shape[1])
-        self._data = tensor.data  # memory-mapped [n_vocab, n_embd] or [n_vocab, row bytes]
+        self._data = tensor_rows(info, tensor)  # memory-mapped [n_vocab, row bytes]
         self._slot = np.full(self.n_vocab, -1, dtype=np.int64)  # token id -> row of _store, -1 if not cached
         self._store = np.zeros((0, self.n_embd), dtype=np.float32)
         self._used = 0
@@ -44,7 +42,9 @@ class OutputEmbedding:
 
     def dequantize(self, ids: np.ndarray) -> np.ndarray:
         """Rows for these ids straight from the file: [n, n_embd] float32."""
-        raw = np.asarray(self._data[ids])  # [n, row] copied out of the map
+        raw = np.asarray(self._data[ids])  # [n, row bytes] copied out of the map
+        if self.qtype == GGMLQuantizationType.F32:
+            return raw.view(np.float32).reshape(len(ids), self.n_embd).copy()
         return dequantize(raw, self.qtype).reshape(len(ids), self.n_embd).astype(np.float32, copy=False)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:

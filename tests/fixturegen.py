@@ -98,13 +98,15 @@ def _vocab(vocab_gguf: Path) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def build_tokenizer(vocab_gguf: Path, out_dir: Path) -> None:
-    """tokenizer.json: byte-level BPE over the vocab's tokens and merges, qwen35 pre-tokenizer."""
+def qwen35_tokenizer(vocab_gguf: Path, added: dict[int, tuple[str, bool]]):
+    """A `tokenizers` byte-level BPE over the vocab's tokens and merges with the qwen35 pre-tokenizer.
+
+    added: extra added tokens by id (text, special), placed in slots the vocab leaves as [PADn].
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     tokens, types, merges = _vocab(vocab_gguf)
-    for i, (text, _) in ADDED.items():
+    for i, (text, _) in added.items():
         tokens[i], types[i] = text, 4
     normal = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 1}
     tok = Tokenizer(models.BPE(vocab=normal, merges=[tuple(m.split(" ", 1)) for m in merges],
@@ -114,12 +116,19 @@ def build_tokenizer(vocab_gguf: Path, out_dir: Path) -> None:
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    specials = {i: (tokens[i], True) for i, ty in enumerate(types) if ty == 3} | ADDED
+    specials = {i: (tokens[i], True) for i, ty in enumerate(types) if ty == 3} | added
     raw = json.loads(tok.to_str())
     raw["added_tokens"] = [  # explicit ids, as in a release's tokenizer.json
         {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
          "special": special} for i, (text, special) in sorted(specials.items())]
-    tok = Tokenizer.from_str(json.dumps(raw))
+    return Tokenizer.from_str(json.dumps(raw))
+
+
+def build_tokenizer(vocab_gguf: Path, out_dir: Path) -> None:
+    """tokenizer.json for the tiny model: the vocab plus the Qwen3.5 vision and thinking tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = qwen35_tokenizer(vocab_gguf, ADDED)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",

@@ -1,0 +1,157 @@
+"""models.toml: the registry of served models, parsed strictly into frozen dataclasses."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..head.errors import ClefError
+from ..head.schema import QUESTION_TYPES
+
+LATEST = "jev-latest"
+
+
+class RegistryError(ClefError):
+    """models.toml is missing, malformed, or names something that does not exist."""
+
+    error_type = "registry_error"
+
+
+class UnknownModel(ClefError):
+    """A request named a model this server does not serve."""
+
+    error_type = "model_not_found"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    gguf: Path
+    head: Path  # joint_head_config.json lies beside it
+    n_ctx: int = 16384  # llama.cpp context: the token budget of one batched decode
+    n_gpu_layers: int = -1  # -1 = all layers on the GPU (when llama.cpp has one)
+    n_ubatch: int = 512
+    n_seq_max: int = 8  # requests per batched decode
+    n_threads: int = 0  # 0 = every core
+    max_length: int = 16384  # longest prompt accepted, in tokens
+    truncate_state: bool = False
+    temperature: dict[str, float] = field(default_factory=lambda: dict.fromkeys(QUESTION_TYPES, 1.0))
+    confidence: str = "reference"
+    question_ids: str = "prompt"
+    parse_special_in_user_text: bool = False
+    head_device: str = "cpu"
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    release_date: str = ""
+
+
+@dataclass(frozen=True)
+class Registry:
+    path: Path
+    default: str
+    models: dict[str, ModelSpec]
+
+    def resolve(self, name: str) -> ModelSpec:
+        """The model a request's `model` field names: its name, an alias, or jev-latest (the default)."""
+        if name == LATEST:
+            return self.models[self.default]
+        for spec in self.models.values():
+            if name == spec.name or name in spec.aliases:
+                return spec
+        raise UnknownModel(f"model {name!r} is not served here; served: {', '.join(self.served_names())}")
+
+    def served_names(self) -> list[str]:
+        names = [LATEST]
+        for spec in self.models.values():
+            names += [spec.name, *spec.aliases]
+        return names
+
+
+_TYPES: dict[str, Any] = {
+    "gguf": str, "head": str, "n_ctx": int, "n_gpu_layers": int, "n_ubatch": int, "n_seq_max": int,
+    "n_threads": int, "max_length": int, "truncate_state": bool, "temperature": (int, float, dict),
+    "confidence": str, "question_ids": str, "parse_special_in_user_text": bool, "head_device": str,
+    "aliases": list, "description": str, "release_date": str,
+}
+_CHOICES = {"confidence": ("reference", "jev"), "question_ids": ("prompt", "blind"), "head_device": ("cpu", "cuda")}
+_POSITIVE = ("n_ctx", "n_ubatch", "n_seq_max", "max_length")
+
+
+def _temperature(value: Any, where: str) -> dict[str, float]:
+    if not isinstance(value, dict):
+        value = dict.fromkeys(QUESTION_TYPES, value)
+    unknown = sorted(set(value) - set(QUESTION_TYPES))
+    if unknown:
+        raise RegistryError(f"{where}.temperature: unknown question type(s) {unknown}; use noul, choice, score")
+    out = dict.fromkeys(QUESTION_TYPES, 1.0)
+    for key, t in value.items():
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 100:
+            raise RegistryError(f"{where}.temperature.{key}: must be a number between 0.01 and 100, got {t!r}")
+        out[key] = float(t)
+    return out
+
+
+def _model(name: str, raw: Any, base: Path, where: str) -> ModelSpec:
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{where}: must be a table")
+    unknown = sorted(set(raw) - set(_TYPES))
+    if unknown:
+        raise RegistryError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(_TYPES)}")
+    for key in ("gguf", "head"):
+        if key not in raw:
+            raise RegistryError(f"{where}: missing required key {key!r}")
+    for key, value in raw.items():
+        want = _TYPES[key]
+        if isinstance(value, bool) and want is int or not isinstance(value, want):
+            raise RegistryError(f"{where}.{key}: wrong type {type(value).__name__}")
+        if key in _CHOICES and value not in _CHOICES[key]:
+            raise RegistryError(f"{where}.{key}: must be one of {list(_CHOICES[key])}, got {value!r}")
+        if key in _POSITIVE and value < 1:
+            raise RegistryError(f"{where}.{key}: must be positive, got {value}")
+    values = dict(raw)
+    values["gguf"] = (base / raw["gguf"]).resolve()
+    values["head"] = (base / raw["head"]).resolve()
+    if "temperature" in raw:
+        values["temperature"] = _temperature(raw["temperature"], where)
+    if "aliases" in raw:
+        if not all(isinstance(a, str) and a for a in raw["aliases"]):
+            raise RegistryError(f"{where}.aliases: must be a list of non-empty strings")
+        values["aliases"] = tuple(raw["aliases"])
+    spec = ModelSpec(name=name, **values)
+    if spec.max_length > spec.n_ctx:
+        raise RegistryError(f"{where}: max_length ({spec.max_length}) exceeds n_ctx ({spec.n_ctx}); a prompt that "
+                            "long could not be decoded: raise n_ctx or lower max_length")
+    return spec
+
+
+def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
+    unknown = sorted(set(raw) - {"default", "models"})
+    if unknown:
+        raise RegistryError(f"{path}: unknown top-level key(s) {unknown}; known: default, models")
+    models_raw = raw.get("models")
+    if not isinstance(models_raw, dict) or not models_raw:
+        raise RegistryError(f"{path}: no models; add a [models.NAME] table with gguf and head")
+    models = {name: _model(name, spec, path.parent, f"{path}: models.{name}") for name, spec in models_raw.items()}
+    default = raw.get("default", next(iter(models)))
+    if default not in models:
+        raise RegistryError(f"{path}: default = {default!r} is not one of the models {sorted(models)}")
+    seen: dict[str, str] = {}
+    for spec in models.values():
+        for n in (spec.name, *spec.aliases):
+            if n in seen or n == LATEST:
+                raise RegistryError(f"{path}: the name {n!r} is used twice (models.{seen.get(n, spec.name)})")
+            seen[n] = spec.name
+    return Registry(path=path, default=default, models=models)
+
+
+def load_registry(path: str | Path) -> Registry:
+    path = Path(path).resolve()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RegistryError(f"{path}: not found; pass --models PATH or create models.toml") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RegistryError(f"{path}: cannot parse: {exc}") from None
+    return parse_registry(raw, path)

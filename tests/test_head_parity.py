@@ -1,0 +1,53 @@
+"""The numpy head against Cloudflare's torch JointSchemaHead: same bf16 weights read from a real
+safetensors file by our loader, same inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clef_bridge.head.config import HeadConfig
+from clef_bridge.head.model import joint_schema_head
+from clef_bridge.head.weights import load_state_dict, save_state_dict, unflatten
+from clef_bridge.tools.randomhead import CLEF_FLASH_HEAD, random_layout, random_state_dict
+from clef_bridge.tools.reference import reference_logits, torch_head
+
+LOGIT_TOLERANCE = 1e-3
+PROB_TOLERANCE = 1e-4
+TINY = HeadConfig(hidden_size=64, width=32, routing_layers=1, layers=1, heads=2, feedforward=64)
+
+
+def _softmax_per_question(logits, offsets):
+    bounds = list(offsets) + [len(logits)]
+    out = []
+    for s, e in zip(bounds, bounds[1:]):
+        z = np.exp(logits[s:e] - logits[s:e].max())
+        out.append(z / z.sum())
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("cfg, tokens, types, options", [
+    (TINY, 300, [0, 1, 2], [2, 6, 4]),
+    (CLEF_FLASH_HEAD, 760, [0, 1, 2, 1, 0, 2], [2, 7, 5, 11, 2, 10]),
+    # many options: the attention takes its direct (unfolded) form
+    (CLEF_FLASH_HEAD, 3000, [1, 2, 0], [120, 10, 2]),
+], ids=["tiny", "clef-flash", "clef-flash-many-options"])
+def test_head_matches_reference(tmp_path, cfg, tokens, types, options):
+    path = tmp_path / "joint_head.safetensors"
+    save_state_dict(path, random_state_dict(cfg, seed=3), "BF16")
+    flat = load_state_dict(path, cfg)  # our bf16 decoding, upcast once
+    layout = random_layout(tokens, types, options, seed=4)
+    rng = np.random.default_rng(6)
+    hidden = rng.standard_normal((tokens, cfg.hidden_size), dtype=np.float32)
+    vocab = 1000
+    input_ids = rng.integers(0, vocab, size=tokens)
+    output_embedding = rng.standard_normal((vocab, cfg.hidden_size), dtype=np.float32)
+    rows = np.concatenate([output_embedding[input_ids[s:e]] for s, e in layout.option_spans])
+
+    ours = joint_schema_head(hidden, rows, layout, cfg.heads, **unflatten(flat))
+    theirs = reference_logits(torch_head(cfg, flat), hidden, input_ids, layout, output_embedding)
+    assert ours.shape == theirs.shape == (sum(options),)
+    assert np.abs(ours - theirs).max() <= LOGIT_TOLERANCE
+    p, q = (_softmax_per_question(x, layout.option_offsets) for x in (ours, theirs))
+    assert np.abs(p - q).max() <= PROB_TOLERANCE
+    assert np.abs(theirs).max() > 0.1  # the comparison is not between two near-zero vectors

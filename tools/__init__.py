@@ -1,0 +1,1 @@
+"""User-facing commands beyond serving: decide, bench-head, and the tools built on them."""
