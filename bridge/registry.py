@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,20 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class ServerSpec:
+    api_keys_file: Path | None = None  # one key per line; none = auth off
+    max_body_bytes: int = 4 * 1024 * 1024  # after decompression too
+    max_queue: int = 64  # requests waiting per model; beyond it, 429
+    request_timeout_s: float = 60.0  # per request, queue included; beyond it, 503
+    retry_after_s: int = 1  # the Retry-After sent with 429 and 503
+
+
+@dataclass(frozen=True)
 class Registry:
     path: Path
     default: str
     models: dict[str, ModelSpec]
+    server: ServerSpec = ServerSpec()
 
     def resolve(self, name: str) -> ModelSpec:
         """The model a request's `model` field names: its name, an alias, or jev-latest (the default)."""
@@ -93,6 +104,13 @@ def _temperature(value: Any, where: str) -> dict[str, float]:
     return out
 
 
+def _is_date(text: str) -> bool:
+    try:
+        return date.fromisoformat(text).isoformat() == text
+    except ValueError:
+        return False
+
+
 def _model(name: str, raw: Any, base: Path, where: str) -> ModelSpec:
     if not isinstance(raw, dict):
         raise RegistryError(f"{where}: must be a table")
@@ -119,6 +137,8 @@ def _model(name: str, raw: Any, base: Path, where: str) -> ModelSpec:
         if not all(isinstance(a, str) and a for a in raw["aliases"]):
             raise RegistryError(f"{where}.aliases: must be a list of non-empty strings")
         values["aliases"] = tuple(raw["aliases"])
+    if "release_date" in raw and not _is_date(raw["release_date"]):
+        raise RegistryError(f"{where}.release_date: must be YYYY-MM-DD, got {raw['release_date']!r}")
     spec = ModelSpec(name=name, **values)
     if spec.max_length > spec.n_ctx:
         raise RegistryError(f"{where}: max_length ({spec.max_length}) exceeds n_ctx ({spec.n_ctx}); a prompt that "
@@ -126,10 +146,31 @@ def _model(name: str, raw: Any, base: Path, where: str) -> ModelSpec:
     return spec
 
 
-def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
-    unknown = sorted(set(raw) - {"default", "models"})
+_SERVER_TYPES: dict[str, Any] = {"api_keys_file": str, "max_body_bytes": int, "max_queue": int,
+                                 "request_timeout_s": (int, float), "retry_after_s": int}
+
+
+def _server(raw: Any, base: Path, where: str) -> ServerSpec:
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{where}: must be a table")
+    unknown = sorted(set(raw) - set(_SERVER_TYPES))
     if unknown:
-        raise RegistryError(f"{path}: unknown top-level key(s) {unknown}; known: default, models")
+        raise RegistryError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(_SERVER_TYPES)}")
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, _SERVER_TYPES[key]):
+            raise RegistryError(f"{where}.{key}: wrong type {type(value).__name__}")
+        if key != "api_keys_file" and value <= 0:
+            raise RegistryError(f"{where}.{key}: must be positive, got {value}")
+    values = dict(raw)
+    if "api_keys_file" in raw:
+        values["api_keys_file"] = (base / raw["api_keys_file"]).resolve()
+    return ServerSpec(**values)
+
+
+def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
+    unknown = sorted(set(raw) - {"default", "models", "server"})
+    if unknown:
+        raise RegistryError(f"{path}: unknown top-level key(s) {unknown}; known: default, models, server")
     models_raw = raw.get("models")
     if not isinstance(models_raw, dict) or not models_raw:
         raise RegistryError(f"{path}: no models; add a [models.NAME] table with gguf and head")
@@ -143,7 +184,8 @@ def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
             if n in seen or n == LATEST:
                 raise RegistryError(f"{path}: the name {n!r} is used twice (models.{seen.get(n, spec.name)})")
             seen[n] = spec.name
-    return Registry(path=path, default=default, models=models)
+    server = _server(raw.get("server", {}), path.parent, f"{path}: server")
+    return Registry(path=path, default=default, models=models, server=server)
 
 
 def load_registry(path: str | Path) -> Registry:

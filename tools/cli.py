@@ -33,6 +33,14 @@ def _decide(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from ..bridge.registry import load_registry
+    from ..bridge.server import serve
+
+    serve(load_registry(args.models), args.host, args.port)
+    return EXIT_OK
+
+
 def _bench_head(args: argparse.Namespace) -> int:
     from .bench_head import run
 
@@ -43,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clef-bridge", description="Self-hosted Clef decision models: a llama.cpp "
                                      "GGUF backbone with Clef's joint schema head.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="serve the System One API for every model in models.toml")
+    p.add_argument("--models", default="models.toml", help="the model registry (default: ./models.toml)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8792, help="port to listen on (default: 8792)")
+    p.set_defaults(func=_serve)
 
     p = sub.add_parser("decide", help="answer one System One request from a JSON file, printing the response")
     p.add_argument("--models", default="models.toml", help="the model registry (default: ./models.toml)")

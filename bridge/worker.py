@@ -1,0 +1,170 @@
+"""One inference thread per model: admission, batching into one decode, results back to asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..head.errors import ClefError
+from .backbone import DecodeFailed
+from .pipeline import ClefModel, Decision, Prepared
+
+log = logging.getLogger("clef_bridge.worker")
+
+
+class Overloaded(ClefError):
+    """The admission queue is full."""
+
+    error_type = "overloaded"
+
+    def __init__(self, model: str, depth: int):
+        super().__init__(f"model {model!r} has {depth} requests waiting, the most this server queues; retry shortly")
+
+
+class WorkerStopped(ClefError):
+    """The server is shutting down or the worker died."""
+
+    error_type = "unavailable"
+
+
+@dataclass(eq=False)
+class Job:
+    body: Any
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # set from the event loop when the client is gone or the deadline passed
+    queue_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    size: int
+    tokens: int
+
+
+class InferenceWorker:
+    """Owns a ClefModel; the event loop never touches llama.cpp or numpy."""
+
+    def __init__(self, model: ClefModel, max_queue: int, on_batch: Callable[[BatchStats], None] = lambda s: None):
+        self.model = model
+        self.name = model.spec.name
+        self.max_queue = max_queue
+        self._on_batch = on_batch
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"clef-worker-{self.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish what is queued, then end the thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def submit(self, body: Any) -> Job:
+        """Queue one request body (call from the event loop)."""
+        loop = asyncio.get_running_loop()
+        job = Job(body, loop.create_future(), loop)
+        with self._cv:
+            if self._stopping or not self._thread.is_alive():
+                raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
+            if len(self._queue) >= self.max_queue:
+                raise Overloaded(self.name, len(self._queue))
+            self._queue.append(job)
+            self._cv.notify()
+        return job
+
+    def _take(self) -> list[Job]:
+        with self._cv:
+            while not self._queue and not self._stopping:
+                self._cv.wait()
+            jobs = []
+            while self._queue and len(jobs) < self.model.spec.n_seq_max:
+                jobs.append(self._queue.popleft())
+            return jobs
+
+    def _run(self) -> None:
+        while True:
+            jobs = self._take()
+            if not jobs:
+                return  # stopping, and the queue is empty
+            now = time.perf_counter()
+            ready: list[tuple[Job, Prepared]] = []
+            for job in jobs:
+                if job.cancelled:
+                    continue
+                job.queue_s = now - job.enqueued
+                try:
+                    ready.append((job, self.model.prepare(job.body)))
+                except Exception as exc:  # noqa: BLE001 - every failure goes back to its own request
+                    self._deliver(job, exc)
+            for batch in self._batches(ready):
+                self._decide(batch)
+
+    def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
+        """Greedy packing under the decode's token budget (n_ctx)."""
+        budget = self.model.backbone.n_ctx
+        batches, current, used = [], [], 0
+        for item in ready:
+            n = len(item[1].encoded.input_ids)
+            if current and used + n > budget:
+                batches.append(current)
+                current, used = [], 0
+            current.append(item)
+            used += n
+        if current:
+            batches.append(current)
+        return batches
+
+    def _decide(self, batch: list[tuple[Job, Prepared]]) -> None:
+        try:
+            decisions = self.model.decide_many([p for _, p in batch])
+        except DecodeFailed as exc:
+            if len(batch) == 1:
+                self._deliver(batch[0][0], exc)
+                return
+            log.warning("batch of %d failed (%s); retrying one request at a time", len(batch), exc)
+            for item in batch:
+                self._decide([item])
+            return
+        except Exception as exc:  # noqa: BLE001
+            log.exception("batch of %d failed", len(batch))
+            for job, _ in batch:
+                self._deliver(job, exc)
+            return
+        self._on_batch(BatchStats(len(batch), sum(d.input_tokens for d in decisions)))
+        for (job, _), decision in zip(batch, decisions):
+            self._deliver(job, decision)
+
+    @staticmethod
+    def _deliver(job: Job, outcome: Decision | BaseException) -> None:
+        def resolve() -> None:
+            if job.future.done():
+                return
+            if isinstance(outcome, BaseException):
+                job.future.set_exception(outcome)
+            else:
+                job.future.set_result(outcome)
+
+        try:
+            job.loop.call_soon_threadsafe(resolve)
+        except RuntimeError:  # the loop closed: nobody is waiting any more
+            pass

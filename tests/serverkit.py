@@ -1,0 +1,133 @@
+"""Run the real aiohttp app on a real socket in a background thread, and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from aiohttp import web
+
+from clef_bridge.bridge.pipeline import ClefModel
+from clef_bridge.bridge.registry import ModelSpec, Registry, ServerSpec
+from clef_bridge.bridge.server import RUNNER_OPTIONS, create_app, load_models
+
+
+def registry_for(spec: ModelSpec, path: Path, **server: Any) -> Registry:
+    return Registry(path=path, default=spec.name, models={spec.name: spec}, server=ServerSpec(**server))
+
+
+class RunningServer:
+    def __init__(self, registry: Registry, loader: Callable[[Registry], dict[str, ClefModel]] = load_models):
+        self.registry = registry
+        self.app = create_app(registry, loader)
+        self.loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self.port = 0
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._start())
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        self.runner = web.AppRunner(self.app, **RUNNER_OPTIONS)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    def __enter__(self) -> "RunningServer":
+        self._thread.start()
+        self._started.wait(120)
+        if self._error:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(120)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(30)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+                raw: bytes | None = None, timeout: float = 120) -> "Reply":
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        hdrs.update(headers or {})
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        payload = resp.read()
+        conn.close()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload)
+
+    def post(self, body: Any, **kw) -> "Reply":
+        return self.request("POST", "/v1/systemone", body, **kw)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a metric's samples whose labels include these."""
+        text = self.request("GET", "/metrics").body.decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                head, value = line.rsplit(" ", 1)
+                if all(f'{k}="{v}"' in head for k, v in labels.items()) and head.split("{")[0] == name:
+                    total += float(value)
+        return total
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def strip_extensions(response: dict) -> dict:
+    return {k: v for k, v in response.items() if not k.startswith("x_")}
+
+
+class SlowModel(ClefModel):
+    """A real model whose batches take at least `delay` seconds, counting what it decides."""
+
+    delay = 0.5
+
+    def decide_many(self, batch):
+        time.sleep(self.delay)
+        self.decided = getattr(self, "decided", 0) + len(batch)
+        return super().decide_many(batch)
+
+
+def slow_loader(delay: float) -> Callable[[Registry], dict[str, ClefModel]]:
+    def load(registry: Registry) -> dict[str, ClefModel]:
+        models = {}
+        for name, spec in registry.models.items():
+            model = SlowModel(spec)
+            model.delay = delay
+            models[name] = model
+        return models
+    return load
+
+
+def with_spec(spec: ModelSpec, **changes: Any) -> ModelSpec:
+    return replace(spec, **changes)
