@@ -124,6 +124,9 @@ class Backbone:
     def __init__(self, path: str | Path, options: BackboneOptions = BackboneOptions()):
         self.path = Path(path)
         self.options = options
+        if not self.path.is_file():
+            raise BackboneError(f"{self.path}: no such GGUF file; fix the gguf path in models.toml "
+                                "(relative paths start at the models.toml folder)")
         lc_logger.set_verbose(options.verbose)
         lc.llama_backend_init()
         mparams = lc.llama_model_default_params()

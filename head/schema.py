@@ -87,8 +87,8 @@ def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list
         problems.append(Problem(loc, f"a score needs 2 to {limits.max_levels} levels, got {len(criteria)}",
                                 "value_error"))
     for i, value in enumerate(criteria):
-        if not _is_text(value):
-            problems.append(_text_problem(loc + (i,), "a level"))
+        if value is None or not _is_text(value):  # a null level would leave a null in the answer's legend
+            problems.append(Problem(loc + (i,), "a level must be a string, an object or an array", "type_error"))
     keys = tuple(str(i) for i in range(len(criteria)))
     return tuple(zip(keys, criteria)), keys
 

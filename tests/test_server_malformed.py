@@ -1,0 +1,146 @@
+"""Malformed input over HTTP: every case is a 4xx with a JSON body of the right shape, and the
+server is healthy afterwards."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+
+import pytest
+from backports import zstd
+
+from .conftest import tiny_spec
+from .serverkit import RunningServer, registry_for
+
+NOUL = {"type": "noul", "instructions": "ok?"}
+
+
+def req(**questions):
+    return {"model": "tiny", "state": "s", "questions": questions or {"q": NOUL}}
+
+
+def raw(obj) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def nested(depth: int) -> bytes:
+    return b'{"model":"tiny","state":' + b"[" * depth + b"]" * depth + b',"questions":{"q":{"type":"noul"}}}'
+
+
+LIMIT = 1 << 20  # max_body_bytes for this module's server
+
+# (name, body bytes, extra headers, acceptable statuses)
+CASES = [
+    ("empty body", b"", {}, {422}),
+    ("truncated JSON", b'{"model": "tiny", "state": "s", "questions": {"q": {"ty', {}, {422}),
+    ("not JSON", b"hello world", {}, {422}),
+    ("JSON null", b"null", {}, {422}),
+    ("JSON array", b"[1, 2]", {}, {422}),
+    ("JSON string", b'"text"', {}, {422}),
+    ("JSON number", b"42", {}, {422}),
+    ("invalid UTF-8", b'{"model":"tiny","state":"\xff\xfe","questions":{"q":{"type":"noul"}}}', {}, {422}),
+    ("NaN literal", b'{"model":"tiny","state":"s","x":NaN,"questions":{"q":{"type":"noul"}}}', {}, {422}),
+    ("Infinity literal", b'{"model":"tiny","state":"s","x":-Infinity,"questions":{"q":{"type":"noul"}}}', {},
+     {422}),
+    ("duplicate keys", b'{"model":"tiny","model":"x","state":"s","questions":{"q":{"type":"noul"}}}', {}, {422}),
+    ("duplicate question ids", b'{"model":"tiny","state":"s","questions":{"q":{"type":"noul"},"q":{"type":"noul"}}}',
+     {}, {422}),
+    ("deep nesting", nested(100_000), {}, {422}),
+    ("model missing", raw({"state": "s", "questions": {"q": NOUL}}), {}, {422}),
+    ("model is a number", raw({"model": 7, "state": "s", "questions": {"q": NOUL}}), {}, {422}),
+    ("model is null", raw({"model": None, "state": "s", "questions": {"q": NOUL}}), {}, {422}),
+    ("state missing", raw({"model": "tiny", "questions": {"q": NOUL}}), {}, {422}),
+    ("state is a number", raw({"model": "tiny", "state": 1, "questions": {"q": NOUL}}), {}, {422}),
+    ("state is a bool", raw({"model": "tiny", "state": True, "questions": {"q": NOUL}}), {}, {422}),
+    ("questions missing", raw({"model": "tiny", "state": "s"}), {}, {422}),
+    ("questions is a list", raw({"model": "tiny", "state": "s", "questions": [NOUL]}), {}, {422}),
+    ("questions empty", raw({"model": "tiny", "state": "s", "questions": {}}), {}, {422}),
+    ("question is a string", raw(req(q="noul")), {}, {422}),
+    ("type missing", raw(req(q={"instructions": "x"})), {}, {422}),
+    ("type unknown", raw(req(q={"type": "rank"})), {}, {422}),
+    ("type is a number", raw(req(q={"type": 1})), {}, {422}),
+    ("instructions is a number", raw(req(q={"type": "noul", "instructions": 3})), {}, {422}),
+    ("choice without criteria", raw(req(q={"type": "choice"})), {}, {422}),
+    ("choice criteria list", raw(req(q={"type": "choice", "criteria": ["a", "b"]})), {}, {422}),
+    ("choice one option", raw(req(q={"type": "choice", "criteria": {"a": "x"}})), {}, {422}),
+    ("choice description number", raw(req(q={"type": "choice", "criteria": {"a": 1, "b": 2}})), {}, {422}),
+    ("3,000 options", raw(req(q={"type": "choice", "criteria": {f"o{i}": "" for i in range(3000)}})), {}, {422}),
+    ("score map form", raw(req(q={"type": "score", "criteria": {"0": "low", "1": "high"}})), {}, {422}),
+    ("score one level", raw(req(q={"type": "score", "criteria": ["only"]})), {}, {422}),
+    ("score eleven levels", raw(req(q={"type": "score", "criteria": [str(i) for i in range(11)]})), {}, {422}),
+    ("noul criteria string", raw(req(q={"type": "noul", "criteria": "yes"})), {}, {422}),
+    ("noul criteria extra key", raw(req(q={"type": "noul", "criteria": {"maybe": "x"}})), {}, {422}),
+    ("5,000 questions", raw({"model": "tiny", "state": "s", "questions": {f"q{i}": NOUL for i in range(5000)}}), {},
+     {422}),
+    ("empty id, no instructions", raw(req(**{"": {"type": "noul"}})), {}, {422}),
+    ("lone surrogate", b'{"model":"tiny","state":"\\ud800","questions":{"q":{"type":"noul"}}}', {}, {422}),
+    ("unknown model", raw({**req(), "model": "gpt-4"}), {}, {404}),
+    ("images field", raw({**req(), "images": ["data:image/png;base64,AAAA"]}), {}, {422}),
+    ("20 MB body", b'{"model":"tiny","state":"' + b"x" * (20 * 1024 * 1024) + b'","questions":{}}', {}, {413}),
+    ("zstd bomb", zstd.compress(b'{"model":"tiny","state":"' + b"a" * (200 * LIMIT) + b'"}'),
+     {"Content-Encoding": "zstd"}, {413}),
+    ("gzip bomb", gzip.compress(b" " * (100 * LIMIT)), {"Content-Encoding": "gzip"}, {413}),
+    ("bad zstd frame", b"\x28\xb5\x2f\xfd" + b"garbage" * 10, {"Content-Encoding": "zstd"}, {400}),
+    ("truncated zstd", zstd.compress(raw(req()))[:-6], {"Content-Encoding": "zstd"}, {400}),
+    ("bad gzip", b"\x1f\x8bnot really gzip", {"Content-Encoding": "gzip"}, {400}),
+    ("unknown encoding", raw(req()), {"Content-Encoding": "br-but-not"}, {400}),
+    ("text/plain", raw(req()), {"Content-Type": "text/plain"}, {415}),
+    ("form urlencoded", b"model=tiny&state=s", {"Content-Type": "application/x-www-form-urlencoded"}, {415}),
+    ("xml", b"<request/>", {"Content-Type": "application/xml"}, {415}),
+    ("multipart with assets", b"--b\r\nContent-Disposition: form-data; name=\"asset-0\"\r\n\r\nPNG\r\n--b--\r\n",
+     {"Content-Type": "multipart/form-data; boundary=b"}, {422}),
+]
+
+
+@pytest.fixture(scope="module")
+def server(fx, tmp_path_factory):
+    registry = registry_for(tiny_spec(fx), tmp_path_factory.mktemp("m") / "models.toml", max_body_bytes=LIMIT)
+    with RunningServer(registry) as srv:
+        yield srv
+
+
+def test_there_are_at_least_40_cases():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("name, body, headers, statuses", CASES, ids=[c[0] for c in CASES])
+def test_malformed_input_gets_a_4xx_json_body(server, name, body, headers, statuses):
+    reply = server.post(None, raw=body, headers=headers)
+    assert reply.status in statuses, (reply.status, reply.body[:300])
+    payload = reply.json()
+    if reply.status == 422:
+        assert isinstance(payload["detail"], list) and payload["detail"]
+        for problem in payload["detail"]:
+            assert set(problem) == {"loc", "msg", "type"} and problem["loc"][0] == "body"
+    else:
+        assert set(payload["detail"]) == {"error_type", "message"}
+    assert "x-typesafe-request-id" in reply.headers
+
+
+def test_wrong_method_and_route_are_json_4xx(server):
+    for method, path in (("GET", "/v1/systemone"), ("POST", "/v1/nothing"), ("DELETE", "/v1/models")):
+        reply = server.request(method, path)
+        assert 400 <= reply.status < 500
+        assert set(reply.json()["detail"]) == {"error_type", "message"}
+
+
+def test_healthy_after_the_suite(server):
+    for name, body, headers, _ in CASES:  # once more, back to back, then a real request
+        server.post(None, raw=body, headers=headers)
+    assert server.request("GET", "/health").status == 200
+    assert server.request("GET", "/ready").status == 200
+    good = server.post(req())
+    assert good.status == 200 and good.json()["answers"]["q"]["type"] == "noul"
+    assert server.metric("clef_requests_total", status="500") == 0
+
+
+def test_lying_content_length(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.putrequest("POST", "/v1/systemone")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(50 * LIMIT))
+    conn.endheaders()
+    reply = conn.getresponse()
+    assert reply.status == 413
+    conn.close()
