@@ -30,9 +30,13 @@ STRING, ARRAY = 8, 9
 
 
 class GGUFError(ClefError):
-    """The file is not a readable GGUF (bad magic, version, truncated, inconsistent)."""
+    """The file is not a readable GGUF; `code` says how (gguf.magic, gguf.version, gguf.header, gguf.missing)."""
 
     error_type = "gguf_error"
+
+    def __init__(self, message: str, code: str = "gguf.header"):
+        self.code = code
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -154,21 +158,22 @@ def read_gguf(path: str | Path, decode_string_arrays: tuple[str, ...] = ()) -> G
         with path.open("rb") as f:
             size = path.stat().st_size
             if size < 24:
-                raise GGUFError(f"{path}: {size} bytes is too short for a GGUF header")
+                raise GGUFError(f"{path}: {size} bytes is too short for a GGUF header", "gguf.magic")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 with memoryview(mm) as view:
                     return _parse(path, view, size, decode_string_arrays)
     except OSError as exc:
-        raise GGUFError(f"{path}: cannot read: {exc}") from None
+        raise GGUFError(f"{path}: cannot read: {exc}", "gguf.missing") from None
 
 
 def _parse(path: Path, view: memoryview, size: int, decode: tuple[str, ...]) -> GGUFInfo:
     cur = _Cursor(view, size)
     if bytes(cur.take(4, "magic")) != MAGIC:
-        raise GGUFError(f"{path}: not a GGUF file (bad magic {bytes(view[:4])!r})")
+        raise GGUFError(f"{path}: not a GGUF file (bad magic {bytes(view[:4])!r})", "gguf.magic")
     version = cur.u32("version")
     if version not in SUPPORTED_VERSIONS:
-        raise GGUFError(f"{path}: GGUF version {version} is not supported (supported: {SUPPORTED_VERSIONS})")
+        raise GGUFError(f"{path}: GGUF version {version} is not supported (supported: {SUPPORTED_VERSIONS})",
+                        "gguf.version")
     n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
     if n_tensors > size or n_kv > size:
         raise GGUFError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata keys: corrupt")

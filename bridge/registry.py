@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from datetime import date
@@ -46,6 +47,9 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     description: str = ""
     release_date: str = ""
+    gguf_sha256: str = ""  # optional pins, checked at load
+    head_sha256: str = ""
+    pair: Path | None = None  # pairing record; default <gguf stem>.pair.json beside the GGUF when present
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ _TYPES: dict[str, Any] = {
     "gguf": str, "head": str, "n_ctx": int, "n_gpu_layers": int, "n_ubatch": int, "n_seq_max": int,
     "n_threads": int, "max_length": int, "truncate_state": bool, "temperature": (int, float, dict),
     "confidence": str, "question_ids": str, "parse_special_in_user_text": bool, "head_device": str,
-    "aliases": list, "description": str, "release_date": str,
+    "aliases": list, "description": str, "release_date": str, "gguf_sha256": str, "head_sha256": str, "pair": str,
 }
 _CHOICES = {"confidence": ("reference", "jev"), "question_ids": ("prompt", "blind"), "head_device": ("cpu", "cuda")}
 _POSITIVE = ("n_ctx", "n_ubatch", "n_seq_max", "max_length")
@@ -131,6 +135,11 @@ def _model(name: str, raw: Any, base: Path, where: str) -> ModelSpec:
     values = dict(raw)
     values["gguf"] = (base / raw["gguf"]).resolve()
     values["head"] = (base / raw["head"]).resolve()
+    if "pair" in raw:
+        values["pair"] = (base / raw["pair"]).resolve()
+    for key in ("gguf_sha256", "head_sha256"):
+        if key in raw and not re.fullmatch(r"[0-9a-fA-F]{64}", raw[key]):
+            raise RegistryError(f"{where}.{key}: must be 64 hex digits")
     if "temperature" in raw:
         values["temperature"] = _temperature(raw["temperature"], where)
     if "aliases" in raw:

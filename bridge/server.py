@@ -23,6 +23,7 @@ from aiohttp import web
 from ..head.answer import NonFiniteOutput
 from ..head.errors import ClefError, ContextLengthExceeded, RequestInvalid
 from .backbone import BackboneError, DecodeFailed
+from .integrity import ModelRefused, load_checked
 from .httpbody import BadEncoding, BodyTooLarge, UnsupportedMediaType, check_content_type, decode, parse_json, \
     read_capped
 from .metrics import Metrics, create_metrics
@@ -279,6 +280,9 @@ async def models_handler(request: web.Request) -> web.Response:
         released = spec.release_date or date.fromtimestamp(spec.gguf.stat().st_mtime).isoformat()
         entry = {"name": spec.name, "description": spec.description or f"Clef decision model {spec.name}",
                  "release_date": released, "x_aliases": list(spec.aliases)}
+        worker = request.app[WORKERS].get(spec.name)
+        if worker is not None and worker.model.warnings:
+            entry["x_warnings"] = list(worker.model.warnings)
         if spec.name == registry.default:
             entry["x_aliases"].append("jev-latest")
         models.append(entry)
@@ -320,15 +324,19 @@ def setup_routes(app: web.Application) -> None:
 # --- resources ---------------------------------------------------------------------------------
 
 def load_models(registry: Registry) -> dict[str, ClefModel]:
-    """Every model of the registry, or an error naming the one that failed."""
+    """Every model of the registry, each checked (integrity.load_checked), or an error naming the one that failed."""
     models: dict[str, ClefModel] = {}
     try:
         for name, spec in registry.models.items():
             log.info("loading model %s: %s + %s", name, spec.gguf, spec.head)
             try:
-                models[name] = ClefModel(spec)
+                models[name] = load_checked(spec)
+            except ModelRefused:
+                raise
             except ClefError as exc:
                 raise ModelLoadError(name, exc) from exc
+            for warning in models[name].warnings:
+                log.warning("model %s is served with a warning: %s", name, warning)
     except BaseException:
         for model in models.values():
             model.close()

@@ -52,6 +52,8 @@ class Fixtures:
     gguf_f32: Path
     gguf_f16: Path
     gguf_q8_0: Path
+    gguf_q4_k_m: Path
+    gguf_other: Path  # another random backbone of identical shape (seed + 1)
     head: Path  # joint_head.safetensors, with joint_head_config.json beside it
 
 
@@ -137,18 +139,31 @@ def build_tokenizer(vocab_gguf: Path, out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
 
 
-def build_tiny_model(tokenizer_dir: Path, out_dir: Path, vocab_size: int) -> None:
-    """A tiny random Qwen3.5 (4 hybrid layers) in float32, in the transformers format."""
+# A Qwen3.5-shaped backbone of realistic width for benchmarks: hidden 1024, 8 layers, one
+# full-attention layer in four, GQA 8/2 heads of 128, Gated DeltaNet 4/8 heads of 128.
+BENCH_TEXT = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
+                  layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3
+                  + ["full_attention"], num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                  linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=4,
+                  linear_num_value_heads=8)
+BENCH_HEAD = {"hidden_size": 1024, "width": 1024, "routing_layers": 2, "layers": 4, "heads": 16, "feedforward": 4096}
+
+
+def build_tiny_model(tokenizer_dir: Path, out_dir: Path, vocab_size: int, text: dict | None = None,
+                     mrope: list[int] = (1, 1, 0), seed: int = SEED) -> None:
+    """A random Qwen3.5 in float32, in the transformers format (tiny: 4 hybrid layers of width 64)."""
     import torch
     from clef_finetune.tiny import tiny_config
     from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = tiny_config(tokenizer, vocab_size=vocab_size)
-    # llama.cpp needs the mrope sections to sum to half the rotary width (head_dim 16 x 0.25 = 4)
-    config.text_config.rope_parameters = dict(config.text_config.rope_parameters or {}, mrope_section=[1, 1, 0],
+    for key, value in (text or {}).items():
+        setattr(config.text_config, key, value)
+    # llama.cpp needs the mrope sections to sum to half the rotary width (head_dim x 0.25 / 2)
+    config.text_config.rope_parameters = dict(config.text_config.rope_parameters or {}, mrope_section=list(mrope),
                                               mrope_interleaved=True)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(config).to(torch.float32).eval()
     with torch.no_grad():  # default init leaves norms at one; vary them so the test sees the weights
         for name, p in model.named_parameters():
@@ -208,6 +223,7 @@ def build(root: Path = FIXTURES) -> Fixtures:
             root=root, vocab_gguf=vocab, vocab_inp=vocab.with_suffix(".gguf.inp"),
             vocab_out=vocab.with_suffix(".gguf.out"), tokenizer_dir=root / "tokenizer", hf_model=root / "tiny-hf",
             gguf_f32=root / "tiny-f32.gguf", gguf_f16=root / "tiny-f16.gguf", gguf_q8_0=root / "tiny-q8_0.gguf",
+            gguf_q4_k_m=root / "tiny-q4_k_m.gguf", gguf_other=root / "tiny-other-f32.gguf",
             head=root / "tiny-head" / "joint_head.safetensors",
         )
         if not (fx.tokenizer_dir / "tokenizer.json").exists():
@@ -221,14 +237,52 @@ def build(root: Path = FIXTURES) -> Fixtures:
                 _log(f"converting to {path.name}")
                 convert(vendor, fx.hf_model, path.with_suffix(".tmp"), outtype)
                 path.with_suffix(".tmp").rename(path)
-        if not fx.gguf_q8_0.exists():
-            _log(f"quantizing to {fx.gguf_q8_0.name}")
-            quantize(fx.gguf_f32, fx.gguf_q8_0.with_suffix(".tmp"), "Q8_0")
-            fx.gguf_q8_0.with_suffix(".tmp").rename(fx.gguf_q8_0)
+        for path, ftype in ((fx.gguf_q8_0, "Q8_0"), (fx.gguf_q4_k_m, "Q4_K_M")):
+            if not path.exists():
+                _log(f"quantizing to {path.name}")
+                quantize(fx.gguf_f32, path.with_suffix(".tmp"), ftype)
+                path.with_suffix(".tmp").rename(path)
+        if not fx.gguf_other.exists():
+            _log(f"building {fx.gguf_other.name}")
+            other = root / "tiny-other-hf"
+            build_tiny_model(fx.tokenizer_dir, other, vocab_size=151936, seed=SEED + 1)
+            convert(vendor, other, fx.gguf_other.with_suffix(".tmp"), "f32")
+            fx.gguf_other.with_suffix(".tmp").rename(fx.gguf_other)
         if not fx.head.exists():
             build_head(fx.head, TINY_HEAD, SEED)
         return fx
 
 
+@dataclass(frozen=True)
+class BenchFixtures:
+    hf_model: Path
+    gguf: Path
+    head: Path
+
+    def quantized(self, ftype: str) -> Path:
+        path = self.gguf.with_name(f"bench-{ftype.lower()}.gguf")
+        if not path.exists():
+            quantize(self.gguf, path.with_suffix(".tmp"), ftype)
+            path.with_suffix(".tmp").rename(path)
+        return path
+
+
+def build_bench(root: Path = FIXTURES) -> BenchFixtures:
+    """The benchmark backbone (F32 GGUF, ~1.7 GB) and a Clef-width head; built only when asked for."""
+    fx = build(root)
+    with _lock(root):
+        out = BenchFixtures(root / "bench-hf", root / "bench-f32.gguf", root / "bench-head" / "joint_head.safetensors")
+        if not (out.hf_model / "config.json").exists():
+            _log("building the benchmark Qwen3.5 (hidden 1024, 8 layers)")
+            build_tiny_model(fx.tokenizer_dir, out.hf_model, vocab_size=151936, text=BENCH_TEXT, mrope=(6, 5, 5))
+        if not out.gguf.exists():
+            _log(f"converting to {out.gguf.name}")
+            convert(sdist(root), out.hf_model, out.gguf.with_suffix(".tmp"), "f32")
+            out.gguf.with_suffix(".tmp").rename(out.gguf)
+        if not out.head.exists():
+            build_head(out.head, BENCH_HEAD, SEED)
+        return out
+
+
 if __name__ == "__main__":
-    print(build())
+    print(build_bench() if "--bench" in sys.argv else build())

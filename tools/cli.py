@@ -33,12 +33,93 @@ def _decide(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+IO_CODES = ("gguf.missing", "head.missing")
+
+
+def _load_for_canaries(gguf: Path, head: Path):
+    from ..bridge.pipeline import ClefModel
+    from ..bridge.registry import ModelSpec
+
+    return ClefModel(ModelSpec(name="check", gguf=gguf, head=head, n_ctx=4096, max_length=4096))
+
+
+def _print_report(report, name: str | None) -> None:
+    title = f"model {name}: " if name else ""
+    verdict = "ACCEPTED" if report.accepted else "REFUSED"
+    print(f"{title}{report.gguf} + {report.head or '(no head)'}: {verdict}")
+    for f in report.findings:
+        print(f"  {f.level.upper():7s} {f.code}: {f.message}")
+        if f.fix:
+            print(f"          fix: {f.fix}")
+    if report.accepted and not report.findings:
+        facts = report.facts
+        print(f"  {facts.get('architecture')}, hidden {facts.get('embedding_length')}, {facts.get('block_count')} "
+              f"layers ({facts.get('full_attention_layers')} full attention), vocab {facts.get('vocab_size')}")
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ..bridge.integrity import check_all
+    from ..bridge.registry import load_registry
+
+    if (args.gguf is None) == (args.models is None):
+        print("clef-bridge check: give a GGUF or --models models.toml (not both)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.models is not None:
+        registry = load_registry(args.models)
+        named = [(name, check_all(spec.gguf, spec.head, spec.pair, spec.gguf_sha256, spec.head_sha256,
+                                  load_model=_load_for_canaries)) for name, spec in registry.models.items()]
+    else:
+        named = [(None, check_all(args.gguf, args.head, args.pair, load_model=_load_for_canaries))]
+    accepted = all(r.accepted for _, r in named)
+    if args.json:
+        print(json.dumps({"accepted": accepted, "reports": [{"model": n, **r.to_dict()} for n, r in named]},
+                         indent=2))
+    else:
+        for name, report in named:
+            _print_report(report, name)
+    if any(f.code in IO_CODES for _, r in named for f in r.findings):
+        return EXIT_USAGE
+    return EXIT_OK if accepted else EXIT_REFUSED
+
+
+def _pair(args: argparse.Namespace) -> int:
+    from ..bridge.integrity import check_pair
+    from ..bridge.provenance import default_pair_path, pair_record
+
+    report = check_pair(args.gguf, args.head)
+    if not report.accepted:
+        _print_report(report, None)
+        return EXIT_USAGE if any(f.code in IO_CODES for f in report.findings) else EXIT_REFUSED
+    model = _load_for_canaries(args.gguf, args.head)
+    try:
+        record = pair_record(args.gguf, args.head, model)
+    finally:
+        model.close()
+    out = args.output or default_pair_path(args.gguf)
+    out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out}: head sha256 {record['head_sha256'][:16]}..., {len(record['fingerprint']['row_ids'])} "
+          f"fingerprint rows, {len(record['canaries'])} canary requests")
+    return EXIT_OK
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..bridge.registry import load_registry
     from ..bridge.server import serve
 
     serve(load_registry(args.models), args.host, args.port)
     return EXIT_OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import run
+
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        print(f"clef-bridge bench: --concurrency takes numbers like 1,4,16, not {args.concurrency!r}", file=sys.stderr)
+        return EXIT_USAGE
+    return run(args.url.rstrip("/"), levels, args.requests, args.api_key, args.json, args.gguf, args.reference,
+               args.head, args.model)
 
 
 def _bench_head(args: argparse.Namespace) -> int:
@@ -58,12 +139,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8792, help="port to listen on (default: 8792)")
     p.set_defaults(func=_serve)
 
+    p = sub.add_parser("check", help="refuse a GGUF without its matching head (exit 0 accepted, 1 refused, "
+                                     "2 usage or I/O error)")
+    p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF to check")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors (default: look beside the GGUF)")
+    p.add_argument("--pair", type=Path, help="a pairing record from `clef-bridge pair` "
+                                            "(default: <gguf stem>.pair.json beside the GGUF, if present)")
+    p.add_argument("--models", type=Path, help="check every model of this registry instead of one GGUF")
+    p.add_argument("--json", action="store_true", help="print one JSON document with every finding")
+    p.set_defaults(func=_check)
+
+    p = sub.add_parser("pair", help="write a pairing record: head sha256, backbone fingerprint, canary probes")
+    p.add_argument("gguf", type=Path, help="the backbone GGUF")
+    p.add_argument("head", type=Path, help="its joint_head.safetensors")
+    p.add_argument("-o", "--output", type=Path, help="where to write (default: <gguf stem>.pair.json beside the GGUF)")
+    p.set_defaults(func=_pair)
+
     p = sub.add_parser("decide", help="answer one System One request from a JSON file, printing the response")
     p.add_argument("--models", default="models.toml", help="the model registry (default: ./models.toml)")
     p.add_argument("--model", default="jev-latest", help="model name or alias (default: the registry's default)")
     p.add_argument("--compact", action="store_true", help="print the response on one line")
     p.add_argument("request", help="a JSON file holding the request body ({model, state, questions})")
     p.set_defaults(func=_decide)
+
+    p = sub.add_parser("bench", help="latency and throughput of a running server, with optional baselines")
+    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8792")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default: 1,4,16)")
+    p.add_argument("--requests", type=int, default=40, help="requests per concurrency level (default: 40)")
+    p.add_argument("--model", default="jev-latest", help="model name to send (default: jev-latest)")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer")
+    p.add_argument("--gguf", type=Path, help="also time the bare llama.cpp prefill of the same tokens with this GGUF")
+    p.add_argument("--reference", type=Path, metavar="HF_DIR",
+                   help="also time Cloudflare's reference code on this transformers model (needs --head)")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors for --reference")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(func=_bench)
 
     p = sub.add_parser("bench-head", help="time the numpy head against the reference torch head at Clef-flash shape")
     p.add_argument("--tokens", type=int, default=750, help="prompt length in tokens (default: 750)")

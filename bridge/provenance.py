@@ -1,0 +1,195 @@
+"""Provenance: sha256 pins (streamed, cached by size and mtime) and pairing records.
+
+A pairing record (`clef-bridge pair`) holds the head's sha256, a fingerprint of the backbone (a
+deterministic sample of dequantized output.weight rows and the output norm) and canary probes (fixed
+requests with their probabilities). A quantized copy of the right backbone keeps the fingerprint's
+rows nearly parallel and the canaries close; a different backbone of the same shape does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .embedding import OutputEmbedding
+from .gguf_file import GGUFInfo, read_gguf
+
+PAIR_VERSION = 1
+FINGERPRINT_ROWS = 16
+FINGERPRINT_DIMS = 256
+# Measured on tests/fixturegen's backbones (tests/test_integrity.py prints the tiny ones):
+#   backbone        F16      Q8_0     Q4_K_M   other backbone, same shape
+#   row cosine      1.0000   1.0000   0.9998   -0.19
+#   norm diff       0        0        0        0.37
+#   canary max|dp|  0.0003   0.0078   0.0382   0.0875   (hidden-1024 bench backbone; tiny: <= 0.011)
+# llama.cpp keeps norms in F32 and output.weight at Q6_K or better in every preset, so the
+# fingerprint stays parallel under quantization; the canaries move with the quantization's coarseness.
+MIN_ROW_COSINE = 0.98
+MAX_NORM_DIFF = 0.05
+MAX_CANARY_DIFF = 0.06
+WARN_CANARY_DIFF = 0.03
+
+CANARY_REQUESTS = [
+    {"model": "canary", "state": "The invoice was paid twice and the customer wants the money back today.",
+     "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+                   "team": {"type": "choice", "instructions": "Which team?",
+                            "criteria": {"billing": "payments and refunds", "tech": "bugs and outages",
+                                         "sales": "pricing and upgrades"}},
+                   "anger": {"type": "score", "instructions": "How upset is the customer?",
+                             "criteria": ["calm", "annoyed", "angry", "furious"]}}},
+    {"model": "canary", "state": {"message": "Can you add dark mode to the mobile app?", "plan": "free"},
+     "questions": {"kind": {"type": "choice", "instructions": "What kind of message is it?",
+                            "criteria": {"bug": None, "feature": None, "question": None, "praise": None}},
+                   "urgent": {"type": "noul", "instructions": "Is it urgent?"}}},
+]
+
+
+# --- hashing ----------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    root = os.environ.get("CLEF_BRIDGE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "clef-bridge")
+    return Path(root)
+
+
+class Progress:
+    """A one-line progress bar on stderr for long work (silent when stderr is not a terminal)."""
+
+    def __init__(self, label: str, total: int, enabled: bool | None = None):
+        self.label, self.total, self.done = label, max(total, 1), 0
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._last = 0.0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and (now - self._last > 0.2 or self.done >= self.total):
+            self._last = now
+            frac = min(self.done / self.total, 1.0)
+            bar = "#" * int(frac * 30)
+            sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac * 100:5.1f}% of {self.total / 2**30:.2f} GiB")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def sha256_file(path: str | Path, progress: bool | None = None) -> str:
+    """Streamed sha256, remembered per (path, size, mtime) so a multi-GB file is hashed once."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    key = f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
+    cache_file = cache_dir() / "sha256.json"
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key in cache:
+        return cache[key]
+    digest = hashlib.sha256()
+    bar = Progress(f"sha256 {path.name}", stat.st_size, progress if stat.st_size > 64 * 2**20 else False)
+    with path.open("rb") as f:
+        while chunk := f.read(8 * 2**20):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    bar.close()
+    cache[key] = digest.hexdigest()
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache))
+        tmp.replace(cache_file)
+    except OSError:
+        pass  # a read-only cache only costs a re-hash next time
+    return cache[key]
+
+
+# --- fingerprints --------------------------------------------------------------------------------
+
+def _vector(info: GGUFInfo, name: str) -> np.ndarray | None:
+    t = info.tensors.get(name)
+    if t is None or len(t.shape) != 1 or getattr(t.type, "name", "") not in ("F32", "F16"):
+        return None
+    dtype = np.float32 if t.type.name == "F32" else np.float16
+    return np.fromfile(info.path, dtype=dtype, count=t.shape[0], offset=info.data_start + t.offset).astype(np.float32)
+
+
+def fingerprint(gguf: str | Path) -> dict[str, Any]:
+    """Deterministic sample of the backbone: output-embedding rows and the final norm's weights."""
+    info = read_gguf(gguf)
+    emb = OutputEmbedding(gguf, max_rows=0)
+    ids = [(i * 7919 + 13) % emb.n_vocab for i in range(FINGERPRINT_ROWS)]
+    dims = np.linspace(0, emb.n_embd - 1, min(FINGERPRINT_DIMS, emb.n_embd)).astype(int)
+    rows = emb.dequantize(np.array(ids))[:, dims]
+    norm = _vector(info, "output_norm.weight")
+    return {"row_ids": ids, "dims": dims.tolist(), "rows": np.round(rows, 6).tolist(),
+            "output_norm": None if norm is None else np.round(norm[dims], 6).tolist()}
+
+
+def compare_fingerprints(recorded: dict[str, Any], current: dict[str, Any]) -> tuple[float, float]:
+    """(smallest cosine between recorded and current rows, largest relative norm-weight difference)."""
+    a, b = np.array(recorded["rows"]), np.array(current["rows"])
+    if a.shape != b.shape or recorded["row_ids"] != current["row_ids"]:
+        return -1.0, float("inf")
+    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    norm_diff = 0.0
+    if recorded["output_norm"] is not None and current["output_norm"] is not None:
+        x, y = np.array(recorded["output_norm"]), np.array(current["output_norm"])
+        norm_diff = float(np.abs(x - y).max() / max(np.abs(x).max(), 1e-12))
+    return float(cos.min()), norm_diff
+
+
+# --- canaries ---------------------------------------------------------------------------------------
+
+def canary_probabilities(model: Any) -> list[dict[str, list[float]]]:
+    """Unrounded probabilities of the canary requests through a loaded ClefModel."""
+    out = []
+    for request in CANARY_REQUESTS:
+        prepared = model.prepare(request)
+        hidden = model.backbone.prefill(prepared.encoded.input_ids)
+        logits = model.logits(prepared.encoded, hidden)
+        bounds = list(prepared.encoded.layout.option_offsets) + [len(logits)]
+        probs = {}
+        for q, s, e in zip(prepared.request.questions, bounds, bounds[1:]):
+            z = np.exp(logits[s:e] - logits[s:e].max())
+            probs[q.id] = np.round(z / z.sum(), 6).tolist()
+        out.append(probs)
+    return out
+
+
+def canary_difference(recorded: list[dict[str, list[float]]], current: list[dict[str, list[float]]]) -> float:
+    worst = 0.0
+    for a, b in zip(recorded, current, strict=True):
+        for qid in a:
+            worst = max(worst, float(np.abs(np.array(a[qid]) - np.array(b[qid])).max()))
+    return worst
+
+
+def pair_record(gguf: str | Path, head: str | Path, model: Any) -> dict[str, Any]:
+    """What `clef-bridge pair` writes: enough to recognise this backbone and head later."""
+    from ..head.config import config_path_for, load_config
+
+    return {
+        "version": PAIR_VERSION,
+        "head_sha256": sha256_file(head),
+        "head_config": vars(load_config(config_path_for(head))),
+        "gguf_name": Path(gguf).name,
+        "gguf_sha256": sha256_file(gguf),
+        "fingerprint": fingerprint(gguf),
+        "canaries": canary_probabilities(model),
+        "tolerances": {"min_row_cosine": MIN_ROW_COSINE, "max_norm_diff": MAX_NORM_DIFF,
+                       "max_canary_diff": MAX_CANARY_DIFF, "warn_canary_diff": WARN_CANARY_DIFF},
+    }
+
+
+def default_pair_path(gguf: str | Path) -> Path:
+    gguf = Path(gguf)
+    return gguf.with_name(f"{gguf.stem}.pair.json")

@@ -1,0 +1,184 @@
+"""bench: latency and throughput of a running server, with optional baselines measured in the same run.
+
+- `--gguf`: the bare llama.cpp prefill of the same token ids, in this process (the floor);
+- `--reference HF_DIR --head HEAD`: Cloudflare's reference code in this process on the same weights
+  (needs the test extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+ROUTER_QUESTIONS = {
+    "needs_tools": {"type": "noul", "instructions": "Does answering need tools or live data?"},
+    "model": {"type": "choice", "instructions": "Which model should answer?",
+              "criteria": {"small": "fast and cheap, short factual answers", "medium": "balanced everyday model",
+                           "large": "strongest reasoning, expensive", "code": "programming specialist",
+                           "vision": "reads images", "long": "long documents", "math": "math and proofs"}},
+    "difficulty": {"type": "score", "instructions": "How hard is the task?",
+                   "criteria": ["trivial", "easy", "medium", "hard", "expert"]},
+    "domain": {"type": "choice", "instructions": "Which domain?",
+               "criteria": {"creative": "writing and style", "tech": "technical work", "chat": "small talk",
+                            "biz": "business", "sci": "science"}},
+}
+SENTENCE = ("The customer writes that the nightly export job has failed three times this week, that the "
+            "dashboard shows stale numbers, and that the finance team needs the report before Friday. ")
+
+
+def router_request(model: str = "jev-latest", sentences: int = 18) -> dict[str, Any]:
+    """A router request of about 750 tokens with the Qwen3.5 vocabulary (4 questions, 19 options)."""
+    return {"model": model, "state": {"ticket": 4471, "channel": "email", "message": SENTENCE * sentences},
+            "questions": ROUTER_QUESTIONS}
+
+
+@dataclass
+class RunStats:
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    latencies_ms: list[float] = field(repr=False)
+    split_ms: dict[str, float]  # server-side medians from x_timings
+    input_tokens: int
+
+    @property
+    def throughput(self) -> float:
+        return (self.requests - self.errors) / self.seconds
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "requests": self.requests, "errors": self.errors,
+                "p50_ms": round(self.percentile(50), 2), "p95_ms": round(self.percentile(95), 2),
+                "p99_ms": round(self.percentile(99), 2), "throughput_rps": round(self.throughput, 3),
+                "input_tokens": self.input_tokens, "server_split_ms": self.split_ms}
+
+
+async def _run(url: str, body: dict, concurrency: int, requests: int, headers: dict[str, str]) -> RunStats:
+    latencies: list[float] = []
+    timings: list[dict[str, float]] = []
+    errors = 0
+    tokens = 0
+    counter = iter(range(requests))
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal errors, tokens
+        for _ in counter:
+            t0 = time.perf_counter()
+            try:
+                async with session.post(f"{url}/v1/systemone", json=body, headers=headers) as resp:
+                    payload = await resp.json(content_type=None)
+                    ok = resp.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
+                ok = False
+            if not ok:
+                errors += 1
+                continue
+            latencies.append((time.perf_counter() - t0) * 1e3)
+            timings.append(payload.get("x_timings", {}))
+            tokens = payload["usage"]["input_tokens"]
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        seconds = time.perf_counter() - t0
+    split = {k: round(statistics.median(t[k] for t in timings if k in t), 2)
+             for k in ("queue_ms", "tokenize_ms", "backbone_ms", "head_ms", "total_ms") if timings}
+    return RunStats(concurrency, requests, errors, seconds, latencies, split, tokens)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def bare_prefill_ms(gguf: Path, body: dict, repeats: int) -> float:
+    """llama.cpp alone: prefill of exactly the token ids the server encodes for this request."""
+    from ..bridge.backbone import Backbone, BackboneOptions
+    from ..head.encoder import encode
+    from ..head.schema import parse_request
+
+    backbone = Backbone(gguf, BackboneOptions(n_ctx=4096))
+    try:
+        ids = encode(parse_request(body), backbone.tokenize).input_ids
+        return _median_ms(lambda: backbone.prefill(ids), repeats)
+    finally:
+        backbone.close()
+
+
+def reference_ms(hf_dir: Path, head: Path, body: dict, repeats: int) -> float:
+    """Cloudflare's systemone() in this process, float32 on the CPU, same weights."""
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+
+    from ..head.config import config_path_for, load_config
+    from .reference import reference
+
+    ref = reference()
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    backbone = Qwen3_5ForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    joint = ref.JointSchemaHead(**vars(load_config(config_path_for(head))))
+    joint.load_state_dict(load_file(str(head)))
+    model = ref.ClefModel(backbone, joint.float()).eval()
+    processor = SimpleNamespace(tokenizer=tokenizer)
+    return _median_ms(lambda: ref.systemone(model, processor, body), repeats)
+
+
+def run(url: str, concurrency: list[int], requests: int, api_key: str | None, as_json: bool,
+        gguf: Path | None, hf_dir: Path | None, head: Path | None, model: str) -> int:
+    body = router_request(model)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    asyncio.run(_run(url, body, 1, 3, headers))  # warm-up
+    runs = [asyncio.run(_run(url, body, c, requests, headers)) for c in concurrency]
+    single = next((r for r in runs if r.concurrency == 1), runs[0])
+    result: dict[str, Any] = {"url": url, "runs": [r.summary() for r in runs]}
+    repeats = max(5, min(requests, 15))
+    if gguf:
+        floor = bare_prefill_ms(gguf, body, repeats)
+        result["bare_prefill_ms"] = round(floor, 2)
+        result["http_over_bare_prefill"] = round(single.percentile(50) / floor, 3)
+    if hf_dir and head:
+        ref_ms = reference_ms(hf_dir, head, body, repeats)
+        result["reference_ms"] = round(ref_ms, 2)
+        result["http_over_reference"] = round(single.percentile(50) / ref_ms, 3)
+    if as_json:
+        print(json.dumps(result))
+    else:
+        _print(result)
+    return 0 if all(r.errors == 0 for r in runs) else 1
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"clef-bridge bench against {result['url']}")
+    for r in result["runs"]:
+        print(f"  concurrency {r['concurrency']:3d}: {r['requests']} requests, {r['errors']} errors, "
+              f"p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
+              f"{r['throughput_rps']:.2f} req/s ({r['input_tokens']} tokens each)")
+        split = ", ".join(f"{k[:-3]} {v:.1f}" for k, v in r["server_split_ms"].items())
+        print(f"                   server split (median ms): {split}")
+    if "bare_prefill_ms" in result:
+        print(f"  bare llama.cpp prefill of the same tokens: {result['bare_prefill_ms']:.1f} ms; "
+              f"HTTP p50 / bare = {result['http_over_bare_prefill']:.3f}")
+    if "reference_ms" in result:
+        print(f"  Cloudflare's reference in-process: {result['reference_ms']:.1f} ms; "
+              f"HTTP p50 / reference = {result['http_over_reference']:.3f}")
+    sys.stdout.flush()
