@@ -16,7 +16,7 @@ import numpy as np
 from ..head.config import HeadConfig, config_path_for, load_config
 from ..head.errors import ClefError, HeadConfigError, HeadWeightsError
 from ..head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
-from .gguf_file import GGUFError, GGUFInfo, StringArray, read_gguf
+from .gguf_file import GGUFError, GGUFInfo, read_gguf
 
 CLEF_ARCHITECTURES = ("qwen35", "qwen35moe")
 PROMPT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")

@@ -87,7 +87,8 @@ def read_header(path: str | Path) -> SafetensorsHeader:
         if not 0 <= begin <= end <= data_size:
             problems.append(f"{name}: data [{begin}, {end}) lies outside the {data_size}-byte data section")
         elif end - begin != expected:
-            problems.append(f"{name}: {end - begin} bytes of data for shape {list(shape)} {dtype} ({expected} expected)")
+            problems.append(f"{name}: {end - begin} bytes of data for shape {list(shape)} {dtype} "
+                            f"({expected} expected)")
     spans = sorted((e.begin, e.end, e.name) for e in entries.values())
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
@@ -199,7 +200,8 @@ def save_state_dict(path: str | Path, flat: dict[str, np.ndarray], dtype: str = 
     header, blobs, offset = {}, [], 0
     for name in sorted(flat):
         blob = ENCODERS[dtype](flat[name]).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(np.shape(flat[name])), "data_offsets": [offset, offset + len(blob)]}
+        header[name] = {"dtype": dtype, "shape": list(np.shape(flat[name])),
+                        "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     raw = json.dumps(header, separators=(",", ":")).encode()

@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(os.environ.get("CLEF_BRIDGE_FIXTURES", ROOT / ".fixtures"))

@@ -152,7 +152,8 @@ def test_head_for_another_config(tmp_path):
 
 
 @pytest.mark.parametrize("content, fragment", [
-    (b"\x01\x00", "shorter than"), (b"\xff" * 8 + b"{}", "does not fit"), (b"\x02\x00\x00\x00\x00\x00\x00\x00{x", "JSON"),
+    (b"\x01\x00", "shorter than"), (b"\xff" * 8 + b"{}", "does not fit"),
+    (b"\x02\x00\x00\x00\x00\x00\x00\x00{x", "JSON"),
 ])
 def test_corrupt_safetensors(tmp_path, content, fragment):
     path = tmp_path / "joint_head.safetensors"

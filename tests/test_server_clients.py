@@ -4,7 +4,6 @@ the process lifecycle (load failures, SIGTERM with requests in flight)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
