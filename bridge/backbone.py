@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 
 import llama_cpp as lc
-from llama_cpp import _logger as lc_logger
 from llama_cpp import llama_cpp_ext as lc_ext
+
+from . import llama_log
 
 from ..head.errors import ClefError
 
@@ -93,8 +94,8 @@ class VocabOnly:
     """A GGUF's tokenizer without its weights (llama.cpp's vocab_only load)."""
 
     def __init__(self, path: str | Path, verbose: bool = False):
-        lc_logger.set_verbose(verbose)
         lc.llama_backend_init()
+        llama_log.install(verbose)
         mparams = lc.llama_model_default_params()
         mparams.vocab_only = True
         self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
@@ -127,8 +128,8 @@ class Backbone:
         if not self.path.is_file():
             raise BackboneError(f"{self.path}: no such GGUF file; fix the gguf path in models.toml "
                                 "(relative paths start at the models.toml folder)")
-        lc_logger.set_verbose(options.verbose)
         lc.llama_backend_init()
+        llama_log.install(options.verbose)
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)

@@ -337,6 +337,7 @@ def load_checked(spec: Any) -> Any:
     """A ClefModel for a models.toml entry, only if its pair passes every check; warnings kept on it."""
     from .pipeline import ClefModel
 
+    spec.ensure_files()
     loaded: list[Any] = []
 
     def load(_gguf: Path, _head: Path) -> Any:

@@ -70,6 +70,7 @@ class ClefModel:
         self.spec = spec
         self.limits = limits
         self.warnings: list[str] = []  # integrity findings it is served with (see integrity.load_checked)
+        spec.ensure_files()
         self.head_config: HeadConfig = load_config(config_path_for(spec.head))
         self.xp = array_module_for(spec.head_device)
         self.params = load_params(spec.head, self.head_config, self.xp)

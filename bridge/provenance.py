@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 from .embedding import OutputEmbedding
 from .gguf_file import GGUFInfo, read_gguf
+from .paths import cache_dir
 
 PAIR_VERSION = 1
 FINGERPRINT_ROWS = 16
@@ -52,12 +52,6 @@ CANARY_REQUESTS = [
 
 
 # --- hashing ----------------------------------------------------------------------------------
-
-def cache_dir() -> Path:
-    root = os.environ.get("CLEF_BRIDGE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "clef-bridge")
-    return Path(root)
-
 
 class Progress:
     """A one-line progress bar on stderr for long work (silent when stderr is not a terminal)."""

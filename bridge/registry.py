@@ -50,6 +50,14 @@ class ModelSpec:
     gguf_sha256: str = ""  # optional pins, checked at load
     head_sha256: str = ""
     pair: Path | None = None  # pairing record; default <gguf stem>.pair.json beside the GGUF when present
+    builtin: str = ""  # "demo": the embedded demo model, built into the cache on first use
+
+    def ensure_files(self) -> None:
+        """Build the files of a built-in model if they are not there yet."""
+        if self.builtin == "demo":
+            from .demo import make_demo
+
+            make_demo(self.gguf.parent)
 
 
 @dataclass(frozen=True)
@@ -89,8 +97,10 @@ _TYPES: dict[str, Any] = {
     "n_threads": int, "max_length": int, "truncate_state": bool, "temperature": (int, float, dict),
     "confidence": str, "question_ids": str, "parse_special_in_user_text": bool, "head_device": str,
     "aliases": list, "description": str, "release_date": str, "gguf_sha256": str, "head_sha256": str, "pair": str,
+    "builtin": str,
 }
-_CHOICES = {"confidence": ("reference", "jev"), "question_ids": ("prompt", "blind"), "head_device": ("cpu", "cuda")}
+_CHOICES = {"confidence": ("reference", "jev"), "question_ids": ("prompt", "blind"), "head_device": ("cpu", "cuda"),
+            "builtin": ("demo",)}
 _POSITIVE = ("n_ctx", "n_ubatch", "n_seq_max", "max_length")
 
 
@@ -121,6 +131,10 @@ def _model(name: str, raw: Any, base: Path, where: str) -> ModelSpec:
     unknown = sorted(set(raw) - set(_TYPES))
     if unknown:
         raise RegistryError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(_TYPES)}")
+    if "builtin" in raw:
+        if "gguf" in raw or "head" in raw:
+            raise RegistryError(f"{where}: a builtin model takes no gguf or head")
+        raw = {**demo_paths(), "description": _demo_description(), **raw}
     for key in ("gguf", "head"):
         if key not in raw:
             raise RegistryError(f"{where}: missing required key {key!r}")
@@ -174,6 +188,25 @@ def _server(raw: Any, base: Path, where: str) -> ServerSpec:
     if "api_keys_file" in raw:
         values["api_keys_file"] = (base / raw["api_keys_file"]).resolve()
     return ServerSpec(**values)
+
+
+def demo_paths() -> dict[str, str]:
+    from .demo import DEMO_VERSION, demo_files
+    from .paths import cache_dir
+
+    files = demo_files(cache_dir() / f"demo-v{DEMO_VERSION}")
+    return {"gguf": str(files.gguf), "head": str(files.head), "n_ctx": 8192, "max_length": 8192}
+
+
+def _demo_description() -> str:
+    from .demo import DEMO_DESCRIPTION
+
+    return DEMO_DESCRIPTION
+
+
+def demo_registry(path: Path) -> Registry:
+    """What `serve` uses when there is no models.toml: the built-in demo alone."""
+    return parse_registry({"default": "demo", "models": {"demo": {"builtin": "demo"}}}, path)
 
 
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:

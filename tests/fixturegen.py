@@ -193,9 +193,10 @@ def convert(vendor: Path, hf_dir: Path, out: Path, outtype: str) -> None:
 
 def quantize(src: Path, out: Path, ftype: str) -> None:
     import llama_cpp as lc
-    from llama_cpp import _logger
 
-    _logger.set_verbose(False)
+    from clef_bridge.bridge import llama_log
+
+    llama_log.install(verbose=False)
     params = lc.llama_model_quantize_default_params()
     params.ftype = getattr(lc, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.nthread = os.cpu_count() or 1

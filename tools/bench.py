@@ -35,7 +35,7 @@ SENTENCE = ("The customer writes that the nightly export job has failed three ti
             "dashboard shows stale numbers, and that the finance team needs the report before Friday. ")
 
 
-def router_request(model: str = "jev-latest", sentences: int = 18) -> dict[str, Any]:
+def router_request(model: str = "jev-latest", sentences: int = 6) -> dict[str, Any]:
     """A router request of about 750 tokens with the Qwen3.5 vocabulary (4 questions, 19 options)."""
     return {"model": model, "state": {"ticket": 4471, "channel": "email", "message": SENTENCE * sentences},
             "questions": ROUTER_QUESTIONS}
@@ -122,8 +122,8 @@ def bare_prefill_ms(gguf: Path, body: dict, repeats: int) -> float:
         backbone.close()
 
 
-def reference_ms(hf_dir: Path, head: Path, body: dict, repeats: int) -> float:
-    """Cloudflare's systemone() in this process, float32 on the CPU, same weights."""
+def reference_ms(hf_dir: Path, head: Path, body: dict, repeats: int, dtype: str) -> float:
+    """Cloudflare's systemone() in this process on the CPU, same weights, in float32 or bfloat16."""
     from types import SimpleNamespace
 
     import torch
@@ -135,10 +135,11 @@ def reference_ms(hf_dir: Path, head: Path, body: dict, repeats: int) -> float:
 
     ref = reference()
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    backbone = Qwen3_5ForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    torch_dtype = getattr(torch, dtype)
+    backbone = Qwen3_5ForConditionalGeneration.from_pretrained(hf_dir, dtype=torch_dtype).eval()
     joint = ref.JointSchemaHead(**vars(load_config(config_path_for(head))))
     joint.load_state_dict(load_file(str(head)))
-    model = ref.ClefModel(backbone, joint.float()).eval()
+    model = ref.ClefModel(backbone, joint.to(torch_dtype)).eval()
     processor = SimpleNamespace(tokenizer=tokenizer)
     return _median_ms(lambda: ref.systemone(model, processor, body), repeats)
 
@@ -157,9 +158,10 @@ def run(url: str, concurrency: list[int], requests: int, api_key: str | None, as
         result["bare_prefill_ms"] = round(floor, 2)
         result["http_over_bare_prefill"] = round(single.percentile(50) / floor, 3)
     if hf_dir and head:
-        ref_ms = reference_ms(hf_dir, head, body, repeats)
-        result["reference_ms"] = round(ref_ms, 2)
-        result["http_over_reference"] = round(single.percentile(50) / ref_ms, 3)
+        for dtype in ("float32", "bfloat16"):  # load_release_model's default is bfloat16
+            ref_ms = reference_ms(hf_dir, head, body, repeats, dtype)
+            result[f"reference_{dtype}_ms"] = round(ref_ms, 2)
+            result[f"http_over_reference_{dtype}"] = round(single.percentile(50) / ref_ms, 3)
     if as_json:
         print(json.dumps(result))
     else:
@@ -178,7 +180,8 @@ def _print(result: dict[str, Any]) -> None:
     if "bare_prefill_ms" in result:
         print(f"  bare llama.cpp prefill of the same tokens: {result['bare_prefill_ms']:.1f} ms; "
               f"HTTP p50 / bare = {result['http_over_bare_prefill']:.3f}")
-    if "reference_ms" in result:
-        print(f"  Cloudflare's reference in-process: {result['reference_ms']:.1f} ms; "
-              f"HTTP p50 / reference = {result['http_over_reference']:.3f}")
+    for dtype in ("float32", "bfloat16"):
+        if f"reference_{dtype}_ms" in result:
+            print(f"  Cloudflare's reference in-process ({dtype}): {result[f'reference_{dtype}_ms']:.1f} ms; "
+                  f"HTTP p50 / reference = {result[f'http_over_reference_{dtype}']:.3f}")
     sys.stdout.flush()

@@ -66,6 +66,8 @@ def _check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.models is not None:
         registry = load_registry(args.models)
+        for spec in registry.models.values():
+            spec.ensure_files()
         named = [(name, check_all(spec.gguf, spec.head, spec.pair, spec.gguf_sha256, spec.head_sha256,
                                   load_model=_load_for_canaries)) for name, spec in registry.models.items()]
     else:
@@ -102,11 +104,82 @@ def _pair(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _fit(args: argparse.Namespace) -> int:
+    from ..bridge.fit import ARCHES, GIB, MIB, arch_from_gguf, arch_preset, device_vram, head_params, parse_size, plan
+    from ..bridge.gguf_file import read_gguf
+
+    if (args.gguf is None) == (args.arch is None):
+        print("clef-bridge fit: give a GGUF or --arch NAME", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        vram = parse_size(args.vram) if args.vram else device_vram()
+    except ValueError as exc:
+        print(f"clef-bridge fit: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if vram is None:
+        print("clef-bridge fit: no GPU found (nvidia-ml-py reads it); pass --vram 16GiB", file=sys.stderr)
+        return EXIT_USAGE
+    if args.arch:
+        try:
+            arch = arch_preset(args.arch, args.quant)
+        except KeyError as exc:
+            print(f"clef-bridge fit: {exc.args[0]}", file=sys.stderr)
+            return EXIT_USAGE
+        hidden = ARCHES[args.arch]["head_hidden"]
+    else:
+        arch = arch_from_gguf(read_gguf(args.gguf))
+        hidden = arch.n_embd
+    head = head_params(hidden) * 4 if args.head_on_gpu else 0
+    result = plan(arch, vram, args.ctx, args.parallel, args.ubatch, head_bytes=head)
+    if args.json:
+        print(json.dumps(result.summary()))
+        return EXIT_OK if result.fits else EXIT_REFUSED
+    gib = lambda n: f"{n / GIB:6.2f} GiB"  # noqa: E731
+    print(f"{result.arch}: {args.ctx} tokens of context, {args.parallel} parallel sequence(s), "
+          f"{vram / GIB:.1f} GiB of VRAM")
+    types = ", ".join(f"{t} {n / GIB:.2f}" for t, n in sorted(result.weights_by_type.items(), key=lambda x: -x[1]))
+    print(f"  weights on GPU     {gib(result.weights_bytes)}  ({types}; token_embd stays on the CPU: "
+          f"{result.cpu_weights_bytes / GIB:.2f} GiB)")
+    print(f"  KV cache           {gib(result.kv_cache_bytes)}  ({sum(arch.full)} full-attention layers of "
+          f"{arch.n_layer}, {result.kv_type})")
+    print(f"  recurrent state    {gib(result.recurrent_state_bytes)}  ({arch.n_layer - sum(arch.full)} linear layers"
+          f" x {args.parallel} sequence(s))")
+    print(f"  compute buffers    {gib(result.compute_bytes)}  (n_ubatch {args.ubatch})")
+    print(f"  head               {gib(result.head_bytes)}  ({'GPU, CuPy' if args.head_on_gpu else 'on the CPU'}: "
+          f"{head_params(hidden) * 4 / MIB:.0f} MiB float32)")
+    print(f"  margin             {gib(result.margin_bytes)}")
+    print(f"  total              {gib(result.total_bytes)}  -> {'FITS' if result.fits else 'does NOT fit'}")
+    print(f"  largest context with every layer on the GPU: {result.max_ctx}")
+    if not result.fits:
+        print(f"  at {args.ctx} tokens use n_gpu_layers = {result.n_gpu_layers} (the rest runs on the CPU)")
+    return EXIT_OK if result.fits else EXIT_REFUSED
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from ..bridge.registry import load_registry
+    from ..bridge.registry import demo_registry, load_registry
     from ..bridge.server import serve
 
-    serve(load_registry(args.models), args.host, args.port)
+    path = args.models or Path("models.toml")
+    if args.models is None and not path.is_file():
+        registry = demo_registry(path.resolve())
+        spec = registry.models["demo"]
+        spec.ensure_files()
+        print(f"clef-bridge: no models.toml in {Path.cwd()}: serving the built-in demo model from "
+              f"{spec.gguf.parent} (RANDOM weights: its answers are meaningless). Configure a real model with "
+              "`clef-bridge pull clef-flash` or a models.toml.", file=sys.stderr)
+    else:
+        registry = load_registry(path)
+    serve(registry, args.host, args.port)
+    return EXIT_OK
+
+
+def _make_demo(args: argparse.Namespace) -> int:
+    from ..bridge.demo import make_demo
+
+    files = make_demo(args.folder, args.seed)
+    print(f"wrote the demo model to {files.folder}: {files.gguf.name}, {files.head.name}, "
+          f"joint_head_config.json, {files.models_toml.name} (random weights, meaningless answers)")
+    print(f"serve it with: clef-bridge serve --models {files.models_toml}")
     return EXIT_OK
 
 
@@ -134,10 +207,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("serve", help="serve the System One API for every model in models.toml")
-    p.add_argument("--models", default="models.toml", help="the model registry (default: ./models.toml)")
+    p.add_argument("--models", type=Path, help="the model registry (default: ./models.toml; without one, the "
+                                              "built-in demo model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8792, help="port to listen on (default: 8792)")
     p.set_defaults(func=_serve)
+
+    p = sub.add_parser("fit", help="GPU memory plan for a GGUF and its head (exit 0 fits, 1 does not)")
+    p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF")
+    p.add_argument("--arch", choices=["clef-flash", "clef"], help="plan from published dimensions instead of a file")
+    p.add_argument("--quant", default="Q8_0", help="quantization for --arch: F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M "
+                                                   "(default: Q8_0)")
+    p.add_argument("--vram", help="GPU memory to plan for, e.g. 16GiB (default: free memory read through NVML)")
+    p.add_argument("--ctx", type=int, default=16384, help="context (n_ctx) in tokens (default: 16384)")
+    p.add_argument("--parallel", type=int, default=1, help="sequences decoded together (n_seq_max, default: 1)")
+    p.add_argument("--ubatch", type=int, default=512, help="llama.cpp's n_ubatch (default: 512)")
+    p.add_argument("--head-on-gpu", action="store_true", help="count the head on the GPU (head_device = cuda)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_fit)
+
+    p = sub.add_parser("make-demo", help="write the small random demo model (GGUF, head, models.toml) to a folder")
+    p.add_argument("folder", type=Path, help="where to write it")
+    p.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same files (default: 0)")
+    p.set_defaults(func=_make_demo)
 
     p = sub.add_parser("check", help="refuse a GGUF without its matching head (exit 0 accepted, 1 refused, "
                                      "2 usage or I/O error)")

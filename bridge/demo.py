@@ -1,0 +1,196 @@
+"""The embedded demo model: a small random qwen35 GGUF and a matching random head, from numpy and gguf.
+
+Its answers are meaningless; it exists so that `clef-bridge serve` answers on a fresh install
+before any real model is configured, and so that every part of the pipeline can be seen working.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from ..head.config import CONFIG_NAME, HeadConfig
+from ..head.weights import expected_shapes, save_state_dict
+
+DEMO_VERSION = 1
+DEMO_DESCRIPTION = ("built-in demo: RANDOM weights, its answers are meaningless; configure a real Clef model in "
+                    "models.toml (clef-bridge pull clef-flash)")
+SPECIALS = [("<|endoftext|>", 3), ("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4), ("</think>", 4)]
+MERGES = ["Ġ t", "Ġ a", "h e", "i n", "t h", "e r", "Ġ s", "o n", "r e", "Ġ o", "a n", "e s"]
+
+
+@dataclass(frozen=True)
+class Qwen35Dims:
+    """Shapes of a Qwen3.5 hybrid backbone (Gated DeltaNet + full attention every `interval` layers)."""
+
+    hidden: int = 128
+    layers: int = 4
+    interval: int = 4
+    ff: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    linear_k_heads: int = 2
+    linear_v_heads: int = 4
+    linear_k_dim: int = 32
+    linear_v_dim: int = 32
+    conv_kernel: int = 4
+    context: int = 32768
+
+    def is_full(self, layer: int) -> bool:
+        return (layer + 1) % self.interval == 0
+
+
+DEMO_DIMS = Qwen35Dims()
+DEMO_HEAD = HeadConfig(hidden_size=DEMO_DIMS.hidden, width=64, routing_layers=1, layers=1, heads=4, feedforward=128)
+
+
+def byte_level_vocab() -> tuple[list[str], list[int], list[str]]:
+    """GPT-2 style byte-level tokens, a few merges, and the special tokens the prompt uses."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    tokens = [chars[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES]
+    types = [1] * len(tokens)
+    for text, kind in SPECIALS:
+        tokens.append(text)
+        types.append(kind)
+    return tokens, types, list(MERGES)
+
+
+def _tensors(d: Qwen35Dims, n_vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """numpy arrays in numpy (row-major) shape: [ne1, ne0]."""
+    def w(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
+        return (scale * rng.standard_normal((rows, cols))).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    h = d.hidden
+    out = {"token_embd.weight": w(n_vocab, h, 0.5), "output.weight": w(n_vocab, h, 0.5), "output_norm.weight": norm(h)}
+    inner = d.linear_v_heads * d.linear_v_dim
+    conv = 2 * d.linear_k_heads * d.linear_k_dim + inner
+    for i in range(d.layers):
+        p = f"blk.{i}."
+        out |= {p + "attn_norm.weight": norm(h), p + "post_attention_norm.weight": norm(h),
+                p + "ffn_gate.weight": w(d.ff, h), p + "ffn_up.weight": w(d.ff, h), p + "ffn_down.weight": w(h, d.ff)}
+        if d.is_full(i):
+            out |= {p + "attn_q.weight": w(2 * d.heads * d.head_dim, h), p + "attn_k.weight": w(d.kv_heads * d.head_dim, h),
+                    p + "attn_v.weight": w(d.kv_heads * d.head_dim, h),
+                    p + "attn_output.weight": w(h, d.heads * d.head_dim),
+                    p + "attn_q_norm.weight": norm(d.head_dim), p + "attn_k_norm.weight": norm(d.head_dim)}
+        else:
+            out |= {p + "attn_qkv.weight": w(conv, h), p + "attn_gate.weight": w(inner, h),
+                    p + "ssm_a": -np.exp(rng.uniform(-1, 1, d.linear_v_heads)).astype(np.float32),
+                    p + "ssm_dt.bias": (0.1 * rng.standard_normal(d.linear_v_heads)).astype(np.float32),
+                    p + "ssm_alpha.weight": w(d.linear_v_heads, h), p + "ssm_beta.weight": w(d.linear_v_heads, h),
+                    p + "ssm_conv1d.weight": w(conv, d.conv_kernel, 0.3), p + "ssm_norm.weight": norm(d.linear_v_dim),
+                    p + "ssm_out.weight": w(h, inner)}
+    return out
+
+
+def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-bridge demo") -> None:
+    """A random qwen35 GGUF that llama.cpp loads and runs (F32 weights)."""
+    tokens, types, merges = byte_level_vocab()
+    rng = np.random.default_rng(seed)
+    writer = GGUFWriter(str(path), "qwen35")
+    arch = "qwen35"
+    writer.add_name(name)
+    writer.add_uint32(f"{arch}.block_count", d.layers)
+    writer.add_uint32(f"{arch}.context_length", d.context)
+    writer.add_uint32(f"{arch}.embedding_length", d.hidden)
+    writer.add_uint32(f"{arch}.feed_forward_length", d.ff)
+    writer.add_uint32(f"{arch}.attention.head_count", d.heads)
+    writer.add_uint32(f"{arch}.attention.head_count_kv", d.kv_heads)
+    writer.add_uint32(f"{arch}.attention.key_length", d.head_dim)
+    writer.add_uint32(f"{arch}.attention.value_length", d.head_dim)
+    rot = d.head_dim // 4  # partial rotary factor 0.25
+    writer.add_uint32(f"{arch}.rope.dimension_count", rot)
+    writer.add_array(f"{arch}.rope.dimension_sections", [rot // 2 - 2 * (rot // 6), rot // 6, rot // 6, 0])
+    writer.add_float32(f"{arch}.rope.freq_base", 10_000_000.0)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_uint32(f"{arch}.ssm.conv_kernel", d.conv_kernel)
+    writer.add_uint32(f"{arch}.ssm.state_size", d.linear_k_dim)
+    writer.add_uint32(f"{arch}.ssm.group_count", d.linear_k_heads)
+    writer.add_uint32(f"{arch}.ssm.time_step_rank", d.linear_v_heads)
+    writer.add_uint32(f"{arch}.ssm.inner_size", d.linear_v_heads * d.linear_v_dim)
+    writer.add_array(f"{arch}.attention.recurrent_layers", [not d.is_full(i) for i in range(d.layers)])
+    writer.add_uint32(f"{arch}.full_attention_interval", d.interval)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen35")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    writer.add_file_type(0)  # all F32
+    for tensor_name, data in _tensors(d, len(tokens), rng).items():
+        writer.add_tensor(tensor_name, data, raw_dtype=GGMLQuantizationType.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def random_head(cfg: HeadConfig, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    scalars = {"prior_logit_scale": 1.0, "joint_logit_scale": 2.0, "residual_gate": 0.5}
+    out = {}
+    for name, shape in sorted(expected_shapes(cfg).items()):
+        if name in scalars:
+            out[name] = np.float32(scalars[name]).reshape(())
+        elif len(shape) == 2:
+            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        elif name.endswith("weight"):
+            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    return out
+
+
+@dataclass(frozen=True)
+class DemoFiles:
+    folder: Path
+    gguf: Path
+    head: Path
+    models_toml: Path
+
+
+def demo_files(folder: Path) -> DemoFiles:
+    return DemoFiles(folder, folder / "demo.gguf", folder / "joint_head.safetensors", folder / "models.toml")
+
+
+def make_demo(folder: str | Path, seed: int = 0) -> DemoFiles:
+    """Write the demo GGUF, head, config and a models.toml serving them (idempotent, deterministic)."""
+    files = demo_files(Path(folder).resolve())
+    files.folder.mkdir(parents=True, exist_ok=True)
+    with open(files.folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = files.folder / "demo.json"
+        wanted = {"version": DEMO_VERSION, "seed": seed}
+        if stamp.is_file() and json.loads(stamp.read_text()) == wanted and files.gguf.is_file() and files.head.is_file():
+            return files
+        write_qwen35_gguf(files.gguf.with_suffix(".tmp"), DEMO_DIMS, seed)
+        files.gguf.with_suffix(".tmp").replace(files.gguf)
+        save_state_dict(files.head, random_head(DEMO_HEAD, seed + 1), "BF16")
+        (files.folder / CONFIG_NAME).write_text(json.dumps(vars(DEMO_HEAD), indent=2))
+        files.models_toml.write_text(
+            '# The built-in demo: random weights, meaningless answers.\n'
+            'default = "demo"\n\n[models.demo]\ngguf = "demo.gguf"\nhead = "joint_head.safetensors"\n'
+            'n_ctx = 8192\nmax_length = 8192\n'
+            f'description = "{DEMO_DESCRIPTION}"\n')
+        stamp.write_text(json.dumps(wanted))
+    return files

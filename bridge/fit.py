@@ -1,0 +1,272 @@
+"""GPU memory plans for a Clef GGUF and its head, with Qwen3.5's hybrid layers counted right.
+
+Only the full-attention layers (one in four) keep a KV cache; the Gated DeltaNet layers keep a
+fixed-size recurrent state per parallel sequence. Charging KV to every layer overstates the
+context cost four times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .gguf_file import GGUFInfo, read_gguf
+
+MIB = 1 << 20
+GIB = 1 << 30
+KV_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "q8_0": 34 / 32}
+HEAD_BYTES_PER_PARAM = 4  # float32 after loading
+MARGIN_FIXED = 512 * MIB  # CUDA context, cuBLAS workspace, fragmentation
+MARGIN_SHARE = 0.03
+
+
+@dataclass(frozen=True)
+class TensorSize:
+    name: str
+    type: str
+    nbytes: int
+    layer: int | None  # block index; None for token_embd; n_layer for the output layer
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What a memory plan needs to know about a backbone."""
+
+    name: str
+    n_layer: int
+    full: tuple[bool, ...]  # full attention per layer
+    n_embd: int
+    n_vocab: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    ff: int
+    ssm_conv: int
+    ssm_inner: int
+    ssm_state: int
+    ssm_group: int
+    n_ctx_train: int
+    tensors: tuple[TensorSize, ...] = field(repr=False)
+
+    @property
+    def n_full(self) -> int:
+        return sum(self.full)
+
+    @property
+    def recurrent_row(self) -> int:
+        """Floats of recurrent state per linear layer and sequence (llama.cpp's n_embd_r + n_embd_s)."""
+        conv = (self.ssm_conv - 1) * (self.ssm_inner + 2 * self.ssm_group * self.ssm_state)
+        return conv + self.ssm_state * self.ssm_inner
+
+
+def _layer_of(name: str, n_layer: int) -> int | None:
+    if name.startswith("blk."):
+        return int(name.split(".")[1])
+    if name == "token_embd.weight":
+        return None
+    return n_layer  # output.weight, output_norm.weight
+
+
+def arch_from_gguf(info: GGUFInfo) -> Arch:
+    from .integrity import layer_pattern
+
+    a = info.arch_key
+    n_layer = int(a("block_count"))
+    full = tuple(layer_pattern(info) or [True] * n_layer)
+    tokens = info.metadata.get("tokenizer.ggml.tokens")
+    output = info.tensors.get("output.weight") or info.tensors.get("token_embd.weight")
+    tensors = tuple(TensorSize(t.name, getattr(t.type, "name", str(t.type)), t.n_bytes or 0,
+                               _layer_of(t.name, n_layer)) for t in info.tensors.values())
+    return Arch(name=info.path.name, n_layer=n_layer, full=full, n_embd=int(a("embedding_length")),
+                n_vocab=int(getattr(tokens, "count", None) or (output.shape[1] if output else 0)),
+                n_head=int(a("attention.head_count")), n_head_kv=int(a("attention.head_count_kv")),
+                head_dim=int(a("attention.key_length") or a("embedding_length") // a("attention.head_count")),
+                ff=int(a("feed_forward_length")), ssm_conv=int(a("ssm.conv_kernel") or 0),
+                ssm_inner=int(a("ssm.inner_size") or 0), ssm_state=int(a("ssm.state_size") or 0),
+                ssm_group=int(a("ssm.group_count") or 0), n_ctx_train=int(a("context_length") or 0),
+                tensors=tensors)
+
+
+# Published dimensions: Qwen3.5-9B (Clef-flash) and Qwen3.8-27B (Clef), text model only.
+ARCHES = {
+    "clef-flash": dict(n_layer=32, n_embd=4096, ff=12288, n_head=16, n_head_kv=4, head_dim=256, n_vocab=248320,
+                       linear_k_heads=16, linear_v_heads=32, linear_dim=128, head_hidden=4096),
+    "clef": dict(n_layer=64, n_embd=5120, ff=17408, n_head=24, n_head_kv=4, head_dim=256, n_vocab=248320,
+                 linear_k_heads=16, linear_v_heads=48, linear_dim=128, head_hidden=5120),
+}
+# Bytes per weight of llama.cpp's presets for the big matrices (blocks of 32 or 256 with scales).
+BITS = {"F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q4_K_M": 4.89, "F32": 32.0}
+OUTPUT_TYPE = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K"}  # presets keep output.weight finer
+
+
+def arch_preset(name: str, quant: str) -> Arch:
+    """An Arch from published dimensions, for plans without the files (`fit --arch clef-flash`)."""
+    if name not in ARCHES:
+        raise KeyError(f"unknown architecture {name!r}; known: {', '.join(ARCHES)}")
+    if quant not in BITS:
+        raise KeyError(f"unknown quantization {quant!r}; known: {', '.join(BITS)}")
+    d = ARCHES[name]
+    h, L = d["n_embd"], d["n_layer"]
+    kh, vh, dim = d["linear_k_heads"], d["linear_v_heads"], d["linear_dim"]
+    inner = vh * dim
+    full = tuple((i + 1) % 4 == 0 for i in range(L))
+
+    def size(params: int, qtype: str = quant) -> int:
+        return int(params * BITS[qtype] / 8)
+
+    tensors = [TensorSize("token_embd.weight", quant, size(d["n_vocab"] * h), None),
+               TensorSize("output.weight", OUTPUT_TYPE.get(quant, quant),
+                          size(d["n_vocab"] * h, OUTPUT_TYPE.get(quant, quant)), L),
+               TensorSize("output_norm.weight", "F32", 4 * h, L)]
+    for i in range(L):
+        if full[i]:
+            attn = h * 2 * d["n_head"] * d["head_dim"] + 2 * h * d["n_head_kv"] * d["head_dim"] + \
+                d["n_head"] * d["head_dim"] * h
+        else:
+            attn = h * (2 * kh * dim + inner) + h * inner + 2 * h * vh + inner * h + 4 * (2 * kh * dim + inner)
+        tensors.append(TensorSize(f"blk.{i}.attn", quant, size(attn), i))
+        tensors.append(TensorSize(f"blk.{i}.ffn", quant, size(3 * h * d["ff"]), i))
+        tensors.append(TensorSize(f"blk.{i}.norms", "F32", 4 * 2 * h, i))
+    return Arch(name=f"{name} {quant}", n_layer=L, full=full, n_embd=h, n_vocab=d["n_vocab"], n_head=d["n_head"],
+                n_head_kv=d["n_head_kv"], head_dim=d["head_dim"], ff=d["ff"], ssm_conv=4, ssm_inner=inner,
+                ssm_state=dim, ssm_group=kh, n_ctx_train=262144, tensors=tuple(tensors))
+
+
+def head_params(hidden: int, width: int = 1024, routing: int = 2, layers: int = 4, ff: int = 4096) -> int:
+    """Parameters of JointSchemaHead (121,762,820 at Clef-flash shape)."""
+    attn = 3 * width * width + 3 * width + width * width + width
+    norm = 2 * width
+    evidence = 3 * norm + attn + 2 * width * ff + ff + width
+    decoder = 2 * attn + 2 * width * ff + ff + width + 3 * norm
+    return (3 + 2 * hidden + 6 * hidden * width + 3 * width + routing * evidence + norm + layers * decoder
+            + 2 * norm + 4 * width * width + width + width + 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    arch: str
+    ctx: int
+    parallel: int
+    n_ubatch: int
+    kv_type: str
+    fits: bool
+    weights_bytes: int  # on the GPU
+    weights_by_type: dict[str, int]
+    cpu_weights_bytes: int
+    kv_cache_bytes: int
+    recurrent_state_bytes: int
+    compute_bytes: int
+    head_bytes: int  # on the GPU (0 when the head runs on the CPU)
+    margin_bytes: int
+    total_bytes: int
+    vram_bytes: int
+    max_ctx: int  # largest context that fits with every layer on the GPU (0: none does)
+    n_gpu_layers: int  # -1 when all fit; else the most layers that do
+
+    def summary(self) -> dict[str, int | bool]:
+        return {"fits": self.fits, "weights_bytes": self.weights_bytes, "kv_cache_bytes": self.kv_cache_bytes,
+                "recurrent_state_bytes": self.recurrent_state_bytes, "compute_bytes": self.compute_bytes,
+                "head_bytes": self.head_bytes, "total_bytes": self.total_bytes, "vram_bytes": self.vram_bytes,
+                "max_ctx": self.max_ctx, "n_gpu_layers": self.n_gpu_layers}
+
+
+def pad_ctx(ctx: int) -> int:
+    return -(-ctx // 256) * 256  # llama.cpp rounds the KV cache up to 256 cells
+
+
+def kv_cache_bytes(arch: Arch, ctx: int, kv_type: str = "f16", layers: set[int] | None = None) -> int:
+    n = sum(1 for i, f in enumerate(arch.full) if f and (layers is None or i in layers))
+    return int(n * 2 * arch.n_head_kv * arch.head_dim * pad_ctx(ctx) * KV_BYTES[kv_type])
+
+
+def recurrent_bytes(arch: Arch, parallel: int, layers: set[int] | None = None) -> int:
+    n = sum(1 for i, f in enumerate(arch.full) if not f and (layers is None or i in layers))
+    return n * arch.recurrent_row * 4 * max(parallel, 1)
+
+
+def compute_bytes(arch: Arch, ctx: int, n_ubatch: int, flash_attn: bool = True) -> int:
+    """llama.cpp's compute buffer: the largest live activations of one ubatch (fitted to its reports)."""
+    width = max(arch.n_vocab, 4 * arch.ff, 2 * arch.n_head * arch.head_dim)
+    activations = n_ubatch * (width + 6 * arch.n_embd) * 4
+    attention = 0 if flash_attn else n_ubatch * pad_ctx(ctx) * arch.n_head * 4
+    return activations + attention
+
+
+def _gpu_layers(arch: Arch, ngl: int) -> set[int]:
+    """Blocks (and n_layer, the output layer) llama.cpp puts on the GPU for n_gpu_layers = ngl."""
+    ngl = arch.n_layer + 1 if ngl < 0 else ngl
+    start = max(arch.n_layer + 1 - ngl, 0)
+    return set(range(start, arch.n_layer + 1))
+
+
+def _total(arch: Arch, ctx: int, parallel: int, n_ubatch: int, kv_type: str, head: int, ngl: int,
+           vram: int) -> tuple[int, int, int, int, int, int, dict[str, int]]:
+    on_gpu = _gpu_layers(arch, ngl)
+    by_type: dict[str, int] = {}
+    weights = 0
+    for t in arch.tensors:
+        if t.layer is not None and t.layer in on_gpu:
+            weights += t.nbytes
+            by_type[t.type] = by_type.get(t.type, 0) + t.nbytes
+    kv = kv_cache_bytes(arch, ctx, kv_type, on_gpu)
+    rs = recurrent_bytes(arch, parallel, on_gpu)
+    compute = compute_bytes(arch, ctx, n_ubatch) if on_gpu else 0
+    margin = MARGIN_FIXED + int(MARGIN_SHARE * vram)
+    return weights + kv + rs + compute + head + margin, weights, kv, rs, compute, margin, by_type
+
+
+def plan(arch: Arch, vram_bytes: int, ctx: int = 16384, parallel: int = 1, n_ubatch: int = 512,
+         kv_type: str = "f16", head_bytes: int = 0) -> Plan:
+    """Everything on the GPU if it fits; else the most layers that do, and the largest context."""
+    args = (parallel, n_ubatch, kv_type, head_bytes)
+    total, weights, kv, rs, compute, margin, by_type = _total(arch, ctx, *args, -1, vram_bytes)
+    fits = total <= vram_bytes
+    ngl = -1
+    if not fits:
+        ngl = next((g for g in range(arch.n_layer, -1, -1)
+                    if _total(arch, ctx, *args, g, vram_bytes)[0] <= vram_bytes), 0)
+    max_ctx, step = 0, 256
+    hi = max(arch.n_ctx_train, 256)
+    lo = 0
+    while lo < hi:  # largest multiple of 256 whose full offload fits
+        mid = (lo + hi + step) // (2 * step) * step
+        if _total(arch, mid, *args, -1, vram_bytes)[0] <= vram_bytes:
+            lo = mid
+        else:
+            hi = mid - step
+    max_ctx = lo
+    cpu = sum(t.nbytes for t in arch.tensors) - weights
+    return Plan(arch.name, ctx, parallel, n_ubatch, kv_type, fits, weights, by_type, cpu, kv, rs, compute,
+                head_bytes, margin, total, vram_bytes, max_ctx, ngl)
+
+
+def plan_for_gguf(path: str | Path, vram_bytes: int, ctx: int = 16384, parallel: int = 1, n_ubatch: int = 512,
+                  head_bytes: int = 0) -> Plan:
+    return plan(arch_from_gguf(read_gguf(path)), vram_bytes, ctx, parallel, n_ubatch, head_bytes=head_bytes)
+
+
+def device_vram() -> int | None:
+    """Free memory of GPU 0 through NVML (nvidia-ml-py), or None without one."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).free)
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None
+
+
+def parse_size(text: str) -> int:
+    """'16GiB', '24GB', '8000MiB', '16' (GiB) -> bytes."""
+    units = {"gib": GIB, "gb": 10**9, "mib": MIB, "mb": 10**6, "g": GIB, "m": MIB, "": GIB}
+    t = text.strip().lower()
+    number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(number):]
+    if unit not in units or not number:
+        raise ValueError(f"cannot read the size {text!r}; write e.g. 16GiB, 24GB or 12000MiB")
+    return int(float(number) * units[unit])
