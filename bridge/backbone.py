@@ -141,6 +141,9 @@ class Backbone:
         cparams.n_batch = options.n_ctx
         cparams.n_ubatch = min(options.n_ubatch, options.n_ctx)
         cparams.n_seq_max = options.n_seq_max
+        # Only the last token of each sequence is an output: without this, llama.cpp reserves logits
+        # for n_ubatch outputs (n_ubatch x n_vocab floats: 500 MB of compute buffer for Clef-flash).
+        cparams.n_outputs_max = options.n_seq_max
         cparams.embeddings = False  # True would force every token to be an output (see the class docstring)
         cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
         flash = options.flash_attn

@@ -45,6 +45,7 @@ class Arch:
     ssm_inner: int
     ssm_state: int
     ssm_group: int
+    ssm_heads: int  # DeltaNet value heads
     n_ctx_train: int
     tensors: tuple[TensorSize, ...] = field(repr=False)
 
@@ -83,7 +84,8 @@ def arch_from_gguf(info: GGUFInfo) -> Arch:
                 head_dim=int(a("attention.key_length") or a("embedding_length") // a("attention.head_count")),
                 ff=int(a("feed_forward_length")), ssm_conv=int(a("ssm.conv_kernel") or 0),
                 ssm_inner=int(a("ssm.inner_size") or 0), ssm_state=int(a("ssm.state_size") or 0),
-                ssm_group=int(a("ssm.group_count") or 0), n_ctx_train=int(a("context_length") or 0),
+                ssm_group=int(a("ssm.group_count") or 0), ssm_heads=int(a("ssm.time_step_rank") or 0),
+                n_ctx_train=int(a("context_length") or 0),
                 tensors=tensors)
 
 
@@ -129,7 +131,7 @@ def arch_preset(name: str, quant: str) -> Arch:
         tensors.append(TensorSize(f"blk.{i}.norms", "F32", 4 * 2 * h, i))
     return Arch(name=f"{name} {quant}", n_layer=L, full=full, n_embd=h, n_vocab=d["n_vocab"], n_head=d["n_head"],
                 n_head_kv=d["n_head_kv"], head_dim=d["head_dim"], ff=d["ff"], ssm_conv=4, ssm_inner=inner,
-                ssm_state=dim, ssm_group=kh, n_ctx_train=262144, tensors=tuple(tensors))
+                ssm_state=dim, ssm_group=kh, ssm_heads=vh, n_ctx_train=262144, tensors=tuple(tensors))
 
 
 def head_params(hidden: int, width: int = 1024, routing: int = 2, layers: int = 4, ff: int = 4096) -> int:
@@ -185,11 +187,16 @@ def recurrent_bytes(arch: Arch, parallel: int, layers: set[int] | None = None) -
 
 
 def compute_bytes(arch: Arch, ctx: int, n_ubatch: int, flash_attn: bool = True) -> int:
-    """llama.cpp's compute buffer: the largest live activations of one ubatch (fitted to its reports)."""
-    width = max(arch.n_vocab, 4 * arch.ff, 2 * arch.n_head * arch.head_dim)
-    activations = n_ubatch * (width + 6 * arch.n_embd) * 4
-    attention = 0 if flash_attn else n_ubatch * pad_ctx(ctx) * arch.n_head * 4
-    return activations + attention
+    """llama.cpp's compute buffer for one ubatch, fitted to its own reports on the test backbones:
+    the DeltaNet's chunked intermediates (64-token chunks: 512 floats per token and value head), 4.5
+    floats per channel of the widest layer (FFN or DeltaNet conv), and without flash attention the KQ
+    matrix (1.2x, for its softmax). Outputs are one per sequence, so the logits stay small.
+    """
+    conv = 2 * arch.ssm_group * arch.ssm_state + arch.ssm_inner
+    out = n_ubatch * (512 * arch.ssm_heads + 4.5 * max(arch.ff, conv)) * 4
+    if not flash_attn:
+        out += 1.2 * n_ubatch * pad_ctx(ctx) * arch.n_head * 4
+    return int(out)
 
 
 def _gpu_layers(arch: Arch, ngl: int) -> set[int]:
@@ -270,3 +277,26 @@ def parse_size(text: str) -> int:
     if unit not in units or not number:
         raise ValueError(f"cannot read the size {text!r}; write e.g. 16GiB, 24GB or 12000MiB")
     return int(float(number) * units[unit])
+
+
+def gpu_layers_for(gguf: Path, n_gpu_layers: int | str, ctx: int, parallel: int, n_ubatch: int,
+                   head_on_gpu: bool, head_hidden: int) -> tuple[int, list[str]]:
+    """The n_gpu_layers to load with, and warnings when the configured context will not fit the GPU."""
+    import llama_cpp
+
+    if not llama_cpp.llama_supports_gpu_offload():
+        return (0 if n_gpu_layers == "auto" else int(n_gpu_layers)), []
+    vram = device_vram()
+    if vram is None:
+        return (-1 if n_gpu_layers == "auto" else int(n_gpu_layers)), []
+    head = head_params(head_hidden) * HEAD_BYTES_PER_PARAM if head_on_gpu else 0
+    p = plan_for_gguf(gguf, vram, ctx, parallel, n_ubatch, head)
+    warnings = []
+    if not p.fits:
+        warnings.append(f"fit.context: n_ctx {ctx} with every layer on the GPU needs {p.total_bytes / GIB:.1f} GiB "
+                        f"but {vram / GIB:.1f} GiB is free; the largest context that fits is {p.max_ctx}"
+                        + (f"; n_gpu_layers = \"auto\" offloads {p.n_gpu_layers} layers" if n_gpu_layers == "auto"
+                           else "; lower n_ctx or set n_gpu_layers = \"auto\""))
+    if n_gpu_layers == "auto":
+        return p.n_gpu_layers, warnings
+    return int(n_gpu_layers), warnings

@@ -351,5 +351,5 @@ def load_checked(spec: Any) -> Any:
             model.close()
         raise ModelRefused(spec.name, report)
     model = loaded[0] if loaded else ClefModel(spec)
-    model.warnings = [f"{f.code}: {f.message}" for f in report.warnings]
+    model.warnings += [f"{f.code}: {f.message}" for f in report.warnings]
     return model

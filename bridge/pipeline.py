@@ -17,6 +17,7 @@ from ..head.schema import DecisionRequest, Limits, parse_request
 from ..head.weights import load_params
 from .backbone import Backbone, BackboneOptions
 from .embedding import OutputEmbedding
+from .fit import gpu_layers_for
 from .registry import ModelSpec
 
 
@@ -69,13 +70,16 @@ class ClefModel:
     def __init__(self, spec: ModelSpec, limits: Limits = Limits()):
         self.spec = spec
         self.limits = limits
-        self.warnings: list[str] = []  # integrity findings it is served with (see integrity.load_checked)
         spec.ensure_files()
         self.head_config: HeadConfig = load_config(config_path_for(spec.head))
         self.xp = array_module_for(spec.head_device)
         self.params = load_params(spec.head, self.head_config, self.xp)
+        # warnings it is served with: the memory plan's here, integrity findings from integrity.load_checked
+        n_gpu_layers, self.warnings = gpu_layers_for(spec.gguf, spec.n_gpu_layers, spec.n_ctx, spec.n_seq_max,
+                                                     spec.n_ubatch, spec.head_device == "cuda",
+                                                     self.head_config.hidden_size)
         self.backbone = Backbone(spec.gguf, BackboneOptions(
-            n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers, n_seq_max=spec.n_seq_max, n_ubatch=spec.n_ubatch,
+            n_ctx=spec.n_ctx, n_gpu_layers=n_gpu_layers, n_seq_max=spec.n_seq_max, n_ubatch=spec.n_ubatch,
             n_threads=spec.n_threads))
         if self.backbone.n_embd != self.head_config.hidden_size:
             self.backbone.close()

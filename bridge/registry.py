@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ class ModelSpec:
     gguf: Path
     head: Path  # joint_head_config.json lies beside it
     n_ctx: int = 16384  # llama.cpp context: the token budget of one batched decode
-    n_gpu_layers: int = -1  # -1 = all layers on the GPU (when llama.cpp has one)
+    n_gpu_layers: int | str = -1  # -1 = all layers on the GPU (when llama.cpp has one); "auto" = the fit plan
     n_ubatch: int = 512
     n_seq_max: int = 8  # requests per batched decode
     n_threads: int = 0  # 0 = every core
@@ -93,7 +94,7 @@ class Registry:
 
 
 _TYPES: dict[str, Any] = {
-    "gguf": str, "head": str, "n_ctx": int, "n_gpu_layers": int, "n_ubatch": int, "n_seq_max": int,
+    "gguf": str, "head": str, "n_ctx": int, "n_gpu_layers": (int, str), "n_ubatch": int, "n_seq_max": int,
     "n_threads": int, "max_length": int, "truncate_state": bool, "temperature": (int, float, dict),
     "confidence": str, "question_ids": str, "parse_special_in_user_text": bool, "head_device": str,
     "aliases": list, "description": str, "release_date": str, "gguf_sha256": str, "head_sha256": str, "pair": str,
@@ -116,6 +117,12 @@ def _temperature(value: Any, where: str) -> dict[str, float]:
             raise RegistryError(f"{where}.temperature.{key}: must be a number between 0.01 and 100, got {t!r}")
         out[key] = float(t)
     return out
+
+
+def _absolute(path: Path) -> Path:
+    # abspath, not resolve(): a Hugging Face cache file is a symlink into blobs/, and its
+    # joint_head_config.json lies beside the link, not beside the blob
+    return Path(os.path.abspath(path))
 
 
 def _is_date(text: str) -> bool:
@@ -142,15 +149,17 @@ def _model(name: str, raw: Any, base: Path, where: str) -> ModelSpec:
         want = _TYPES[key]
         if isinstance(value, bool) and want is int or not isinstance(value, want):
             raise RegistryError(f"{where}.{key}: wrong type {type(value).__name__}")
+        if key == "n_gpu_layers" and isinstance(value, str) and value != "auto":
+            raise RegistryError(f"{where}.n_gpu_layers: a number or \"auto\", got {value!r}")
         if key in _CHOICES and value not in _CHOICES[key]:
             raise RegistryError(f"{where}.{key}: must be one of {list(_CHOICES[key])}, got {value!r}")
         if key in _POSITIVE and value < 1:
             raise RegistryError(f"{where}.{key}: must be positive, got {value}")
     values = dict(raw)
-    values["gguf"] = (base / raw["gguf"]).resolve()
-    values["head"] = (base / raw["head"]).resolve()
+    values["gguf"] = _absolute(base / raw["gguf"])
+    values["head"] = _absolute(base / raw["head"])
     if "pair" in raw:
-        values["pair"] = (base / raw["pair"]).resolve()
+        values["pair"] = _absolute(base / raw["pair"])
     for key in ("gguf_sha256", "head_sha256"):
         if key in raw and not re.fullmatch(r"[0-9a-fA-F]{64}", raw[key]):
             raise RegistryError(f"{where}.{key}: must be 64 hex digits")
@@ -186,7 +195,7 @@ def _server(raw: Any, base: Path, where: str) -> ServerSpec:
             raise RegistryError(f"{where}.{key}: must be positive, got {value}")
     values = dict(raw)
     if "api_keys_file" in raw:
-        values["api_keys_file"] = (base / raw["api_keys_file"]).resolve()
+        values["api_keys_file"] = _absolute(base / raw["api_keys_file"])
     return ServerSpec(**values)
 
 
@@ -231,7 +240,7 @@ def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
 
 
 def load_registry(path: str | Path) -> Registry:
-    path = Path(path).resolve()
+    path = _absolute(Path(path))
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

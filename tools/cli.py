@@ -155,6 +155,22 @@ def _fit(args: argparse.Namespace) -> int:
     return EXIT_OK if result.fits else EXIT_REFUSED
 
 
+def _pull(args: argparse.Namespace) -> int:
+    from .pull import pull
+
+    if not args.gguf_repo or not args.gguf_file:
+        print("clef-bridge pull: community GGUF names vary: pass --gguf-repo OWNER/REPO and --gguf-file NAME.gguf "
+              f"(a GGUF of {args.model}'s backbone, e.g. a Q8_0 for a 16 GB card; `clef-bridge fit --arch "
+              f"{args.model}` compares them); the head always comes from the release repository", file=sys.stderr)
+        return EXIT_USAGE
+    pulled = pull(args.model, args.gguf_repo, args.gguf_file, args.models, args.name, args.revision,
+                  load_model=_load_for_canaries)
+    print(json.dumps({"model": pulled.name, "gguf": str(pulled.gguf), "head": str(pulled.head),
+                      "gguf_sha256": pulled.gguf_sha256, "head_sha256": pulled.head_sha256,
+                      "pair": str(pulled.pair), "models_toml": str(pulled.models_toml)}, indent=2))
+    return EXIT_OK
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..bridge.registry import demo_registry, load_registry
     from ..bridge.server import serve
@@ -226,6 +242,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_fit)
 
+    p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "
+                                    "check, pair, and add it to models.toml")
+    p.add_argument("model", choices=["clef-flash", "clef"], help="which Clef release the head comes from")
+    p.add_argument("--gguf-repo", help="hub repository holding the backbone GGUF")
+    p.add_argument("--gguf-file", help="the GGUF's file name in that repository")
+    p.add_argument("--revision", help="revision of the release repository (default: main)")
+    p.add_argument("--name", help="name of the models.toml entry (default: the model)")
+    p.add_argument("--models", type=Path, default=Path("models.toml"), help="the registry to add the entry to "
+                                                                            "(default: ./models.toml)")
+    p.set_defaults(func=_pull)
+
     p = sub.add_parser("make-demo", help="write the small random demo model (GGUF, head, models.toml) to a folder")
     p.add_argument("folder", type=Path, help="where to write it")
     p.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same files (default: 0)")
@@ -280,8 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ClefError as exc:
+        from ..bridge.integrity import ModelRefused
+        from .pull import PullError
+
         print(f"clef-bridge {args.command}: {exc}", file=sys.stderr)
-        return EXIT_REFUSED if isinstance(exc, (RequestInvalid, ContextLengthExceeded)) else EXIT_USAGE
+        refusals = (RequestInvalid, ContextLengthExceeded, ModelRefused, PullError)
+        return EXIT_REFUSED if isinstance(exc, refusals) else EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -1,0 +1,109 @@
+"""pull: fetch a backbone GGUF and the matching head from the Hugging Face Hub, verify, check, pair,
+and add the model to models.toml."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bridge.integrity import check_pair
+from ..bridge.provenance import pair_record, sha256_file
+from ..head.config import CONFIG_NAME
+from ..head.errors import ClefError
+
+RELEASES = {"clef-flash": "Cloudflare/clef-flash", "clef": "Cloudflare/clef"}
+HEAD_FILES = ("joint_head.safetensors", CONFIG_NAME)
+
+
+class PullError(ClefError):
+    error_type = "pull_error"
+
+
+@dataclass(frozen=True)
+class Pulled:
+    name: str
+    gguf: Path
+    head: Path
+    gguf_sha256: str
+    head_sha256: str
+    pair: Path
+    models_toml: Path
+
+
+def _download(repo: str, filename: str, revision: str | None, endpoint: str | None, cache_dir: str | None) -> Path:
+    """Download through huggingface_hub (its cache, resume, progress bar), then verify size and sha256."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        meta = get_hf_file_metadata(hf_hub_url(repo, filename, revision=revision, endpoint=endpoint))
+        path = Path(hf_hub_download(repo, filename, revision=revision, endpoint=endpoint, cache_dir=cache_dir))
+    except (RepositoryNotFoundError, EntryNotFoundError) as exc:
+        raise PullError(f"{repo}/{filename}: not found on the hub ({exc.__class__.__name__})") from None
+    except HfHubHTTPError as exc:
+        raise PullError(f"{repo}/{filename}: download failed: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the hub client's own transport errors (connection refused, ...)
+        raise PullError(f"{repo}/{filename}: cannot reach the hub at {endpoint or 'huggingface.co'}: "
+                        f"{type(exc).__name__}: {exc}") from None
+    size = path.stat().st_size
+    if meta.size is not None and size != meta.size:
+        raise PullError(f"{repo}/{filename}: {size} bytes on disk but the hub lists {meta.size}; run pull again")
+    etag = (meta.etag or "").strip('"')
+    if re.fullmatch(r"[0-9a-f]{64}", etag):  # LFS files: the hub's etag is the sha256 of the content
+        digest = sha256_file(path)
+        if digest != etag:
+            raise PullError(f"{repo}/{filename}: sha256 {digest} does not match the hub's {etag}; the download is "
+                            f"damaged: delete {path} and run pull again")
+    return path
+
+
+def _registry_text(models_toml: Path, name: str) -> str:
+    text = models_toml.read_text(encoding="utf-8") if models_toml.is_file() else f'default = "{name}"\n'
+    if re.search(rf"^\[models\.{re.escape(name)}\]", text, flags=re.MULTILINE):
+        raise PullError(f"{models_toml} already has [models.{name}]; remove it or pass --name")
+    return text
+
+
+def _append_entry(models_toml: Path, name: str, lines: dict[str, str]) -> None:
+    text = _registry_text(models_toml, name)
+    entry = "\n".join(f"{key} = {json.dumps(value)}" for key, value in lines.items())
+    models_toml.write_text(text.rstrip("\n") + f"\n\n[models.{name}]\n{entry}\n", encoding="utf-8")
+
+
+def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: str | None = None,
+         revision: str | None = None, load_model=None) -> Pulled:
+    """Download, verify, check and pair; then add the entry. load_model(gguf, head) gives a ClefModel."""
+    if model not in RELEASES:
+        raise PullError(f"unknown model {model!r}; pull knows {', '.join(RELEASES)}")
+    name = name or model
+    _registry_text(models_toml, name)  # refuse a taken name before downloading gigabytes
+    endpoint = os.environ.get("HF_ENDPOINT")
+    cache_dir = os.environ.get("HF_HUB_CACHE")
+    head_repo = RELEASES[model]
+    head = None
+    for filename in HEAD_FILES:
+        path = _download(head_repo, filename, revision, endpoint, cache_dir)
+        head = path if filename.endswith(".safetensors") else head
+    gguf = _download(gguf_repo, gguf_file, None, endpoint, cache_dir)
+    report = check_pair(gguf, head)
+    if not report.accepted:
+        problems = "; ".join(f"{f.code}: {f.message}" for f in report.findings if f.level == "error")
+        raise PullError(f"{gguf_repo}/{gguf_file} and {head_repo}'s head do not belong together: {problems}")
+    pair_path = models_toml.resolve().parent / f"{name}.pair.json"
+    clef = load_model(gguf, head)
+    try:
+        record = pair_record(gguf, head, clef)
+    finally:
+        clef.close()
+    pair_path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    _append_entry(models_toml, name, {
+        "gguf": str(gguf), "head": str(head), "gguf_sha256": record["gguf_sha256"],
+        "head_sha256": record["head_sha256"], "pair": str(pair_path),
+        "description": f"{model} from {gguf_repo}/{gguf_file} with the head of {head_repo}",
+    })
+    print(f"added [models.{name}] to {models_toml}", file=sys.stderr)
+    return Pulled(name, gguf, head, record["gguf_sha256"], record["head_sha256"], pair_path, models_toml)
