@@ -86,7 +86,8 @@ def _tensors(d: Qwen35Dims, n_vocab: int, rng: np.random.Generator) -> dict[str,
         out |= {p + "attn_norm.weight": norm(h), p + "post_attention_norm.weight": norm(h),
                 p + "ffn_gate.weight": w(d.ff, h), p + "ffn_up.weight": w(d.ff, h), p + "ffn_down.weight": w(h, d.ff)}
         if d.is_full(i):
-            out |= {p + "attn_q.weight": w(2 * d.heads * d.head_dim, h), p + "attn_k.weight": w(d.kv_heads * d.head_dim, h),
+            out |= {p + "attn_q.weight": w(2 * d.heads * d.head_dim, h),
+                    p + "attn_k.weight": w(d.kv_heads * d.head_dim, h),
                     p + "attn_v.weight": w(d.kv_heads * d.head_dim, h),
                     p + "attn_output.weight": w(h, d.heads * d.head_dim),
                     p + "attn_q_norm.weight": norm(d.head_dim), p + "attn_k_norm.weight": norm(d.head_dim)}
@@ -181,7 +182,8 @@ def make_demo(folder: str | Path, seed: int = 0) -> DemoFiles:
         fcntl.flock(lock, fcntl.LOCK_EX)
         stamp = files.folder / "demo.json"
         wanted = {"version": DEMO_VERSION, "seed": seed}
-        if stamp.is_file() and json.loads(stamp.read_text()) == wanted and files.gguf.is_file() and files.head.is_file():
+        complete = files.gguf.is_file() and files.head.is_file()
+        if complete and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
             return files
         write_qwen35_gguf(files.gguf.with_suffix(".tmp"), DEMO_DIMS, seed)
         files.gguf.with_suffix(".tmp").replace(files.gguf)

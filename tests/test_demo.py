@@ -1,0 +1,67 @@
+"""The embedded demo model: deterministic build, accepted by check, served when no models.toml exists."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from clef_bridge.bridge.demo import DEMO_DESCRIPTION, make_demo
+from clef_bridge.tools.cli import main
+
+from .test_server_clients import _free_port, _wait_ready
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_make_demo_is_deterministic_and_checked(tmp_path, capsys):
+    a = make_demo(tmp_path / "a", seed=3)
+    b = make_demo(tmp_path / "b", seed=3)
+    c = make_demo(tmp_path / "c", seed=4)
+    assert _digest(a.gguf) == _digest(b.gguf) and _digest(a.head) == _digest(b.head)
+    assert _digest(a.gguf) != _digest(c.gguf)
+    assert main(["check", str(a.gguf), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accepted"] is True
+    assert main(["make-demo", str(tmp_path / "d")]) == 0
+    assert "meaningless" in capsys.readouterr().out
+
+
+def test_serve_without_models_toml_serves_the_demo(tmp_path):
+    port = _free_port()
+    env = dict(os.environ, CLEF_BRIDGE_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, "-m", "clef_bridge.tools.cli", "serve", "--port", str(port)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_ready(port, proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+            models = json.load(r)["models"]
+        assert models[0]["name"] == "demo" and models[0]["description"] == DEMO_DESCRIPTION
+        assert "RANDOM weights" in models[0]["description"]
+        body = json.dumps({"model": "jev-latest", "state": "The printer is on fire.",
+                           "questions": {"urgent": {"type": "noul", "instructions": "Is it urgent?"}}}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/systemone", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.load(r)["answers"]["urgent"]
+        assert answer["type"] == "noul" and 0 <= answer["noul"] <= 1
+        assert (tmp_path / "cache" / "demo-v1" / "demo.gguf").is_file()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert "no models.toml" in out and "meaningless" in out
+
+
+def test_the_demo_is_built_once(tmp_path):
+    files = make_demo(tmp_path / "demo")
+    first = files.gguf.stat().st_mtime_ns
+    time.sleep(0.01)
+    make_demo(tmp_path / "demo")
+    assert files.gguf.stat().st_mtime_ns == first
