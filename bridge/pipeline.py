@@ -13,7 +13,7 @@ from ..head.config import HeadConfig, config_path_for, load_config
 from ..head.encoder import Encoded, EncodeOptions, encode
 from ..head.errors import ClefError, HeadConfigError
 from ..head.model import joint_schema_head
-from ..head.schema import DecisionRequest, Limits, parse_request
+from ..head.schema import DecisionRequest, Limits, Question, parse_request
 from ..head.weights import load_params
 from .backbone import Backbone, BackboneOptions
 from .embedding import OutputEmbedding
@@ -131,3 +131,10 @@ class ClefModel:
     def decide(self, body: Any) -> dict[str, Any]:
         """A System One request body in, the response body out."""
         return self.decide_many([self.prepare(body)])[0].response
+
+    def question_logits(self, body: Any) -> list[tuple[Question, np.ndarray]]:
+        """Unrounded option logits per question (prompt order, before any temperature)."""
+        prepared = self.prepare(body)
+        logits = self.logits(prepared.encoded, self.backbone.prefill(prepared.encoded.input_ids))
+        bounds = list(prepared.encoded.layout.option_offsets) + [len(logits)]
+        return [(q, logits[s:e]) for q, s, e in zip(prepared.request.questions, bounds, bounds[1:])]

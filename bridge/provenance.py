@@ -56,8 +56,8 @@ CANARY_REQUESTS = [
 class Progress:
     """A one-line progress bar on stderr for long work (silent when stderr is not a terminal)."""
 
-    def __init__(self, label: str, total: int, enabled: bool | None = None):
-        self.label, self.total, self.done = label, max(total, 1), 0
+    def __init__(self, label: str, total: int, enabled: bool | None = None, unit: str = "bytes"):
+        self.label, self.total, self.done, self.unit = label, max(total, 1), 0, unit
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._last = 0.0
 
@@ -67,8 +67,8 @@ class Progress:
         if self.enabled and (now - self._last > 0.2 or self.done >= self.total):
             self._last = now
             frac = min(self.done / self.total, 1.0)
-            bar = "#" * int(frac * 30)
-            sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac * 100:5.1f}% of {self.total / 2**30:.2f} GiB")
+            size = f"{self.total / 2**30:.2f} GiB" if self.unit == "bytes" else f"{self.total} {self.unit}"
+            sys.stderr.write(f"\r{self.label} [{'#' * int(frac * 30):<30}] {frac * 100:5.1f}% of {size}")
             sys.stderr.flush()
 
     def close(self) -> None:
@@ -147,14 +147,10 @@ def canary_probabilities(model: Any) -> list[dict[str, list[float]]]:
     """Unrounded probabilities of the canary requests through a loaded ClefModel."""
     out = []
     for request in CANARY_REQUESTS:
-        prepared = model.prepare(request)
-        hidden = model.backbone.prefill(prepared.encoded.input_ids)
-        logits = model.logits(prepared.encoded, hidden)
-        bounds = list(prepared.encoded.layout.option_offsets) + [len(logits)]
         probs = {}
-        for q, s, e in zip(prepared.request.questions, bounds, bounds[1:]):
-            z = np.exp(logits[s:e] - logits[s:e].max())
-            probs[q.id] = np.round(z / z.sum(), 6).tolist()
+        for question, logits in model.question_logits(request):
+            z = np.exp(logits - logits.max())
+            probs[question.id] = np.round(z / z.sum(), 6).tolist()
         out.append(probs)
     return out
 

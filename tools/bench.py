@@ -145,7 +145,7 @@ def reference_ms(hf_dir: Path, head: Path, body: dict, repeats: int, dtype: str)
 
 
 def run(url: str, concurrency: list[int], requests: int, api_key: str | None, as_json: bool,
-        gguf: Path | None, hf_dir: Path | None, head: Path | None, model: str) -> int:
+        gguf: Path | None, hf_dir: Path | None, head: Path | None, model: str, out: Path | None = None) -> int:
     body = router_request(model)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     asyncio.run(_run(url, body, 1, 3, headers))  # warm-up
@@ -166,6 +166,14 @@ def run(url: str, concurrency: list[int], requests: int, api_key: str | None, as
         print(json.dumps(result))
     else:
         _print(result)
+    if out is not None:
+        from .plots import latency_charts
+
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+        note = latency_charts({r.concurrency: r.latencies_ms for r in runs},
+                              {r.concurrency: r.throughput for r in runs}, out / "bench.png")
+        print(note, file=sys.stderr)
     return 0 if all(r.errors == 0 for r in runs) else 1
 
 

@@ -171,6 +171,95 @@ def _pull(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _local_model(models: Path, name: str):
+    from ..bridge.pipeline import ClefModel
+    from ..bridge.registry import load_registry
+
+    return ClefModel(load_registry(models).resolve(name))
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .evaldata import load_examples
+    from .evaluate import build_report, markdown, run_http, run_local, write_report
+
+    if (args.url is None) == (args.models is None) or (args.models is not None and args.model is None):
+        print("clef-bridge eval: give --url URL, or --models PATH with --model NAME", file=sys.stderr)
+        return EXIT_USAGE
+    examples = load_examples(args.data)
+    if args.url:
+        outcomes = run_http(args.url, examples, args.concurrency, args.api_key)
+    else:
+        model = _local_model(args.models, args.model)
+        try:
+            outcomes = run_local(model.decide, examples)
+        finally:
+            model.close()
+    report = build_report(outcomes)
+    print(markdown(report))
+    if args.out:
+        for note in write_report(report, args.out):
+            print(note, file=sys.stderr)
+    return EXIT_OK if not report.errors else EXIT_REFUSED
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from ..bridge.registry import load_registry
+    from .calibrate import SPLITS, calibrate_items, collect_items, write_temperature
+    from .evaldata import load_examples
+
+    examples = load_examples(args.data)
+    spec = load_registry(args.models).resolve(args.model)
+    model = _local_model(args.models, args.model)
+    try:
+        items = collect_items(model, examples)
+    finally:
+        model.close()
+    results = {kind: calibrate_items(kind, kind_items, spec.temperature[kind]) for kind, kind_items in items.items()}
+    for r in results.values():
+        verdict = "accepted" if r.accepted else "declined (held-out NLL does not improve)"
+        print(f"{r.kind}: {r.n} decisions; T = {r.fitted:.3f} (IQR {r.iqr[0]:.3f}-{r.iqr[1]:.3f}, "
+              f"{SPLITS} random halves), now {r.current:g}: {verdict}")
+        print(f"    held-out NLL {r.heldout_nll_current:.4f} -> {r.heldout_nll_fitted:.4f}")
+        print(f"    ECE {r.before['ece']:.4f} -> {r.after['ece']:.4f}, Brier {r.before['brier']:.4f} -> "
+              f"{r.after['brier']:.4f}, NLL {r.before['nll']:.4f} -> {r.after['nll']:.4f}")
+    if args.write:
+        temperatures = dict(spec.temperature) | {k: r.temperature for k, r in results.items()}
+        write_temperature(args.models, spec.name, temperatures)
+        print(f"wrote temperature = {temperatures} to [models.{spec.name}] in {args.models}")
+    return EXIT_OK
+
+
+def _drift(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from ..bridge.pipeline import ClefModel
+    from ..bridge.registry import ModelSpec
+    from .drift import drift, probe_requests
+    from .evaldata import load_examples
+
+    requests = [e.request for e in load_examples(args.data)] if args.data else probe_requests()
+    base = ModelSpec(name="drift", gguf=args.gguf_a, head=args.head, n_ctx=args.ctx, max_length=args.ctx)
+    a = ClefModel(base)
+    try:
+        b = ClefModel(replace(base, gguf=args.gguf_b))
+        try:
+            result = drift(a, b, requests)
+        finally:
+            b.close()
+    finally:
+        a.close()
+    if args.json:
+        print(json.dumps({"a": str(args.gguf_a), "b": str(args.gguf_b), "requests": len(requests), **result}))
+        return EXIT_OK
+    print(f"{args.gguf_a.name} vs {args.gguf_b.name}, {len(requests)} requests "
+          f"({'from ' + str(args.data) if args.data else 'built-in probes'})")
+    for kind, s in result.items():
+        print(f"  {kind:7s} {s['decisions']:5d} decisions: max |dp| {s['max_abs_dp']:.4f}, mean |dp| "
+              f"{s['mean_abs_dp']:.5f}, argmax flips {s['argmax_flips']}, flips among decisions above 0.8: "
+              f"{s['flips_above_0.8']} of {s['decisions_above_0.8']}")
+    return EXIT_OK
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..bridge.registry import demo_registry, load_registry
     from ..bridge.server import serve
@@ -208,7 +297,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"clef-bridge bench: --concurrency takes numbers like 1,4,16, not {args.concurrency!r}", file=sys.stderr)
         return EXIT_USAGE
     return run(args.url.rstrip("/"), levels, args.requests, args.api_key, args.json, args.gguf, args.reference,
-               args.head, args.model)
+               args.head, args.model, args.out)
 
 
 def _bench_head(args: argparse.Namespace) -> int:
@@ -291,8 +380,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", type=Path, metavar="HF_DIR",
                    help="also time Cloudflare's reference code on this transformers model (needs --head)")
     p.add_argument("--head", type=Path, help="joint_head.safetensors for --reference")
+    p.add_argument("--out", type=Path, help="write latency and throughput charts (PNG, needs matplotlib) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_bench)
+
+    p = sub.add_parser("eval", help="accuracy, calibration and coverage on labelled data (errors first)")
+    p.add_argument("--data", type=Path, required=True, help="JSONL of {\"request\": ..., \"labels\": ...}")
+    p.add_argument("--url", help="a running server to evaluate")
+    p.add_argument("--models", type=Path, help="or a registry, to run a model in this process")
+    p.add_argument("--model", help="the model name, with --models")
+    p.add_argument("--out", type=Path, help="write report.json, report.md and charts here")
+    p.add_argument("--concurrency", type=int, default=4, help="parallel requests with --url (default: 4)")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer with --url")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("calibrate", help="fit a temperature per question type on labelled data")
+    p.add_argument("--data", type=Path, required=True, help="JSONL of labelled requests")
+    p.add_argument("--models", type=Path, required=True, help="the registry holding the model")
+    p.add_argument("--model", required=True, help="the model to calibrate")
+    p.add_argument("--write", action="store_true", help="store the accepted temperatures in models.toml")
+    p.set_defaults(func=_calibrate)
+
+    p = sub.add_parser("drift", help="how much a second backbone (e.g. a coarser quantization) moves answers")
+    p.add_argument("gguf_a", type=Path, help="the reference backbone, e.g. F16")
+    p.add_argument("gguf_b", type=Path, help="the backbone to compare, e.g. Q4_K_M")
+    p.add_argument("--head", type=Path, required=True, help="joint_head.safetensors used with both")
+    p.add_argument("--data", type=Path, help="labelled or unlabelled requests (JSONL; default: built-in probes)")
+    p.add_argument("--ctx", type=int, default=8192, help="n_ctx for both backbones (default: 8192)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_drift)
 
     p = sub.add_parser("bench-head", help="time the numpy head against the reference torch head at Clef-flash shape")
     p.add_argument("--tokens", type=int, default=750, help="prompt length in tokens (default: 750)")
