@@ -40,7 +40,8 @@ def _check_gold(question: Question, gold: Any) -> str | None:
     if question.type == "noul":
         return None if isinstance(gold, bool) else "a noul label must be true or false"
     if question.type == "choice":
-        return None if gold in question.answer_keys else f"{gold!r} is not one of the options {list(question.answer_keys)}"
+        options = list(question.answer_keys)
+        return None if gold in options else f"{gold!r} is not one of the options {options}"
     if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(question.answer_keys):
         return f"a score label must be a level index from 0 to {len(question.answer_keys) - 1}"
     return None
