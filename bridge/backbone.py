@@ -75,19 +75,50 @@ class _Batch:
 
 
 class Tokenizer:
-    """llama.cpp's tokenizer over a loaded vocabulary."""
+    """llama.cpp's tokenizer over a loaded vocabulary.
+
+    With parse_special False llama.cpp still matches user-defined tokens such as <think> inside the
+    text; plain-text tokenization cuts each occurrence after its first character so that user text
+    can never produce a token of the prompt's own markup.
+    """
 
     def __init__(self, vocab):
         self._vocab = vocab
         self._buf = (lc.llama_token * 4096)()
+        self.user_defined = self._user_defined_texts()
 
-    def tokenize(self, text: str, parse_special: bool) -> list[int]:
+    def _user_defined_texts(self) -> tuple[str, ...]:
+        texts = []
+        buf = ctypes.create_string_buffer(256)
+        for token in range(lc.llama_vocab_n_tokens(self._vocab)):
+            if lc.llama_vocab_get_attr(self._vocab, token) & lc.LLAMA_TOKEN_ATTR_USER_DEFINED:
+                n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+                if n > 1:
+                    texts.append(buf.raw[:n].decode("utf-8", "replace"))
+        return tuple(sorted(set(texts), key=len, reverse=True))
+
+    def _raw(self, text: str, parse_special: bool) -> list[int]:
         raw = text.encode("utf-8")
         n = lc.llama_tokenize(self._vocab, raw, len(raw), self._buf, len(self._buf), False, parse_special)
         if n < 0:
             self._buf = (lc.llama_token * (-n))()
             n = lc.llama_tokenize(self._vocab, raw, len(raw), self._buf, len(self._buf), False, parse_special)
         return np.ctypeslib.as_array(self._buf)[:n].tolist()
+
+    def tokenize(self, text: str, parse_special: bool) -> list[int]:
+        if parse_special or not any(t in text for t in self.user_defined):
+            return self._raw(text, parse_special)
+        cuts = sorted({i + 1 for t in self.user_defined for i in _occurrences(text, t)})
+        pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)]) if a < b]
+        return [token for piece in pieces for token in self._raw(piece, False)]
+
+
+def _occurrences(text: str, needle: str) -> list[int]:
+    out, at = [], text.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = text.find(needle, at + 1)
+    return out
 
 
 class VocabOnly:

@@ -101,8 +101,9 @@ def _tensors(d: Qwen35Dims, n_vocab: int, rng: np.random.Generator) -> dict[str,
     return out
 
 
-def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-bridge demo") -> None:
-    """A random qwen35 GGUF that llama.cpp loads and runs (F32 weights)."""
+def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-bridge demo",
+                      matrices: str = "F32") -> None:
+    """A random qwen35 GGUF that llama.cpp loads and runs (matrices F32 or F16, the rest F32)."""
     tokens, types, merges = byte_level_vocab()
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(path), "qwen35")
@@ -137,9 +138,13 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
     writer.add_pad_token_id(tokens.index("<|endoftext|>"))
     writer.add_bos_token_id(tokens.index("<|endoftext|>"))
     writer.add_add_bos_token(False)
-    writer.add_file_type(0)  # all F32
+    half = matrices == "F16"
+    writer.add_file_type(1 if half else 0)
     for tensor_name, data in _tensors(d, len(tokens), rng).items():
-        writer.add_tensor(tensor_name, data, raw_dtype=GGMLQuantizationType.F32)
+        if half and data.ndim == 2 and "ssm_conv1d" not in tensor_name:
+            writer.add_tensor(tensor_name, data.astype(np.float16), raw_dtype=GGMLQuantizationType.F16)
+        else:
+            writer.add_tensor(tensor_name, data, raw_dtype=GGMLQuantizationType.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

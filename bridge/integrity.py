@@ -333,15 +333,17 @@ class ModelRefused(ClefError):
         super().__init__("\n".join(lines))
 
 
-def load_checked(spec: Any) -> Any:
+def load_checked(spec: Any, limits: Any = None) -> Any:
     """A ClefModel for a models.toml entry, only if its pair passes every check; warnings kept on it."""
+    from ..head.schema import Limits
     from .pipeline import ClefModel
 
+    limits = limits or Limits()
     spec.ensure_files()
     loaded: list[Any] = []
 
     def load(_gguf: Path, _head: Path) -> Any:
-        loaded.append(ClefModel(spec))
+        loaded.append(ClefModel(spec, limits))
         return loaded[0]
 
     report = check_all(spec.gguf, spec.head, spec.pair, spec.gguf_sha256 or None, spec.head_sha256 or None,
@@ -350,6 +352,6 @@ def load_checked(spec: Any) -> Any:
         for model in loaded:
             model.close()
         raise ModelRefused(spec.name, report)
-    model = loaded[0] if loaded else ClefModel(spec)
+    model = loaded[0] if loaded else ClefModel(spec, limits)
     model.warnings += [f"{f.code}: {f.message}" for f in report.warnings]
     return model

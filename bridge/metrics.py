@@ -18,6 +18,7 @@ class Metrics:
     tokens: Counter
     batch_size: Histogram
     backbone_runs: Counter
+    coalesced: Counter
     queue_depth: Gauge
 
     def render(self) -> bytes:
@@ -36,5 +37,7 @@ def create_metrics() -> Metrics:
         batch_size=Histogram("clef_batch_size", "Requests per batched llama_decode", ["model"],
                              buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), registry=reg),
         backbone_runs=Counter("clef_backbone_runs", "Batched llama_decode calls", ["model"], registry=reg),
+        coalesced=Counter("clef_coalesced", "Requests answered by another identical request's computation",
+                          ["model", "source"], registry=reg),
         queue_depth=Gauge("clef_queue_depth", "Requests waiting for a worker", ["model"], registry=reg),
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..head.errors import ClefError
-from ..head.schema import QUESTION_TYPES
+from ..head.schema import QUESTION_TYPES, Limits
 
 LATEST = "jev-latest"
 
@@ -68,6 +68,18 @@ class ServerSpec:
     max_queue: int = 64  # requests waiting per model; beyond it, 429
     request_timeout_s: float = 60.0  # per request, queue included; beyond it, 503
     retry_after_s: int = 1  # the Retry-After sent with 429 and 503
+    body_timeout_s: float = 30.0  # a client must deliver its body within this; slower ones get 408
+    cache_size: int = 0  # answers kept for exact repeats (identical in-flight requests always share one run)
+    max_questions: int = 64
+    max_options: int = 255
+    max_levels: int = 10
+    max_state_bytes: int = 512 * 1024
+    max_json_depth: int = 64
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_questions, self.max_options, self.max_levels, self.max_state_bytes,
+                      self.max_json_depth)
 
 
 @dataclass(frozen=True)
@@ -179,7 +191,10 @@ def _model(name: str, raw: Any, base: Path, where: str) -> ModelSpec:
 
 
 _SERVER_TYPES: dict[str, Any] = {"api_keys_file": str, "max_body_bytes": int, "max_queue": int,
-                                 "request_timeout_s": (int, float), "retry_after_s": int}
+                                 "request_timeout_s": (int, float), "retry_after_s": int,
+                                 "body_timeout_s": (int, float), "cache_size": int, "max_questions": int,
+                                 "max_options": int, "max_levels": int, "max_state_bytes": int,
+                                 "max_json_depth": int}
 
 
 def _server(raw: Any, base: Path, where: str) -> ServerSpec:
@@ -191,7 +206,7 @@ def _server(raw: Any, base: Path, where: str) -> ServerSpec:
     for key, value in raw.items():
         if isinstance(value, bool) or not isinstance(value, _SERVER_TYPES[key]):
             raise RegistryError(f"{where}.{key}: wrong type {type(value).__name__}")
-        if key != "api_keys_file" and value <= 0:
+        if key not in ("api_keys_file", "cache_size") and value <= 0 or key == "cache_size" and value < 0:
             raise RegistryError(f"{where}.{key}: must be positive, got {value}")
     values = dict(raw)
     if "api_keys_file" in raw:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections import OrderedDict
+from types import SimpleNamespace
 import logging
 import signal
 import time
@@ -47,11 +49,15 @@ class DeadlineExceeded(ClefError):
     error_type = "timeout"
 
 
+class BodyTimeout(ClefError):
+    error_type = "request_timeout"
+
+
 # Domain error -> HTTP status, looked up along the class hierarchy; nothing else maps errors.
 STATUS: dict[type[BaseException], int] = {
     RequestInvalid: 422, ContextLengthExceeded: 413, BodyTooLarge: 413, UnknownModel: 404, Unauthorized: 401,
     Overloaded: 429, DeadlineExceeded: 503, WorkerStopped: 503, DecodeFailed: 503, NonFiniteOutput: 503,
-    BackboneError: 503, BadEncoding: 400, UnsupportedMediaType: 415,
+    BackboneError: 503, BadEncoding: 400, UnsupportedMediaType: 415, BodyTimeout: 408,
 }
 RETRY_STATUSES = (429, 503)
 
@@ -112,6 +118,8 @@ WORKERS = web.AppKey("workers", dict)
 METRICS = web.AppKey("metrics", Metrics)
 KEYS = web.AppKey("keys", ApiKeys)
 MODEL_LOADER = web.AppKey("model_loader", object)
+INFLIGHT = web.AppKey("inflight", dict)
+CACHE = web.AppKey("cache", OrderedDict)
 INFO = web.RequestKey("clef_info", RequestLog)
 
 
@@ -200,13 +208,61 @@ async def auth_middleware(request: web.Request, handler: Callable[[web.Request],
 # --- the decision path -------------------------------------------------------------------------
 
 async def read_json(request: web.Request) -> Any:
-    limit = request.app[REGISTRY].server.max_body_bytes
+    server = request.app[REGISTRY].server
+    limit = server.max_body_bytes
     check_content_type(request.content_type if request.body_exists else "")
-    raw = await read_capped(request, limit)
+    try:  # a client trickling its body is cut off; it never reaches a worker
+        raw = await asyncio.wait_for(read_capped(request, limit), server.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise BodyTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
+                          "(body_timeout_s)") from None
     data = decode(raw, request.headers.get("Content-Encoding", ""), limit)
     if len(data) <= INLINE_PARSE_BYTES:
         return parse_json(data)
     return await asyncio.get_running_loop().run_in_executor(None, parse_json, data)
+
+
+@dataclass(eq=False)
+class Shared:
+    """One computation that identical in-flight requests wait on together."""
+
+    job: Any
+    waiters: int = 0
+
+
+def _key(model: str, body: Any) -> tuple[str, bytes] | None:
+    try:
+        return model, orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONEncodeError, TypeError):
+        return None
+
+
+def _submit(app: web.Application, worker: InferenceWorker, key: tuple[str, bytes] | None, body: Any) -> Shared:
+    """The computation for this body: a cached one, one in flight, or a new job (clients retry on timeouts)."""
+    inflight, cache, metrics = app[INFLIGHT], app[CACHE], app[METRICS]
+    if key is not None and key in cache:
+        cache.move_to_end(key)
+        metrics.coalesced.labels(worker.name, "cache").inc()
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(cache[key])
+        return Shared(SimpleNamespace(future=done, queue_s=0.0, cancelled=False))
+    if key is not None and key in inflight:
+        metrics.coalesced.labels(worker.name, "in_flight").inc()
+        return inflight[key]
+    shared = Shared(worker.submit(body))
+    if key is not None:
+        inflight[key] = shared
+        size = app[REGISTRY].server.cache_size
+
+        def finished(future: asyncio.Future) -> None:
+            inflight.pop(key, None)
+            if size and not future.cancelled() and future.exception() is None:
+                cache[key] = future.result()
+                while len(cache) > size:
+                    cache.popitem(last=False)
+
+        shared.job.future.add_done_callback(finished)
+    return shared
 
 
 async def decide(request: web.Request, body: Any, model_name: Any) -> Decision:
@@ -218,18 +274,20 @@ async def decide(request: web.Request, body: Any, model_name: Any) -> Decision:
     spec = request.app[REGISTRY].resolve(model_name)
     info.model = spec.name
     worker: InferenceWorker = request.app[WORKERS][spec.name]
-    job = worker.submit(body)
+    shared = _submit(request.app, worker, _key(spec.name, body), body)
+    shared.waiters += 1
     request.app[METRICS].queue_depth.labels(spec.name).set(worker.depth)
     timeout = request.app[REGISTRY].server.request_timeout_s
+    job = shared.job
     try:
         decision: Decision = await asyncio.wait_for(asyncio.shield(job.future), timeout)
     except asyncio.TimeoutError:
-        job.cancelled = True
         raise DeadlineExceeded(f"no answer within {timeout:g} s (request_timeout_s); the server is busy, "
                                "retry later") from None
-    except asyncio.CancelledError:
-        job.cancelled = True  # the client went away: the worker skips it if it has not started
-        raise
+    finally:
+        shared.waiters -= 1
+        if shared.waiters == 0 and not job.future.done():
+            job.cancelled = True  # nobody waits any more: the worker skips it if it has not started
     t = decision.timings
     info.input_tokens, info.batch_size = decision.input_tokens, t.batch_size
     info.timings = {"queue_ms": job.queue_s * 1e3, "tokenize_ms": t.tokenize * 1e3,
@@ -330,7 +388,7 @@ def load_models(registry: Registry) -> dict[str, ClefModel]:
         for name, spec in registry.models.items():
             log.info("loading model %s: %s + %s", name, spec.gguf, spec.head)
             try:
-                models[name] = load_checked(spec)
+                models[name] = load_checked(spec, registry.server.limits)
             except ModelRefused:
                 raise
             except ClefError as exc:
@@ -401,6 +459,10 @@ RUNNER_OPTIONS = {"handler_cancellation": True, "access_log": None,
 def serve(registry: Registry, host: str, port: int) -> None:
     """Run the server until SIGINT/SIGTERM; in-flight requests finish before the exit."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if host not in ("127.0.0.1", "localhost", "::1") and not registry.server.api_keys_file:
+        log.warning("WARNING: binding %s without API keys: anyone who can reach this address can run decisions "
+                    "on your hardware and read your model list; set api_keys_file in models.toml [server], or "
+                    "bind 127.0.0.1", host)
     app = create_app(registry)
     names = ", ".join(registry.models)
     web.run_app(app, host=host, port=port, **RUNNER_OPTIONS, shutdown_timeout=registry.server.request_timeout_s,
@@ -416,6 +478,8 @@ def create_app(registry: Registry, loader: Callable[[Registry], dict[str, ClefMo
     app[KEYS] = ApiKeys(registry.server.api_keys_file)
     app[MODEL_LOADER] = loader
     app[WORKERS] = {}
+    app[INFLIGHT] = {}
+    app[CACHE] = OrderedDict()
     app.cleanup_ctx.append(workers_ctx)
     setup_routes(app)
     return app

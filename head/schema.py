@@ -17,9 +17,33 @@ MEDIA_FIELDS = ("images", "videos", "assets")
 
 @dataclass(frozen=True)
 class Limits:
+    """Per-request limits; each refusal names the models.toml [server] key that sets it."""
+
     max_questions: int = 64
     max_options: int = 255
     max_levels: int = 10
+    max_state_bytes: int = 512 * 1024  # the rendered state, before tokenizing it
+    max_json_depth: int = 64
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def _state_bytes(state: Any) -> int:
+    from .encoder import render
+
+    try:
+        return len(render(state).encode("utf-8", "surrogatepass"))
+    except (TypeError, ValueError):
+        return 0  # unrenderable states are refused by the encoder, with their location
 
 
 @dataclass(frozen=True)
@@ -73,8 +97,8 @@ def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list
                                     "type_error"))
             return None
         if not 2 <= len(criteria) <= limits.max_options:
-            problems.append(Problem(loc, f"a choice needs 2 to {limits.max_options} options, got {len(criteria)}",
-                                    "value_error"))
+            problems.append(Problem(loc, f"a choice needs 2 to {limits.max_options} options (max_options), "
+                                    f"got {len(criteria)}", "value_error"))
         for key, value in criteria.items():
             if not _is_text(value):
                 problems.append(_text_problem(loc + (key,), "an option description"))
@@ -84,8 +108,8 @@ def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list
         problems.append(Problem(loc, "score criteria must be an array of levels, lowest first", "type_error"))
         return None
     if not 2 <= len(criteria) <= limits.max_levels:
-        problems.append(Problem(loc, f"a score needs 2 to {limits.max_levels} levels, got {len(criteria)}",
-                                "value_error"))
+        problems.append(Problem(loc, f"a score needs 2 to {limits.max_levels} levels (max_levels), "
+                                f"got {len(criteria)}", "value_error"))
     for i, value in enumerate(criteria):
         if value is None or not _is_text(value):  # a null level would leave a null in the answer's legend
             problems.append(Problem(loc + (i,), "a level must be a string, an object or an array", "type_error"))
@@ -99,7 +123,7 @@ def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem]) -> Qu
         problems.append(Problem(loc, "a question must be an object with 'type'", "type_error"))
         return None
     qtype = raw.get("type")
-    if qtype not in QUESTION_TYPES:
+    if not isinstance(qtype, str) or qtype not in QUESTION_TYPES:  # {} or [] would not even hash
         problems.append(Problem(loc + ("type",), f"type must be one of noul, choice, score; got {qtype!r}",
                                 "value_error"))
         return None
@@ -123,6 +147,9 @@ def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
     """Validate a decoded request body; every problem found is reported in one RequestInvalid."""
     if not isinstance(body, dict):
         raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
+    if json_depth(body) > limits.max_json_depth:
+        raise RequestInvalid([Problem(("body",), f"the JSON is nested deeper than {limits.max_json_depth} levels "
+                                      "(max_json_depth)", "json_too_deep")])
     problems: list[Problem] = []
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -131,6 +158,9 @@ def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
         problems.append(Problem(("body", "state"), "state is required", "missing"))
     elif not isinstance(body["state"], (str, dict, list)):
         problems.append(Problem(("body", "state"), "state must be a string, an object or an array", "type_error"))
+    elif _state_bytes(body["state"]) > limits.max_state_bytes:
+        problems.append(Problem(("body", "state"), f"the state is larger than {limits.max_state_bytes} bytes "
+                                "(max_state_bytes)", "state_too_large"))
     for field in MEDIA_FIELDS:
         if body.get(field):
             problems.append(Problem(("body", field), "this backend takes no images or videos: the GGUF backbone "
@@ -141,8 +171,8 @@ def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
         problems.append(Problem(("body", "questions"), "questions must be a non-empty object of id -> question",
                                 "type_error"))
     elif len(raw_questions) > limits.max_questions:
-        problems.append(Problem(("body", "questions"), f"at most {limits.max_questions} questions per request, "
-                                f"got {len(raw_questions)}", "value_error"))
+        problems.append(Problem(("body", "questions"), f"at most {limits.max_questions} questions per request "
+                                f"(max_questions), got {len(raw_questions)}", "too_many_questions"))
     else:
         for qid, raw in raw_questions.items():
             question = _question(qid, raw, limits, problems)

@@ -167,10 +167,10 @@ def test_overload_gets_429_with_retry_after(fx, tmp_path):
     with RunningServer(registry, slow_loader(0.4)) as srv:
         async def main():
             async with aiohttp.ClientSession() as session:
-                async def one():
-                    async with session.post(f"{srv.url}/v1/systemone", json=NOUL) as resp:
+                async def one(i):  # distinct bodies: identical ones would share one computation
+                    async with session.post(f"{srv.url}/v1/systemone", json={**NOUL, "state": f"s{i}"}) as resp:
                         return resp.status, resp.headers.get("Retry-After"), await resp.json()
-                return await asyncio.gather(*(one() for _ in range(10)))
+                return await asyncio.gather(*(one(i) for i in range(10)))
 
         results = asyncio.run(main())
         statuses = [s for s, _, _ in results]

@@ -137,17 +137,17 @@ def test_sigterm_finishes_requests_in_flight(fx, tmp_path):
     try:
         _wait_ready(port, proc)
         # long prompts, one per decode: the queue takes a while to drain
-        body = json.dumps({"model": "tiny", "state": "word " * 3000,
-                           "questions": {"q": {"type": "noul"}}}).encode()
         results: list[int] = []
 
-        def call():
+        def call(i):  # distinct bodies: identical ones would share one computation
+            body = json.dumps({"model": "tiny", "state": f"{i} " + "word " * 3000,
+                               "questions": {"q": {"type": "noul"}}}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/systemone", data=body,
                                          headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=120) as r:
                 results.append(r.status)
 
-        threads = [threading.Thread(target=call) for _ in range(8)]
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
         time.sleep(0.3)  # all accepted: one decoding, the rest queued

@@ -260,6 +260,12 @@ def _drift(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _soak(args: argparse.Namespace) -> int:
+    from .soak import run
+
+    return run(args.requests, args.concurrency, args.models, args.warmup, args.seed, args.json)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..bridge.registry import demo_registry, load_registry
     from ..bridge.server import serve
@@ -383,6 +389,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="write latency and throughput charts (PNG, needs matplotlib) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_bench)
+
+    p = sub.add_parser("soak", help="many mixed requests against a fresh server, watching memory, descriptors "
+                                    "and tail latency (exit 0 when stable)")
+    p.add_argument("--requests", type=int, default=20000, help="requests in all (default: 20000)")
+    p.add_argument("--concurrency", type=int, default=8, help="parallel clients (default: 8)")
+    p.add_argument("--models", type=Path, help="the registry to serve (default: the built-in demo)")
+    p.add_argument("--warmup", type=float, default=60.0, help="seconds before memory is compared (default: 60)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_soak)
 
     p = sub.add_parser("eval", help="accuracy, calibration and coverage on labelled data (errors first)")
     p.add_argument("--data", type=Path, required=True, help="JSONL of {\"request\": ..., \"labels\": ...}")
