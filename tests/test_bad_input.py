@@ -36,7 +36,7 @@ def test_unknown_question_type():
 
 
 @pytest.mark.parametrize("criteria, fragment", [
-    ({}, "2 to 255 options, got 0"), ({"only": "one"}, "got 1"), ([], "must be an object"),
+    ({}, "2 to 255 options (max_options), got 0"), ({"only": "one"}, "got 1"), ([], "must be an object"),
     ("a,b", "must be an object"), ({"a": 1, "b": "x"}, "string, an object, an array or null"),
 ])
 def test_choice_criteria(criteria, fragment):
@@ -45,7 +45,7 @@ def test_choice_criteria(criteria, fragment):
 
 
 @pytest.mark.parametrize("criteria, fragment", [
-    ([], "2 to 10 levels, got 0"), (["x"], "got 1"), ([str(i) for i in range(11)], "got 11"),
+    ([], "2 to 10 levels (max_levels), got 0"), (["x"], "got 1"), ([str(i) for i in range(11)], "got 11"),
     ({"0": "low"}, "must be an array"), ("low,high", "must be an array"), ([1, 2], "a level must be"),
 ])
 def test_score_criteria(criteria, fragment):
@@ -95,7 +95,7 @@ def test_images_are_refused_by_name():
 
 def test_limits_are_configurable():
     raw = body(**{f"q{i}": {"type": "noul"} for i in range(3)})
-    with pytest.raises(RequestInvalid, match="at most 2 questions"):
+    with pytest.raises(RequestInvalid, match=r"at most 2 questions per request \(max_questions\)"):
         parse_request(raw, Limits(max_questions=2))
     assert len(parse_request(raw, Limits(max_questions=3)).questions) == 3
 
