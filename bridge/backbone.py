@@ -7,14 +7,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import llama_cpp as lc
+import numpy as np
 from llama_cpp import llama_cpp_ext as lc_ext
 
-from . import llama_log
-
 from ..head.errors import ClefError
+from . import llama_log
 
 
 class BackboneError(ClefError):

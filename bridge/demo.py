@@ -151,16 +151,22 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
     writer.close()
 
 
-def random_head(cfg: HeadConfig, seed: int) -> dict[str, np.ndarray]:
+DEMO_SCALARS = {"prior_logit_scale": 1.0, "joint_logit_scale": 2.0, "residual_gate": 0.5}
+
+
+def random_head(cfg: HeadConfig, seed: int, scalars: dict[str, float] = DEMO_SCALARS) -> dict[str, np.ndarray]:
+    """Float32 weights of a plausible scale for every tensor the config implies.
+
+    The released scalars are trained; zeros would make the joint path vanish, so they get weight.
+    """
     rng = np.random.default_rng(seed)
-    scalars = {"prior_logit_scale": 1.0, "joint_logit_scale": 2.0, "residual_gate": 0.5}
     out = {}
     for name, shape in sorted(expected_shapes(cfg).items()):
         if name in scalars:
             out[name] = np.float32(scalars[name]).reshape(())
         elif len(shape) == 2:
             out[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-        elif name.endswith("weight"):
+        elif name.endswith("weight"):  # norm gains around one
             out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
             out[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)

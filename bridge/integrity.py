@@ -248,9 +248,17 @@ def check_pins(report: Report, gguf: Path, head: Path | None, gguf_sha256: str |
 
 def check_record(report: Report, gguf: Path, head: Path, record: dict[str, Any], model: Any | None) -> None:
     """Compare a pairing record with this GGUF and head; canaries need a loaded model."""
-    from .provenance import (MAX_CANARY_DIFF, MAX_NORM_DIFF, MIN_ROW_COSINE, WARN_CANARY_DIFF,
-                             canary_difference, canary_probabilities, compare_fingerprints, fingerprint,
-                             sha256_file)
+    from .provenance import (
+        MAX_CANARY_DIFF,
+        MAX_NORM_DIFF,
+        MIN_ROW_COSINE,
+        WARN_CANARY_DIFF,
+        canary_difference,
+        canary_probabilities,
+        compare_fingerprints,
+        fingerprint,
+        sha256_file,
+    )
 
     if record.get("version") != 1:
         report.add("error", "pair.record", f"unknown pairing record version {record.get('version')!r}",

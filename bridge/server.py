@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections import OrderedDict
-from types import SimpleNamespace
 import logging
 import signal
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import orjson
@@ -25,9 +25,16 @@ from aiohttp import web
 from ..head.answer import NonFiniteOutput
 from ..head.errors import ClefError, ContextLengthExceeded, RequestInvalid
 from .backbone import BackboneError, DecodeFailed
+from .httpbody import (
+    BadEncoding,
+    BodyTooLarge,
+    UnsupportedMediaType,
+    check_content_type,
+    decode,
+    parse_json,
+    read_capped,
+)
 from .integrity import ModelRefused, load_checked
-from .httpbody import BadEncoding, BodyTooLarge, UnsupportedMediaType, check_content_type, decode, parse_json, \
-    read_capped
 from .metrics import Metrics, create_metrics
 from .openapi import openapi_spec
 from .pipeline import ClefModel, Decision

@@ -6,7 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from clef_bridge.bridge.registry import ModelSpec
 
 from . import fixturegen

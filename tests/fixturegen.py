@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(os.environ.get("CLEF_BRIDGE_FIXTURES", ROOT / ".fixtures"))
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -193,7 +192,6 @@ def convert(vendor: Path, hf_dir: Path, out: Path, outtype: str) -> None:
 
 def quantize(src: Path, out: Path, ftype: str) -> None:
     import llama_cpp as lc
-
     from clef_bridge.bridge import llama_log
 
     llama_log.install(verbose=False)

@@ -6,9 +6,8 @@ import ctypes
 from functools import cache
 from pathlib import Path
 
-import numpy as np
-
 import llama_cpp
+import numpy as np
 
 
 class _TypeTraits(ctypes.Structure):  # struct ggml_type_traits (ggml.h)

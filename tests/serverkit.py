@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
-
 from clef_bridge.bridge.pipeline import ClefModel
 from clef_bridge.bridge.registry import ModelSpec, Registry, ServerSpec
 from clef_bridge.bridge.server import RUNNER_OPTIONS, create_app, load_models

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-
 from clef_bridge.bridge.registry import RegistryError, UnknownModel, load_registry
 from clef_bridge.head.config import HeadConfig, load_config
 from clef_bridge.head.encoder import EncodeOptions, encode

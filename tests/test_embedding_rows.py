@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.embedding import OutputEmbedding
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
-
-from clef_bridge.bridge.embedding import OutputEmbedding
 
 from . import ggml_oracle
 

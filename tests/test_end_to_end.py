@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from clef_bridge.bridge.pipeline import ClefModel
 from clef_bridge.tools.reference import reference
 
@@ -27,10 +26,9 @@ REQUESTS = varied_requests()
 @pytest.fixture(scope="module")
 def oracle(fx):
     torch = pytest.importorskip("torch")
+    from clef_bridge.head.config import config_path_for, load_config
     from safetensors.torch import load_file
     from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
-
-    from clef_bridge.head.config import load_config, config_path_for
 
     ref = reference()
     tokenizer = AutoTokenizer.from_pretrained(fx.tokenizer_dir)

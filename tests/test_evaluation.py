@@ -9,15 +9,23 @@ import tomllib
 
 import numpy as np
 import pytest
-
 from clef_bridge.bridge.pipeline import ClefModel
 from clef_bridge.bridge.registry import load_registry
 from clef_bridge.tools.calibrate import calibrate_items
 from clef_bridge.tools.cli import main
 from clef_bridge.tools.drift import drift, probe_requests, softmax
 from clef_bridge.tools.evaldata import DataError, load_examples
-from clef_bridge.tools.metrics import (Decision, accuracy, brier, coverage_at_precision, ece, macro_f1, nll,
-                                       score_errors, temperature_scaled)
+from clef_bridge.tools.metrics import (
+    Decision,
+    accuracy,
+    brier,
+    coverage_at_precision,
+    ece,
+    macro_f1,
+    nll,
+    score_errors,
+    temperature_scaled,
+)
 
 from .conftest import tiny_spec
 from .serverkit import RunningServer, registry_for

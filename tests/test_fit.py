@@ -6,12 +6,21 @@ import json
 import re
 
 import pytest
-
 from clef_bridge.bridge import llama_log
 from clef_bridge.bridge.backbone import Backbone, BackboneOptions
 from clef_bridge.bridge.demo import make_demo
-from clef_bridge.bridge.fit import (GIB, MIB, arch_from_gguf, arch_preset, compute_bytes, head_params,
-                                    kv_cache_bytes, parse_size, plan, recurrent_bytes)
+from clef_bridge.bridge.fit import (
+    GIB,
+    MIB,
+    arch_from_gguf,
+    arch_preset,
+    compute_bytes,
+    head_params,
+    kv_cache_bytes,
+    parse_size,
+    plan,
+    recurrent_bytes,
+)
 from clef_bridge.bridge.gguf_file import read_gguf
 from clef_bridge.tools.cli import main
 
@@ -105,7 +114,6 @@ def test_parse_size():
 
 def test_auto_layers_and_the_context_warning(fx, monkeypatch):
     import llama_cpp
-
     from clef_bridge.bridge import fit
 
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)

@@ -10,12 +10,11 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from clef_bridge.head.encoder import EncodeOptions, encode
 from clef_bridge.head.errors import ContextLengthExceeded, RequestInvalid
 from clef_bridge.head.schema import parse_request
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from .conftest import tiny_spec
 from .serverkit import RunningServer, registry_for

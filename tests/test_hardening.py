@@ -16,7 +16,6 @@ import types
 import aiohttp
 import numpy as np
 import pytest
-
 from clef_bridge.bridge.backbone import DecodeFailed
 from clef_bridge.bridge.pipeline import ClefModel
 from clef_bridge.bridge.server import WORKERS

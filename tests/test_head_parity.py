@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.model import joint_schema_head
 from clef_bridge.head.weights import load_state_dict, save_state_dict, unflatten
-from clef_bridge.tools.randomhead import CLEF_FLASH_HEAD, random_layout, random_state_dict
+from clef_bridge.tools.randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
 from clef_bridge.tools.reference import reference_logits, torch_head
 
 LOGIT_TOLERANCE = 1e-3
@@ -37,12 +36,7 @@ def test_head_matches_reference(tmp_path, cfg, tokens, types, options):
     save_state_dict(path, random_state_dict(cfg, seed=3), "BF16")
     flat = load_state_dict(path, cfg)  # our bf16 decoding, upcast once
     layout = random_layout(tokens, types, options, seed=4)
-    rng = np.random.default_rng(6)
-    hidden = rng.standard_normal((tokens, cfg.hidden_size), dtype=np.float32)
-    vocab = 1000
-    input_ids = rng.integers(0, vocab, size=tokens)
-    output_embedding = rng.standard_normal((vocab, cfg.hidden_size), dtype=np.float32)
-    rows = np.concatenate([output_embedding[input_ids[s:e]] for s, e in layout.option_spans])
+    hidden, input_ids, output_embedding, rows = random_inputs(cfg, layout, tokens, seed=6)
 
     ours = joint_schema_head(hidden, rows, layout, cfg.heads, **unflatten(flat))
     theirs = reference_logits(torch_head(cfg, flat), hidden, input_ids, layout, output_embedding)

@@ -9,10 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from clef_bridge.bridge.integrity import ModelRefused, load_checked
-from clef_bridge.bridge.provenance import (MAX_CANARY_DIFF, MIN_ROW_COSINE, canary_difference,
-                                           canary_probabilities, compare_fingerprints, fingerprint, sha256_file)
+from clef_bridge.bridge.provenance import (
+    MAX_CANARY_DIFF,
+    MIN_ROW_COSINE,
+    canary_difference,
+    canary_probabilities,
+    compare_fingerprints,
+    fingerprint,
+    sha256_file,
+)
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.weights import load_state_dict, save_state_dict
 from clef_bridge.tools.cli import main

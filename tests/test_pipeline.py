@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from clef_bridge.bridge.pipeline import ClefModel, PairMismatch
 from clef_bridge.head.answer import jev_choice_confidence, jev_score_confidence
 from clef_bridge.head.config import HeadConfig
@@ -71,9 +70,8 @@ def test_over_length_request_through_the_model(fx):
 
 
 def test_truncation_matches_the_reference(fx, tiny_model):
-    from transformers import AutoTokenizer
-
     from clef_bridge.tools.reference import reference
+    from transformers import AutoTokenizer
 
     request = varied_requests()[21]  # a 400-word state
     model = ClefModel(tiny_spec(fx, max_length=300, n_ctx=512, truncate_state=True))

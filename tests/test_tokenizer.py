@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from clef_bridge.bridge.backbone import VocabOnly
 from clef_bridge.head.encoder import PREFIX, SCHEMA_HEADER, SUFFIX, render
 

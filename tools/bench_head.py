@@ -10,7 +10,7 @@ import numpy as np
 
 from ..head.model import joint_schema_head
 from ..head.weights import unflatten
-from .randomhead import CLEF_FLASH_HEAD, random_layout, random_state_dict
+from .randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
 from .reference import ReferenceUnavailable, reference_logits, torch_head
 
 # A router-like schema: 4 questions (noul, choice, score, choice), 19 options.
@@ -41,12 +41,7 @@ def run(tokens: int = 750, repeats: int = 7, as_json: bool = False) -> int:
     flat = random_state_dict(cfg, seed=0)
     params = unflatten(flat)
     layout = random_layout(tokens, TYPES, OPTIONS, seed=0)
-    rng = np.random.default_rng(0)
-    hidden = rng.standard_normal((tokens, cfg.hidden_size), dtype=np.float32)
-    vocab = 2048
-    input_ids = rng.integers(0, vocab, size=tokens)
-    output_embedding = rng.standard_normal((vocab, cfg.hidden_size), dtype=np.float32)
-    rows = np.concatenate([output_embedding[input_ids[s:e]] for s, e in layout.option_spans])
+    hidden, input_ids, output_embedding, rows = random_inputs(cfg, layout, tokens, seed=0, vocab=2048)
     try:
         head = torch_head(cfg, flat)
     except ReferenceUnavailable as exc:

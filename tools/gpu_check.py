@@ -15,8 +15,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from ..bridge.demo import DEMO_HEAD, Qwen35Dims, write_qwen35_gguf
 from ..bridge.pipeline import ClefModel
 from ..bridge.registry import ModelSpec
@@ -69,7 +67,8 @@ def run(folder: Path, smoke: bool, repeats: int) -> dict:
     reference = [cpu.decide(r) for r in requests]
     cpu.close()
     out = {"shape": "smoke" if smoke else "clef-flash head, hidden-4096 backbone"}
-    for label, head_device in ((f"head on {'cupy' if not smoke else 'numpy (smoke)'}", device), ("head on numpy", "cpu")):
+    first = "head on numpy (smoke)" if smoke else "head on cupy"
+    for label, head_device in ((first, device), ("head on numpy", "cpu")):
         model = ClefModel(replace(base, n_gpu_layers=gpu_layers, head_device=head_device))
         try:
             diff = max(_max_diff(model.decide(r), ref) for r, ref in zip(requests, reference))

@@ -4,31 +4,29 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bridge.demo import random_head
 from ..head.config import HeadConfig
 from ..head.model import Layout
-from ..head.weights import expected_shapes
 
 CLEF_FLASH_HEAD = HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
 CLEF_HEAD = HeadConfig(hidden_size=5120, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
 
-# The released scalars are trained; zeros would make the joint path vanish, so give them weight.
 SCALARS = {"prior_logit_scale": 0.7, "joint_logit_scale": 1.5, "residual_gate": 0.5}
 
 
 def random_state_dict(cfg: HeadConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """Float32 weights of a plausible scale for every tensor the config implies."""
+    return random_head(cfg, seed, SCALARS)
+
+
+def random_inputs(cfg: HeadConfig, layout: Layout, tokens: int, seed: int, vocab: int = 1000):
+    """Hidden states [t, H], token ids [t], an output embedding [vocab, H] and its option-span rows."""
     rng = np.random.default_rng(seed)
-    out = {}
-    for name, shape in sorted(expected_shapes(cfg).items()):
-        if name in SCALARS:
-            out[name] = np.float32(SCALARS[name]).reshape(())
-        elif len(shape) == 2:
-            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-        elif name.endswith("weight"):  # norm gains around one
-            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            out[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
-    return out
+    hidden = rng.standard_normal((tokens, cfg.hidden_size), dtype=np.float32)
+    input_ids = rng.integers(0, vocab, size=tokens)
+    output_embedding = rng.standard_normal((vocab, cfg.hidden_size), dtype=np.float32)
+    rows = np.concatenate([output_embedding[input_ids[s:e]] for s, e in layout.option_spans])
+    return hidden, input_ids, output_embedding, rows
 
 
 def random_layout(n_tokens: int, types: list[int], n_options: list[int], seed: int = 0) -> Layout:
