@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..head.answer import softmax64
 from .embedding import OutputEmbedding
 from .gguf_file import GGUFInfo, read_gguf
 from .paths import cache_dir
@@ -149,8 +150,7 @@ def canary_probabilities(model: Any) -> list[dict[str, list[float]]]:
     for request in CANARY_REQUESTS:
         probs = {}
         for question, logits in model.question_logits(request):
-            z = np.exp(logits - logits.max())
-            probs[question.id] = np.round(z / z.sum(), 6).tolist()
+            probs[question.id] = np.round(softmax64(logits), 6).tolist()
         out.append(probs)
     return out
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.pipeline import ClefModel
 from clef_bridge.bridge.registry import load_registry
+from clef_bridge.head.answer import softmax64 as softmax
 from clef_bridge.tools.calibrate import calibrate_items
 from clef_bridge.tools.cli import main
-from clef_bridge.tools.drift import drift, probe_requests, softmax
+from clef_bridge.tools.drift import drift, probe_requests
 from clef_bridge.tools.evaldata import DataError, load_examples
 from clef_bridge.tools.metrics import (
     Decision,

@@ -98,7 +98,8 @@ async def _run(url: str, body: dict, concurrency: int, requests: int, headers: d
     return RunStats(concurrency, requests, errors, seconds, latencies, split, tokens)
 
 
-def _median_ms(fn, repeats: int) -> float:
+def median_ms(fn, repeats: int) -> float:
+    """Median wall time of fn in milliseconds, after one warm-up call."""
     fn()
     times = []
     for _ in range(repeats):
@@ -117,7 +118,7 @@ def bare_prefill_ms(gguf: Path, body: dict, repeats: int) -> float:
     backbone = Backbone(gguf, BackboneOptions(n_ctx=4096))
     try:
         ids = encode(parse_request(body), backbone.tokenize).input_ids
-        return _median_ms(lambda: backbone.prefill(ids), repeats)
+        return median_ms(lambda: backbone.prefill(ids), repeats)
     finally:
         backbone.close()
 
@@ -141,7 +142,7 @@ def reference_ms(hf_dir: Path, head: Path, body: dict, repeats: int, dtype: str)
     joint.load_state_dict(load_file(str(head)))
     model = ref.ClefModel(backbone, joint.to(torch_dtype)).eval()
     processor = SimpleNamespace(tokenizer=tokenizer)
-    return _median_ms(lambda: ref.systemone(model, processor, body), repeats)
+    return median_ms(lambda: ref.systemone(model, processor, body), repeats)
 
 
 def run(url: str, concurrency: list[int], requests: int, api_key: str | None, as_json: bool,

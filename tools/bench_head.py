@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import numpy as np
 
 from ..head.model import joint_schema_head
 from ..head.weights import unflatten
+from .bench import median_ms
 from .randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
 from .reference import ReferenceUnavailable, reference_logits, torch_head
 
 # A router-like schema: 4 questions (noul, choice, score, choice), 19 options.
 TYPES, OPTIONS = [0, 1, 2, 1], [2, 7, 5, 5]
 LOGIT_TOLERANCE = 1e-3
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up: first-touch allocations and BLAS thread start
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1e3)
 
 
 def run(tokens: int = 750, repeats: int = 7, as_json: bool = False) -> int:
@@ -50,8 +40,8 @@ def run(tokens: int = 750, repeats: int = 7, as_json: bool = False) -> int:
     ours = lambda: joint_schema_head(hidden, rows, layout, cfg.heads, **params)  # noqa: E731
     theirs = lambda: reference_logits(head, hidden, input_ids, layout, output_embedding)  # noqa: E731
     diff = float(np.abs(ours() - theirs()).max())
-    numpy_ms = _median_ms(ours, repeats)
-    torch_ms = _median_ms(theirs, repeats)
+    numpy_ms = median_ms(ours, repeats)
+    torch_ms = median_ms(theirs, repeats)
     result = {"tokens": tokens, "numpy_ms": round(numpy_ms, 2), "torch_ms": round(torch_ms, 2),
               "ratio": round(numpy_ms / torch_ms, 3)}
     if as_json:

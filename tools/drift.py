@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ..head.answer import softmax64
+
 CONFIDENT = 0.8
 
 
@@ -39,17 +41,12 @@ class DriftStats:
                 f"decisions_above_{CONFIDENT}": self.confident, f"flips_above_{CONFIDENT}": self.confident_flips}
 
 
-def softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z.astype(np.float64) - z.max())
-    return e / e.sum()
-
-
 def drift(model_a, model_b, requests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per question type (and "all"): max and mean |dp|, argmax flips, flips among confident decisions."""
     stats: dict[str, DriftStats] = {"all": DriftStats()}
     for request in requests:
         for (q, za), (_, zb) in zip(model_a.question_logits(request), model_b.question_logits(request)):
-            a, b = softmax(za), softmax(zb)
+            a, b = softmax64(za), softmax64(zb)
             stats["all"].add(a, b)
             stats.setdefault(q.type, DriftStats()).add(a, b)
     return {kind: s.summary() for kind, s in stats.items()}

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..head.answer import softmax64
+
 ECE_BINS = 15
 EPS = 1e-12
 
@@ -125,9 +127,7 @@ def coverage_at_precision(ds: list[Decision], target: float) -> Coverage:
 
 
 def temperature_scaled(logits: np.ndarray, t: float) -> np.ndarray:
-    z = logits.astype(np.float64) / t
-    e = np.exp(z - z.max())
-    return e / e.sum()
+    return softmax64(logits.astype(np.float64) / t)
 
 
 def fit_temperature(items: list[tuple[np.ndarray, int]], lo: float = 0.05, hi: float = 20.0) -> float:
