@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import llama_cpp
 import numpy as np
 
 from ..head.answer import AnswerOptions, answers
@@ -64,6 +65,16 @@ class Prepared:
     tokenize_s: float
 
 
+@dataclass(frozen=True)
+class Prefilled:
+    """A request whose backbone has run: the hidden states wait for the head."""
+
+    prepared: Prepared
+    hidden: np.ndarray  # [t, H]
+    backbone_s: float
+    batch_size: int
+
+
 class ClefModel:
     """A GGUF backbone and its joint head, loaded from one models.toml entry."""
 
@@ -81,6 +92,7 @@ class ClefModel:
         self.backbone = Backbone(spec.gguf, BackboneOptions(
             n_ctx=spec.n_ctx, n_gpu_layers=n_gpu_layers, n_seq_max=spec.n_seq_max, n_ubatch=spec.n_ubatch,
             n_threads=spec.n_threads))
+        self.backbone_on_gpu = n_gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
         if self.backbone.n_embd != self.head_config.hidden_size:
             self.backbone.close()
             raise PairMismatch(f"{spec.head}: the head expects hidden_size {self.head_config.hidden_size} but "
@@ -110,23 +122,29 @@ class ClefModel:
                                 **self.params)
         return out if xp is np else xp.asnumpy(out)
 
-    def finish(self, prepared: Prepared, hidden: np.ndarray, backbone_s: float, batch_size: int) -> Decision:
+    def prefill_batch(self, batch: list[Prepared]) -> list[Prefilled]:
+        """Several prepared requests through ONE batched llama_decode."""
         t0 = time.perf_counter()
-        logits = self.logits(prepared.encoded, hidden)
+        hidden = self.backbone.prefill_many([p.encoded.input_ids for p in batch])
+        backbone_s = time.perf_counter() - t0
+        return [Prefilled(p, h, backbone_s, len(batch)) for p, h in zip(batch, hidden)]
+
+    def finish(self, item: Prefilled) -> Decision:
+        """The head and the answers for one prefilled request."""
+        t0 = time.perf_counter()
+        prepared = item.prepared
+        logits = self.logits(prepared.encoded, item.hidden)
         body = {
             "model": prepared.request.model,
             "answers": answers(prepared.request, logits, prepared.encoded.layout.option_offsets, self.answer_options),
             "usage": {"input_tokens": int(len(prepared.encoded.input_ids)), "output_tokens": 0},
         }
-        timings = Timings(prepared.tokenize_s, backbone_s, time.perf_counter() - t0, batch_size)
+        timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size)
         return Decision(body, len(prepared.encoded.input_ids), timings)
 
     def decide_many(self, batch: list[Prepared]) -> list[Decision]:
-        """Several prepared requests through ONE batched prefill, then the head per request."""
-        t0 = time.perf_counter()
-        hidden = self.backbone.prefill_many([p.encoded.input_ids for p in batch])
-        backbone_s = time.perf_counter() - t0
-        return [self.finish(p, h, backbone_s, len(batch)) for p, h in zip(batch, hidden)]
+        """One batched prefill, then the head per request."""
+        return [self.finish(item) for item in self.prefill_batch(batch)]
 
     def decide(self, body: Any) -> dict[str, Any]:
         """A System One request body in, the response body out."""

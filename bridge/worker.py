@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from typing import Any, Callable
 
 from ..head.errors import ClefError
 from .backbone import DecodeFailed
-from .pipeline import ClefModel, Decision, Prepared
+from .pipeline import ClefModel, Decision, Prefilled, Prepared
 
 log = logging.getLogger("clef_bridge.worker")
 
@@ -49,31 +50,44 @@ class BatchStats:
 
 
 class InferenceWorker:
-    """Owns a ClefModel; the event loop never touches llama.cpp or numpy."""
+    """Owns a ClefModel; the event loop never touches llama.cpp or numpy.
 
-    def __init__(self, model: ClefModel, max_queue: int, on_batch: Callable[[BatchStats], None] = lambda s: None):
+    With the backbone on a GPU, two threads form a pipeline: one batches and prefills (llama.cpp),
+    the other runs the head per request, so the next batch's prefill overlaps this batch's heads.
+    On a CPU-only backbone the head runs right after its prefill in the same thread: llama.cpp's
+    spinning CPU threads and BLAS fighting over the same cores would slow both.
+    """
+
+    def __init__(self, model: ClefModel, max_queue: int, on_batch: Callable[[BatchStats], None] = lambda s: None,
+                 overlap: bool | None = None):
         self.model = model
+        self.overlap = model.backbone_on_gpu if overlap is None else overlap
         self.name = model.spec.name
         self.max_queue = max_queue
         self._on_batch = on_batch
         self._queue: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"clef-worker-{self.name}", daemon=True)
+        self._heads: queue.SimpleQueue[list[tuple[Job, Prefilled]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"clef-prefill-{self.name}", daemon=True)
+        self._head_thread = threading.Thread(target=self._run_heads, name=f"clef-head-{self.name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._head_thread.start()
 
     def stop(self) -> None:
-        """Finish what is queued, then end the thread."""
+        """Finish what is queued, then end both threads."""
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
         self._thread.join()
+        self._heads.put(None)
+        self._head_thread.join()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and not self._stopping
+        return self._thread.is_alive() and self._head_thread.is_alive() and not self._stopping
 
     @property
     def depth(self) -> int:
@@ -136,7 +150,7 @@ class InferenceWorker:
 
     def _decide(self, batch: list[tuple[Job, Prepared]]) -> None:
         try:
-            decisions = self.model.decide_many([p for _, p in batch])
+            items = self.model.prefill_batch([p for _, p in batch])
         except DecodeFailed as exc:
             if len(batch) == 1:
                 self._deliver(batch[0][0], exc)
@@ -150,9 +164,23 @@ class InferenceWorker:
             for job, _ in batch:
                 self._deliver(job, exc)
             return
-        self._on_batch(BatchStats(len(batch), sum(d.input_tokens for d in decisions)))
-        for (job, _), decision in zip(batch, decisions):
-            self._deliver(job, decision)
+        self._on_batch(BatchStats(len(batch), sum(len(p.encoded.input_ids) for _, p in batch)))
+        work = [(job, item) for (job, _), item in zip(batch, items)]
+        if self.overlap:
+            self._heads.put(work)
+        else:
+            self._finish(work)
+
+    def _run_heads(self) -> None:
+        while (work := self._heads.get()) is not None:
+            self._finish(work)
+
+    def _finish(self, work: list[tuple[Job, Prefilled]]) -> None:
+        for job, item in work:
+            try:
+                self._deliver(job, self.model.finish(item))
+            except Exception as exc:  # noqa: BLE001 - a fault in one head answers that request only
+                self._deliver(job, exc)
 
     @staticmethod
     def _deliver(job: Job, outcome: Decision | BaseException) -> None:

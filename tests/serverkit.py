@@ -111,10 +111,10 @@ class SlowModel(ClefModel):
 
     delay = 0.5
 
-    def decide_many(self, batch):
+    def prefill_batch(self, batch):
         time.sleep(self.delay)
         self.decided = getattr(self, "decided", 0) + len(batch)
-        return super().decide_many(batch)
+        return super().prefill_batch(batch)
 
 
 def slow_loader(delay: float) -> Callable[[Registry], dict[str, ClefModel]]:

@@ -83,7 +83,7 @@ def test_limits_are_configurable_and_named(fx, tmp_path):
 class FaultyModel(ClefModel):
     """A real model with injected faults: a decode failure, an out-of-memory, NaN from the head."""
 
-    def decide_many(self, batch):
+    def prefill_batch(self, batch):
         self.batches = getattr(self, "batches", []) + [len(batch)]
         time.sleep(0.2)
         states = [str(p.request.state) for p in batch]
@@ -91,8 +91,9 @@ class FaultyModel(ClefModel):
             raise DecodeFailed(f"llama_decode failed with status -3 on {len(batch)} sequence(s)")
         if any("OOM" in s for s in states):
             raise DecodeFailed(f"llama_decode failed with status -2 (out of memory) on {len(batch)} sequence(s)")
-        self.nan_for = {id(p.encoded) for p, s in zip(batch, states) if "NANHEAD" in s}
-        return super().decide_many(batch)
+        poisoned = {id(p.encoded) for p, s in zip(batch, states) if "NANHEAD" in s}
+        self.nan_for = getattr(self, "nan_for", set()) | poisoned
+        return super().prefill_batch(batch)
 
     def logits(self, encoded, hidden):
         out = super().logits(encoded, hidden)

@@ -35,9 +35,9 @@ SENTENCE = ("The customer writes that the nightly export job has failed three ti
             "dashboard shows stale numbers, and that the finance team needs the report before Friday. ")
 
 
-def router_request(model: str = "jev-latest", sentences: int = 6) -> dict[str, Any]:
+def router_request(model: str = "jev-latest", sentences: int = 6, ticket: int = 4471) -> dict[str, Any]:
     """A router request of about 750 tokens with the Qwen3.5 vocabulary (4 questions, 19 options)."""
-    return {"model": model, "state": {"ticket": 4471, "channel": "email", "message": SENTENCE * sentences},
+    return {"model": model, "state": {"ticket": ticket, "channel": "email", "message": SENTENCE * sentences},
             "questions": ROUTER_QUESTIONS}
 
 
@@ -74,10 +74,12 @@ async def _run(url: str, body: dict, concurrency: int, requests: int, headers: d
 
     async def client(session: aiohttp.ClientSession) -> None:
         nonlocal errors, tokens
-        for _ in counter:
+        for i in counter:
             t0 = time.perf_counter()
+            # distinct tickets: the server would answer identical bodies in flight with one computation
+            unique = {**body, "state": {**body["state"], "ticket": 1000 + i}}
             try:
-                async with session.post(f"{url}/v1/systemone", json=body, headers=headers) as resp:
+                async with session.post(f"{url}/v1/systemone", json=unique, headers=headers) as resp:
                     payload = await resp.json(content_type=None)
                     ok = resp.status == 200
             except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):

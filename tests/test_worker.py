@@ -1,0 +1,41 @@
+"""The inference worker on its own: both head modes give the same answers, and both stop cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from clef_bridge.bridge.worker import InferenceWorker, WorkerStopped
+
+from .corpus import varied_requests
+
+REQUESTS = [varied_requests()[i] for i in (0, 1, 2, 6, 8, 11, 22)]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["inline-head", "pipelined-head"])
+def test_worker_answers_equal_decide(tiny_model, overlap):
+    worker = InferenceWorker(tiny_model, max_queue=64, overlap=overlap)
+    worker.start()
+    try:
+        async def main():
+            jobs = [worker.submit(r) for r in REQUESTS]
+            return await asyncio.gather(*(j.future for j in jobs))
+
+        decisions = asyncio.run(main())
+    finally:
+        worker.stop()
+    assert not worker.alive
+    assert [d.response for d in decisions] == [tiny_model.decide(r) for r in REQUESTS]
+    assert max(d.timings.batch_size for d in decisions) > 1  # queued together, decoded together
+
+
+def test_a_stopped_worker_refuses_new_requests(tiny_model):
+    worker = InferenceWorker(tiny_model, max_queue=4, overlap=True)
+    worker.start()
+    worker.stop()
+
+    async def submit():
+        worker.submit(REQUESTS[0])
+
+    with pytest.raises(WorkerStopped, match="not accepting requests"):
+        asyncio.run(submit())
