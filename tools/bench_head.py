@@ -22,8 +22,6 @@ def run(tokens: int = 750, repeats: int = 7, as_json: bool = False) -> int:
     try:
         import torch
     except ImportError:
-        torch = None
-    if torch is None:
         print("bench-head: the torch side needs the test extra: pip install -e '.[test]' && "
               "pip install --no-deps clef-finetune==0.1.0", file=sys.stderr)
         return 2

@@ -30,13 +30,10 @@ class ReferenceUnavailable(RuntimeError):
 @cache
 def reference() -> Any:
     """The joint_schema_model module; refuses a vendored file whose sha256 drifted."""
-    try:
-        spec = importlib.util.find_spec("clef_finetune")
-        importlib.util.find_spec("torch") or (_ for _ in ()).throw(ImportError("torch"))
-    except ImportError as exc:
-        raise ReferenceUnavailable(f"{exc}: {INSTALL_HINT}") from None
-    if spec is None or spec.origin is None:
-        raise ReferenceUnavailable(f"clef-finetune is not installed: {INSTALL_HINT}")
+    for package in ("torch", "clef_finetune"):
+        if importlib.util.find_spec(package) is None:
+            raise ReferenceUnavailable(f"{package} is not installed: {INSTALL_HINT}")
+    spec = importlib.util.find_spec("clef_finetune")
     path = Path(spec.origin).parent / "_vendor" / "joint_schema_model.py"
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != REFERENCE_SHA256:
