@@ -463,6 +463,12 @@ RUNNER_OPTIONS = {"handler_cancellation": True, "access_log": None,
                   "auto_decompress": False}  # read_json decodes bodies itself, with the size cap
 
 
+def connection_options(registry: Registry) -> dict[str, float]:
+    # aiohttp closes a connection that has not completed a request within keepalive_timeout: that is
+    # what cuts off a client trickling its headers, and idle keep-alive connections after as long
+    return {"keepalive_timeout": registry.server.body_timeout_s}
+
+
 def serve(registry: Registry, host: str, port: int) -> None:
     """Run the server until SIGINT/SIGTERM; in-flight requests finish before the exit."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -472,7 +478,7 @@ def serve(registry: Registry, host: str, port: int) -> None:
                     "bind 127.0.0.1", host)
     app = create_app(registry)
     names = ", ".join(registry.models)
-    web.run_app(app, host=host, port=port, **RUNNER_OPTIONS, shutdown_timeout=registry.server.request_timeout_s,
+    web.run_app(app, host=host, port=port, **RUNNER_OPTIONS, **connection_options(registry), shutdown_timeout=registry.server.request_timeout_s,
                 print=lambda _: log.info("clef-bridge serving %s on http://%s:%d (auth %s)", names, host, port,
                                          "on" if registry.server.api_keys_file else "off"))
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from aiohttp import web
 from clef_bridge.bridge.pipeline import ClefModel
 from clef_bridge.bridge.registry import ModelSpec, Registry, ServerSpec
-from clef_bridge.bridge.server import RUNNER_OPTIONS, create_app, load_models
+from clef_bridge.bridge.server import RUNNER_OPTIONS, connection_options, create_app, load_models
 
 
 def registry_for(spec: ModelSpec, path: Path, **server: Any) -> Registry:
@@ -43,7 +43,7 @@ class RunningServer:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        self.runner = web.AppRunner(self.app, **RUNNER_OPTIONS)
+        self.runner = web.AppRunner(self.app, **RUNNER_OPTIONS, **connection_options(self.registry))
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()

@@ -189,6 +189,38 @@ def test_a_trickling_client_is_cut_off_while_others_are_served(fx, tmp_path):
         assert time.perf_counter() - started < 6
 
 
+def test_a_client_trickling_its_headers_is_cut_off(fx, tmp_path):
+    registry = registry_for(tiny_spec(fx), tmp_path / "m.toml", body_timeout_s=1.5)
+    with RunningServer(registry) as srv:
+        sock = socket.create_connection(("127.0.0.1", srv.port))
+        sock.settimeout(10)
+        started = time.perf_counter()
+        headers = b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        closed_at = None
+        for i in range(len(headers)):  # one byte a second, never finishing the headers
+            try:
+                sock.sendall(headers[i:i + 1])
+            except OSError:
+                closed_at = time.perf_counter() - started
+                break
+            assert srv.post(_request(f"meanwhile {i}")).status == 200
+            time.sleep(max(0.0, (i + 1) - (time.perf_counter() - started)))
+            sock.setblocking(False)
+            try:
+                if sock.recv(1) == b"":
+                    closed_at = time.perf_counter() - started
+                    break
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed_at = time.perf_counter() - started
+                break
+            finally:
+                sock.setblocking(True)
+        sock.close()
+        assert closed_at is not None and closed_at < 5
+
+
 def test_binding_beyond_loopback_without_keys_warns(fx, tmp_path):
     toml = tmp_path / "models.toml"
     toml.write_text(f'[models.tiny]\ngguf = "{fx.gguf_f32}"\nhead = "{fx.head}"\nn_ctx = 4096\nmax_length = 4096\n')
