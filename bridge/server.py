@@ -478,9 +478,10 @@ def serve(registry: Registry, host: str, port: int) -> None:
                     "bind 127.0.0.1", host)
     app = create_app(registry)
     names = ", ".join(registry.models)
-    web.run_app(app, host=host, port=port, **RUNNER_OPTIONS, **connection_options(registry), shutdown_timeout=registry.server.request_timeout_s,
-                print=lambda _: log.info("clef-bridge serving %s on http://%s:%d (auth %s)", names, host, port,
-                                         "on" if registry.server.api_keys_file else "off"))
+    auth = "on" if registry.server.api_keys_file else "off"
+    web.run_app(app, host=host, port=port, **RUNNER_OPTIONS, **connection_options(registry),
+                shutdown_timeout=registry.server.request_timeout_s,
+                print=lambda _: log.info("clef-bridge serving %s on http://%s:%d (auth %s)", names, host, port, auth))
 
 
 def create_app(registry: Registry, loader: Callable[[Registry], dict[str, ClefModel]] = load_models) -> web.Application:
