@@ -244,6 +244,9 @@ class Backbone:
             raise DecodeFailed(f"llama_decode failed with status {status} on {len(sequences)} sequence(s), "
                                f"{n} tokens")
         ptr = lc_ext.llama_get_embeddings_nextn(self._ctx)
-        hidden = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd)).copy()  # [n, n_embd]
+        # One fixed shape: the unmasked buffer holds n_ctx rows, and numpy makes (and keeps) a new
+        # ctypes array type for every distinct shape it is asked to view
+        rows = np.ctypeslib.as_array(ptr, shape=(self.n_ctx * self.n_embd,))
+        hidden = rows[:n * self.n_embd].reshape(n, self.n_embd).copy()  # [n, n_embd]
         lc.llama_memory_clear(self._memory, True)
         return np.split(hidden, np.cumsum(lengths)[:-1])
