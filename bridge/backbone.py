@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,23 @@ class BackboneOptions:
     # rounds through f16 (batched results then differ from one-at-a-time by ~1e-4) and saves little.
     flash_attn: bool | None = None
     verbose: bool = False
+
+
+# Pre-tokenizers whose Hugging Face tokenizer NFC-normalizes text first (transformers' Qwen2Tokenizer and
+# Qwen3_5Tokenizer set normalizers.NFC()). GGUF conversion drops the normalizer and llama.cpp does not
+# apply it, so without this a decomposed "é" would tokenize differently from Cloudflare's reference.
+NFC_PRE_TOKENIZERS = frozenset({"qwen2", "qwen35"})
+
+
+def _meta_str(model, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(256)
+    n = lc.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+def unicode_normalization(model) -> str | None:
+    """The Unicode form the model's original tokenizer normalizes text to, if any."""
+    return "NFC" if _meta_str(model, "tokenizer.ggml.pre") in NFC_PRE_TOKENIZERS else None
 
 
 class _Batch:
@@ -80,8 +98,9 @@ class Tokenizer:
     can never produce a token of the prompt's own markup.
     """
 
-    def __init__(self, vocab):
+    def __init__(self, vocab, normalization: str | None = None):
         self._vocab = vocab
+        self.normalization = normalization
         self._buf = (lc.llama_token * 4096)()
         self.user_defined = self._user_defined_texts()
 
@@ -104,6 +123,8 @@ class Tokenizer:
         return np.ctypeslib.as_array(self._buf)[:n].tolist()
 
     def tokenize(self, text: str, parse_special: bool) -> list[int]:
+        if self.normalization:
+            text = unicodedata.normalize(self.normalization, text)
         if parse_special or not any(t in text for t in self.user_defined):
             return self._raw(text, parse_special)
         cuts = sorted({i + 1 for t in self.user_defined for i in _occurrences(text, t)})
@@ -122,7 +143,8 @@ def _occurrences(text: str, needle: str) -> list[int]:
 class VocabOnly:
     """A GGUF's tokenizer without its weights (llama.cpp's vocab_only load)."""
 
-    def __init__(self, path: str | Path, verbose: bool = False):
+    def __init__(self, path: str | Path, verbose: bool = False, normalize: bool = True):
+        """normalize=False: llama.cpp's own tokenization, without the original tokenizer's Unicode form."""
         lc.llama_backend_init()
         llama_log.install(verbose)
         mparams = lc.llama_model_default_params()
@@ -130,7 +152,8 @@ class VocabOnly:
         self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise BackboneError(f"{path}: llama.cpp could not load this GGUF's vocabulary")
-        self._tokenizer = Tokenizer(lc.llama_model_get_vocab(self._model))
+        form = unicode_normalization(self._model) if normalize else None
+        self._tokenizer = Tokenizer(lc.llama_model_get_vocab(self._model), form)
         self.tokenize = self._tokenizer.tokenize
 
     def close(self) -> None:
@@ -195,7 +218,7 @@ class Backbone:
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         self.n_ctx = lc.llama_n_ctx(self._ctx)
         self._batch = _Batch(self.n_ctx)
-        self._tokenizer = Tokenizer(self._vocab)
+        self._tokenizer = Tokenizer(self._vocab, unicode_normalization(self._model))
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

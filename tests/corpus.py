@@ -128,5 +128,9 @@ def varied_requests() -> list[dict]:
         # extra unknown top-level fields are ignored
         {"model": "tiny", "state": "extra fields", "x_trace": "abc", "temperature": 3,
          "questions": {"x": {"type": "noul", "instructions": "Ignored extras?", "x_note": 1}}},
+        # decomposed (NFD) text: the release's tokenizer NFC-normalizes it, llama.cpp on its own does not
+        {"model": "tiny", "state": "Cafe\u0301 de\u0301ja\u0300 vu at the Ko\u0308ln office, n\u0303 and \u212b",
+         "questions": {"lieu": _choice({"cafe\u0301": "the cafe\u0301", "Ko\u0308ln": "die Stadt"}, "Wo\u0301?"),
+                       "re\u0301el": {"type": "noul", "instructions": "Is it re\u0301al?"}}},
     ]
     return reqs

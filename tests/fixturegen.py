@@ -98,12 +98,13 @@ def _vocab(vocab_gguf: Path) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def qwen35_tokenizer(vocab_gguf: Path, added: dict[int, tuple[str, bool]]):
+def qwen35_tokenizer(vocab_gguf: Path, added: dict[int, tuple[str, bool]], nfc: bool = True):
     """A `tokenizers` byte-level BPE over the vocab's tokens and merges with the qwen35 pre-tokenizer.
 
     added: extra added tokens by id (text, special), placed in slots the vocab leaves as [PADn].
+    nfc: normalize to NFC first, as transformers' Qwen3_5Tokenizer (the release's tokenizer class) does.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     tokens, types, merges = _vocab(vocab_gguf)
     for i, (text, _) in added.items():
@@ -111,6 +112,8 @@ def qwen35_tokenizer(vocab_gguf: Path, added: dict[int, tuple[str, bool]]):
     normal = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 1}
     tok = Tokenizer(models.BPE(vocab=normal, merges=[tuple(m.split(" ", 1)) for m in merges],
                                ignore_merges=False, fuse_unk=False, byte_fallback=False))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN35_SPLIT), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
@@ -122,6 +125,12 @@ def qwen35_tokenizer(vocab_gguf: Path, added: dict[int, tuple[str, bool]]):
         {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
          "special": special} for i, (text, special) in sorted(specials.items())]
     return Tokenizer.from_str(json.dumps(raw))
+
+
+def _tokenizer_is_current(model_dir: Path) -> bool:
+    """False for a tokenizer.json built before the fixtures' tokenizer NFC-normalized (rebuild it)."""
+    path = model_dir / "tokenizer.json"
+    return path.exists() and json.loads(path.read_text(encoding="utf-8")).get("normalizer") is not None
 
 
 def build_tokenizer(vocab_gguf: Path, out_dir: Path) -> None:
@@ -224,9 +233,12 @@ def build(root: Path = FIXTURES) -> Fixtures:
             gguf_q4_k_m=root / "tiny-q4_k_m.gguf", gguf_other=root / "tiny-other-f32.gguf",
             head=root / "tiny-head" / "joint_head.safetensors",
         )
-        if not (fx.tokenizer_dir / "tokenizer.json").exists():
+        if not _tokenizer_is_current(fx.tokenizer_dir):
             _log("building tokenizer.json from the Qwen3.5 vocab")
             build_tokenizer(vocab, fx.tokenizer_dir)
+        for model_dir in (fx.hf_model, root / "tiny-other-hf", root / "bench-hf"):
+            if (model_dir / "config.json").exists() and not _tokenizer_is_current(model_dir):
+                build_tokenizer(vocab, model_dir)  # the weights and GGUFs do not depend on the normalizer
         if not (fx.hf_model / "config.json").exists():
             _log("building the tiny random Qwen3.5")
             build_tiny_model(fx.tokenizer_dir, fx.hf_model, vocab_size=151936)

@@ -1,15 +1,16 @@
 """llama.cpp's tokenizer on the real Qwen3.5 vocab equals a `tokenizers` BPE built from the same
-vocab and merges with the qwen35 pre-tokenizer."""
+vocab and merges with the qwen35 pre-tokenizer, and, with our NFC step, transformers' Qwen3_5Tokenizer."""
 
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import pytest
 from clef_bridge.bridge.backbone import VocabOnly
 from clef_bridge.head.encoder import PREFIX, SCHEMA_HEADER, SUFFIX, render
 
-from .fixturegen import qwen35_tokenizer
+from .fixturegen import _vocab, qwen35_tokenizer
 
 SEP = "\n__ggml_vocab_test__\n"
 
@@ -22,8 +23,32 @@ def llama_vocab(fx):
 
 
 @pytest.fixture(scope="module")
+def raw_llama_vocab(fx):
+    vocab = VocabOnly(fx.vocab_gguf, normalize=False)
+    yield vocab
+    vocab.close()
+
+
+@pytest.fixture(scope="module")
 def hf_vocab(fx):
     return qwen35_tokenizer(fx.vocab_gguf, added={})
+
+
+@pytest.fixture(scope="module")
+def release_class(fx):
+    """transformers' Qwen3_5Tokenizer, the class Qwen3.5's tokenizer_config.json names, over the vocab."""
+    from transformers.models.qwen3_5.tokenization_qwen3_5 import Qwen3_5Tokenizer
+
+    tokens, types, merges = _vocab(fx.vocab_gguf)
+    normal = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 1}
+    return Qwen3_5Tokenizer(vocab=normal, merges=[tuple(m.split(" ", 1)) for m in merges])
+
+
+def vocab_vectors(fx) -> list[tuple[str, list[int]]]:
+    texts = fx.vocab_inp.read_text(encoding="utf-8").split(SEP)[:-1]
+    expected = fx.vocab_out.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(texts) == len(expected) >= 40
+    return [(text, [int(t) for t in ids.split()]) for text, ids in zip(texts, expected)]
 
 
 def prompt_pieces() -> list[str]:
@@ -57,17 +82,32 @@ def test_there_are_enough_pieces():
     assert len(prompt_pieces()) >= 50
 
 
-def test_vocab_vectors(fx, llama_vocab, hf_vocab):
-    """The vocab's own .inp/.out vectors (made with the release's HF tokenizer)."""
-    texts = fx.vocab_inp.read_text(encoding="utf-8").split(SEP)[:-1]
-    expected = fx.vocab_out.read_text(encoding="utf-8").split("\n")[:-1]
-    assert len(texts) == len(expected) >= 40
-    hf_vocab.encode_special_tokens = True  # llama.cpp's test tokenizes these with parse_special=false
-    for text, ids in zip(texts, expected):
-        want = [int(t) for t in ids.split()]
-        assert llama_vocab.tokenize(text, False) == want, repr(text)
-        assert hf_vocab.encode(text, add_special_tokens=False).ids == want, repr(text)
-    hf_vocab.encode_special_tokens = False
+def test_vocab_vectors(fx, raw_llama_vocab):
+    """The vocab's own .inp/.out vectors: llama.cpp's tokenizer, which does not normalize Unicode.
+
+    They were made without the NFC step of transformers' Qwen3_5Tokenizer: their decomposed strings
+    ("e\u0301", "re\u0301sume\u0301") keep the combining marks as separate tokens.
+    """
+    raw_hf = qwen35_tokenizer(fx.vocab_gguf, added={}, nfc=False)
+    raw_hf.encode_special_tokens = True  # llama.cpp's test tokenizes these with parse_special=false
+    for text, want in vocab_vectors(fx):
+        assert raw_llama_vocab.tokenize(text, False) == want, repr(text)
+        assert raw_hf.encode(text, add_special_tokens=False).ids == want, repr(text)
+
+
+def test_release_tokenizer_class_normalizes_and_so_do_we(fx, llama_vocab, raw_llama_vocab, release_class):
+    """Cloudflare's reference tokenizes with the release's class, which NFC-normalizes; our tokenizer does too."""
+    decomposed = 0
+    for text, want in vocab_vectors(fx):
+        expected = release_class.encode(text, add_special_tokens=False)
+        assert llama_vocab.tokenize(text, False) == expected, repr(text)
+        if unicodedata.normalize("NFC", text) != text:
+            decomposed += 1
+            assert expected != want  # here llama.cpp alone would differ from the reference
+            assert expected == raw_llama_vocab.tokenize(unicodedata.normalize("NFC", text), False)
+    assert decomposed >= 2
+    for piece in ["Cafe\u0301 Ko\u0308ln \u212b", "n\u0303 a\u0300 \u1100\u1161", "e\u0301" * 40]:
+        assert llama_vocab.tokenize(piece, False) == release_class.encode(piece, add_special_tokens=False)
 
 
 @pytest.mark.parametrize("parse_special", [True, False])
