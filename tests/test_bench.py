@@ -1,0 +1,32 @@
+"""`clef-bridge bench` against a real server: the floor is the same token ids, alternated with requests."""
+
+from __future__ import annotations
+
+import json
+
+from clef_bridge.tools import bench
+
+from .conftest import tiny_spec
+from .serverkit import RunningServer, registry_for
+
+
+def test_bench_measures_the_floor_on_the_same_tokens(fx, tmp_path, capsys, tiny_model):
+    with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml")) as srv:
+        code = bench.run(srv.url, [1, 2], 4, None, True, gguf=fx.gguf_f32, hf_dir=None, head=None, model="tiny")
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [r["errors"] for r in result["runs"]] == [0, 0]
+    ids = tiny_model.prepare(bench.router_request("tiny")).encoded.input_ids
+    assert result["runs"][0]["input_tokens"] == len(ids) > 600  # the bare prefill's ids are these
+    assert result["alternated_http_p50_ms"] > 0 and result["bare_prefill_ms"] > 0
+    ratio = result["alternated_http_p50_ms"] / result["bare_prefill_ms"]
+    assert abs(result["http_over_bare_prefill"] - ratio) < 1e-3
+
+
+def test_bench_fails_and_reports_no_floor_when_requests_fail(fx, tmp_path, capsys):
+    with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml")) as srv:
+        code = bench.run(srv.url, [1], 2, None, True, gguf=fx.gguf_f32, hf_dir=None, head=None, model="nope")
+    result = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert result["runs"][0]["errors"] == 2
+    assert "http_over_bare_prefill" not in result
