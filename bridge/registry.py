@@ -206,7 +206,7 @@ def _server(raw: Any, base: Path, where: str) -> ServerSpec:
     for key, value in raw.items():
         if isinstance(value, bool) or not isinstance(value, _SERVER_TYPES[key]):
             raise RegistryError(f"{where}.{key}: wrong type {type(value).__name__}")
-        if key not in ("api_keys_file", "cache_size") and value <= 0 or key == "cache_size" and value < 0:
+        if key != "api_keys_file" and (value < 0 or value == 0 and key != "cache_size"):  # cache_size 0: no cache
             raise RegistryError(f"{where}.{key}: must be positive, got {value}")
     values = dict(raw)
     if "api_keys_file" in raw:

@@ -77,8 +77,7 @@ async def _run(url: str, body: dict, concurrency: int, requests: int, headers: d
         nonlocal errors, tokens
         for i in counter:
             t0 = time.perf_counter()
-            # distinct tickets: the server would answer identical bodies in flight with one computation
-            unique = {**body, "state": {**body["state"], "ticket": 1000 + i}}
+            unique = with_ticket(body, 1000 + i)
             try:
                 async with session.post(f"{url}/v1/systemone", json=unique, headers=headers) as resp:
                     payload = await resp.json(content_type=None)
@@ -101,6 +100,12 @@ async def _run(url: str, body: dict, concurrency: int, requests: int, headers: d
     return RunStats(concurrency, requests, errors, seconds, latencies, split, tokens)
 
 
+def with_ticket(body: dict, ticket: int) -> dict:
+    """The body with another ticket number: a distinct request of the same token count (the server
+    would answer identical bodies in flight with one computation)."""
+    return {**body, "state": {**body["state"], "ticket": ticket}}
+
+
 def median_ms(fn, repeats: int) -> float:
     """Median wall time of fn in milliseconds, after one warm-up call."""
     fn()
@@ -117,9 +122,8 @@ async def _alternate(url: str, body: dict, headers: dict[str, str], prefill, rep
     bare: list[float] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         for i in range(repeats + 1):  # the first pair warms both up
-            unique = {**body, "state": {**body["state"], "ticket": 5000 + i}}  # same token count as body
             t0 = time.perf_counter()
-            async with session.post(f"{url}/v1/systemone", json=unique, headers=headers) as resp:
+            async with session.post(f"{url}/v1/systemone", json=with_ticket(body, 5000 + i), headers=headers) as resp:
                 await resp.read()
                 ok = resp.status == 200
             t1 = time.perf_counter()

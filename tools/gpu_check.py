@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from ..bridge.pipeline import ClefModel
 from ..bridge.registry import ModelSpec
 from ..head.config import CONFIG_NAME, HeadConfig
 from ..head.weights import save_state_dict
-from .bench import router_request
+from .bench import median_ms, router_request
 from .randomhead import CLEF_FLASH_HEAD, random_state_dict
 
 # Answers of the GPU path may differ from the CPU path by accumulation order and flash attention's
@@ -39,16 +37,6 @@ def _max_diff(a: dict, b: dict) -> float:
         else:
             worst = max(worst, max(abs(v - other["probabilities"][k]) for k, v in answer["probabilities"].items()))
     return worst
-
-
-def _p50_ms(model: ClefModel, body: dict, repeats: int) -> float:
-    model.decide(body)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        model.decide(body)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def run(folder: Path, smoke: bool, repeats: int) -> dict:
@@ -73,7 +61,8 @@ def run(folder: Path, smoke: bool, repeats: int) -> dict:
         try:
             diff = max(_max_diff(model.decide(r), ref) for r, ref in zip(requests, reference))
             tokens = len(model.prepare(body).encoded.input_ids)
-            out[label] = {"max_abs_diff_vs_cpu": round(diff, 6), "p50_ms": round(_p50_ms(model, body, repeats), 2),
+            p50 = median_ms(lambda: model.decide(body), repeats)
+            out[label] = {"max_abs_diff_vs_cpu": round(diff, 6), "p50_ms": round(p50, 2),
                           "tokens": tokens, "within_tolerance": diff <= TOLERANCE}
         finally:
             model.close()
