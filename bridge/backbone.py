@@ -38,6 +38,7 @@ class BackboneOptions:
     # None: on where layers are offloaded to a GPU, off on the CPU, where llama.cpp's flash attention
     # rounds through f16 (batched results then differ from one-at-a-time by ~1e-4) and saves little.
     flash_attn: bool | None = None
+    cpu_repack: bool = False  # llama.cpp's repacked/AMX weight buffers on the CPU (see Backbone.__init__)
     verbose: bool = False
 
 
@@ -184,6 +185,9 @@ class Backbone:
         llama_log.install(options.verbose)
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
+        # llama.cpp's extra CPU buffer types (AMX tiles, repacked Q4/Q8 weights) crash llama_decode with a
+        # segmentation fault on AMX Xeons for the quantized test backbones; plain CPU buffers are safe.
+        mparams.use_extra_bufts = options.cpu_repack
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise BackboneError(f"{self.path}: llama.cpp could not load this GGUF (run `clef-bridge check "
