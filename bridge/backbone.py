@@ -31,7 +31,7 @@ class DecodeFailed(BackboneError):
 @dataclass(frozen=True)
 class BackboneOptions:
     n_ctx: int = 16384  # token budget of one llama_decode, all sequences together
-    n_gpu_layers: int = -1  # -1: every layer on the GPU when llama.cpp was built with one
+    n_gpu_layers: int | str = -1  # -1: every layer on the GPU when built with one; "auto": resolved by the loader
     n_seq_max: int = 8  # sequences per decode (each hybrid model sequence needs its own recurrent slot)
     n_ubatch: int = 512
     n_threads: int = 0  # 0: every core
@@ -184,6 +184,8 @@ class Backbone:
         lc.llama_backend_init()
         llama_log.install(options.verbose)
         mparams = lc.llama_model_default_params()
+        if not isinstance(options.n_gpu_layers, int):
+            raise ValueError(f"n_gpu_layers must be resolved to a number before loading, got {options.n_gpu_layers!r}")
         mparams.n_gpu_layers = options.n_gpu_layers
         # llama.cpp's extra CPU buffer types (AMX tiles, repacked Q4/Q8 weights) crash llama_decode with a
         # segmentation fault on AMX Xeons for the quantized test backbones; plain CPU buffers are safe.
@@ -241,10 +243,10 @@ class Backbone:
     def __del__(self) -> None:
         self.close()
 
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(1024)
-        n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+    @property
+    def on_gpu(self) -> bool:
+        """True when llama.cpp offloads layers to a GPU (the head then overlaps the next prefill)."""
+        return self.options.n_gpu_layers != 0 and bool(lc.llama_supports_gpu_offload())
 
     def tokenize(self, text: str, parse_special: bool) -> list[int]:
         """llama.cpp's tokenization of one piece, with no BOS/EOS added."""

@@ -185,6 +185,18 @@ def demo_files(folder: Path) -> DemoFiles:
     return DemoFiles(folder, folder / "demo.gguf", folder / "joint_head.safetensors", folder / "models.toml")
 
 
+DEMO_N_CTX = 32768  # a 64-question request through the byte-level demo vocabulary needs ~20k tokens
+
+
+def demo_entry() -> dict[str, object]:
+    """The models.toml keys of the built-in demo (its files live in the cache)."""
+    from .paths import cache_dir
+
+    files = demo_files(cache_dir() / f"demo-v{DEMO_VERSION}")
+    return {"gguf": str(files.gguf), "head": str(files.head), "n_ctx": DEMO_N_CTX, "max_length": DEMO_N_CTX,
+            "description": DEMO_DESCRIPTION}
+
+
 def make_demo(folder: str | Path, seed: int = 0) -> DemoFiles:
     """Write the demo GGUF, head, config and a models.toml serving them (idempotent, deterministic)."""
     files = demo_files(Path(folder).resolve())
@@ -203,7 +215,7 @@ def make_demo(folder: str | Path, seed: int = 0) -> DemoFiles:
         files.models_toml.write_text(
             '# The built-in demo: random weights, meaningless answers.\n'
             'default = "demo"\n\n[models.demo]\ngguf = "demo.gguf"\nhead = "joint_head.safetensors"\n'
-            'n_ctx = 8192\nmax_length = 8192\n'
+            f'n_ctx = {DEMO_N_CTX}\nmax_length = {DEMO_N_CTX}\n'
             f'description = "{DEMO_DESCRIPTION}"\n')
         stamp.write_text(json.dumps(wanted))
     return files

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from ..head.errors import ClefError
+from .backbone import BackboneOptions
 from .gguf_file import GGUFInfo, read_gguf
 
 MIB = 1 << 20
@@ -68,12 +72,38 @@ def _layer_of(name: str, n_layer: int) -> int | None:
     return n_layer  # output.weight, output_norm.weight
 
 
-def arch_from_gguf(info: GGUFInfo) -> Arch:
-    from .integrity import layer_pattern
+def layer_pattern(info: GGUFInfo) -> list[bool] | None:
+    """True for each full-attention layer (the ones with a KV cache), from the GGUF's metadata."""
+    n_layers = info.arch_key("block_count")
+    recurrent = info.arch_key("attention.recurrent_layers")
+    if isinstance(recurrent, np.ndarray) and len(recurrent):
+        return [not bool(r) for r in recurrent]
+    interval = info.arch_key("full_attention_interval")
+    if isinstance(n_layers, int) and isinstance(interval, int) and interval > 0:
+        return [(i + 1) % interval == 0 for i in range(n_layers)]
+    return None
 
+
+class PlanError(ClefError):
+    """The GGUF lacks what a memory plan needs."""
+
+    error_type = "plan_error"
+
+
+def arch_from_gguf(info: GGUFInfo) -> Arch:
+    """What a memory plan needs, from a GGUF header; PlanError names every missing key."""
     a = info.arch_key
+    required = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+                "feed_forward_length")
+    missing = [f"{info.architecture}.{k}" for k in required if not isinstance(a(k), int)]
+    pattern = layer_pattern(info)
+    if pattern is None:
+        missing.append(f"{info.architecture}.attention.recurrent_layers or .full_attention_interval")
+    if missing:
+        raise PlanError(f"{info.path}: no memory plan: the GGUF lacks {', '.join(missing)}",
+                        fix=f"run `clef-bridge check {info.path}`; convert the model again with llama.cpp's converter")
     n_layer = int(a("block_count"))
-    full = tuple(layer_pattern(info) or [True] * n_layer)
+    full = tuple(pattern)
     tokens = info.metadata.get("tokenizer.ggml.tokens")
     output = info.tensors.get("output.weight") or info.tensors.get("token_embd.weight")
     tensors = tuple(TensorSize(t.name, getattr(t.type, "name", str(t.type)), t.n_bytes or 0,
@@ -279,24 +309,29 @@ def parse_size(text: str) -> int:
     return int(float(number) * units[unit])
 
 
-def gpu_layers_for(gguf: Path, n_gpu_layers: int | str, ctx: int, parallel: int, n_ubatch: int,
-                   head_on_gpu: bool, head_hidden: int) -> tuple[int, list[str]]:
+def gpu_layers_for(gguf: Path, options: BackboneOptions, head_on_gpu: bool,
+                   head_hidden: int) -> tuple[int, list[str]]:
     """The n_gpu_layers to load with, and warnings when the configured context will not fit the GPU."""
     import llama_cpp
 
+    wanted = options.n_gpu_layers
     if not llama_cpp.llama_supports_gpu_offload():
-        return (0 if n_gpu_layers == "auto" else int(n_gpu_layers)), []
+        return (0 if wanted == "auto" else int(wanted)), []
     vram = device_vram()
     if vram is None:
-        return (-1 if n_gpu_layers == "auto" else int(n_gpu_layers)), []
+        if wanted != "auto":
+            return int(wanted), []
+        return -1, ["fit.no_nvml: n_gpu_layers = \"auto\" but GPU memory cannot be read (install nvidia-ml-py: "
+                    "pip install 'clef-bridge[cuda]'); every layer is offloaded, which fails if it does not fit"]
     head = head_params(head_hidden) * HEAD_BYTES_PER_PARAM if head_on_gpu else 0
-    p = plan_for_gguf(gguf, vram, ctx, parallel, n_ubatch, head)
+    p = plan_for_gguf(gguf, vram, options.n_ctx, options.n_seq_max, options.n_ubatch, head)
     warnings = []
     if not p.fits:
-        warnings.append(f"fit.context: n_ctx {ctx} with every layer on the GPU needs {p.total_bytes / GIB:.1f} GiB "
-                        f"but {vram / GIB:.1f} GiB is free; the largest context that fits is {p.max_ctx}"
-                        + (f"; n_gpu_layers = \"auto\" offloads {p.n_gpu_layers} layers" if n_gpu_layers == "auto"
+        warnings.append(f"fit.context: n_ctx {options.n_ctx} with every layer on the GPU needs "
+                        f"{p.total_bytes / GIB:.1f} GiB but {vram / GIB:.1f} GiB is free; the largest context that "
+                        f"fits is {p.max_ctx}"
+                        + (f"; n_gpu_layers = \"auto\" offloads {p.n_gpu_layers} layers" if wanted == "auto"
                            else "; lower n_ctx or set n_gpu_layers = \"auto\""))
-    if n_gpu_layers == "auto":
+    if wanted == "auto":
         return p.n_gpu_layers, warnings
-    return int(n_gpu_layers), warnings
+    return int(wanted), warnings

@@ -16,7 +16,22 @@ import numpy as np
 from ..head.config import HeadConfig, config_path_for, load_config
 from ..head.errors import ClefError, HeadConfigError, HeadWeightsError
 from ..head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
+from .fit import layer_pattern
 from .gguf_file import GGUFError, GGUFInfo, read_gguf
+from .provenance import (
+    MAX_CANARY_DIFF,
+    MAX_NORM_DIFF,
+    MAX_STATE_DRIFT,
+    MIN_ROW_COSINE,
+    WARN_CANARY_DIFF,
+    WARN_STATE_DRIFT,
+    canary_difference,
+    compare_fingerprints,
+    default_pair_path,
+    fingerprint,
+    sha256_file,
+    state_drift,
+)
 
 CLEF_ARCHITECTURES = ("qwen35", "qwen35moe")
 PROMPT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
@@ -42,6 +57,7 @@ class Report:
     head: str | None
     findings: list[Finding] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] | None = field(default=None, repr=False)  # the pairing record, for the canaries
 
     @property
     def accepted(self) -> bool:
@@ -60,18 +76,6 @@ class Report:
 
 
 # --- the GGUF ----------------------------------------------------------------------------------
-
-def layer_pattern(info: GGUFInfo) -> list[bool] | None:
-    """True for each full-attention layer (the ones with a KV cache), from the GGUF's metadata."""
-    n_layers = info.arch_key("block_count")
-    recurrent = info.arch_key("attention.recurrent_layers")
-    if isinstance(recurrent, np.ndarray) and len(recurrent):
-        return [not bool(r) for r in recurrent]
-    interval = info.arch_key("full_attention_interval")
-    if isinstance(n_layers, int) and isinstance(interval, int) and interval > 0:
-        return [(i + 1) % interval == 0 for i in range(n_layers)]
-    return None
-
 
 def check_gguf(path: Path, report: Report) -> GGUFInfo | None:
     try:
@@ -229,13 +233,10 @@ def check_pair(gguf: Path, head: Path | None) -> Report:
     return report
 
 
-
 # --- provenance --------------------------------------------------------------------------------
 
 def check_pins(report: Report, gguf: Path, head: Path | None, gguf_sha256: str | None,
                head_sha256: str | None) -> None:
-    from .provenance import sha256_file
-
     for label, path, pin in (("gguf", gguf, gguf_sha256), ("head", head, head_sha256)):
         if not pin or path is None or not path.is_file():
             continue
@@ -246,21 +247,9 @@ def check_pins(report: Report, gguf: Path, head: Path | None, gguf_sha256: str |
                        f"{pin}", "the file changed or is damaged: download it again, or update the pin")
 
 
-def check_record(report: Report, gguf: Path, head: Path, record: dict[str, Any], model: Any | None) -> None:
-    """Compare a pairing record with this GGUF and head; canaries need a loaded model."""
-    from .provenance import (
-        MAX_CANARY_DIFF,
-        MAX_NORM_DIFF,
-        MIN_ROW_COSINE,
-        WARN_CANARY_DIFF,
-        canary_difference,
-        canary_probabilities,
-        compare_fingerprints,
-        fingerprint,
-        sha256_file,
-    )
-
-    if record.get("version") != 1:
+def check_record(report: Report, gguf: Path, head: Path, record: dict[str, Any]) -> None:
+    """Compare a pairing record's head hash and backbone fingerprint with this GGUF and head."""
+    if record.get("version") not in (1, 2):
         report.add("error", "pair.record", f"unknown pairing record version {record.get('version')!r}",
                    "write it again with `clef-bridge pair`")
         return
@@ -273,16 +262,34 @@ def check_record(report: Report, gguf: Path, head: Path, record: dict[str, Any],
         report.add("error", "pair.backbone_mismatch", f"the backbone is not the one the head was paired with "
                    f"(sampled output rows: cosine {cosine:.3f}, at least {MIN_ROW_COSINE} expected; norm weights "
                    f"differ by {norm_diff:.3f})", "use a GGUF of the same release as the head (any quantization)")
-        return
-    if model is None:
-        report.add("info", "pair.canaries_skipped", "canary probes not run (no model loaded)")
-        return
-    diff = canary_difference(record["canaries"], canary_probabilities(model))
+
+
+def check_canaries(report: Report, record: dict[str, Any], probabilities: list[dict[str, list[float]]],
+                   states: list[dict[str, Any]]) -> None:
+    """Compare the record's canaries (hidden states, then probabilities) with those of the loaded pair."""
+    if "canary_states" not in record:
+        report.add("info", "pair.record_v1", "the pairing record predates hidden-state canaries: a fine-tune of the "
+                   "same base is caught only by its probabilities", "write it again with `clef-bridge pair`")
+    else:
+        drift = state_drift(record["canary_states"], states)
+        report.facts["canary_state_drift"] = round(drift, 5)
+        if drift > MAX_STATE_DRIFT:
+            report.add("error", "pair.canary_mismatch", f"the canaries' hidden states moved by {drift:.4f} (mean 1 - "
+                       f"cosine; at most {MAX_STATE_DRIFT} expected from quantization): the backbone's inner layers "
+                       "are not the ones the head was paired with (another model or a fine-tune)",
+                       "pair the head with its own backbone")
+            return
+        if drift > WARN_STATE_DRIFT:
+            report.add("warning", "pair.canary_drift", f"the canaries' hidden states moved by {drift:.4f}: a coarse "
+                       "quantization (or a small fine-tune); answers will differ measurably from the reference",
+                       "prefer Q8_0 or F16 where memory allows (clef-bridge drift measures it)")
+    diff = canary_difference(record["canaries"], probabilities)
     report.facts["canary_max_diff"] = round(diff, 4)
     if diff > MAX_CANARY_DIFF:
         report.add("error", "pair.canary_mismatch", f"canary probabilities moved by {diff:.3f} (at most "
-                   f"{MAX_CANARY_DIFF} expected from quantization)", "pair the head with its own backbone")
-    elif diff > WARN_CANARY_DIFF:
+                   f"{MAX_CANARY_DIFF} expected from quantization): the backbone's inner layers are not the ones "
+                   "the head was paired with", "pair the head with its own backbone")
+    elif diff > WARN_CANARY_DIFF and not any(f.code == "pair.canary_drift" for f in report.findings):
         report.add("warning", "pair.canary_drift", f"canary probabilities moved by {diff:.3f}: a coarse "
                    "quantization; answers will differ measurably from the reference",
                    "prefer Q8_0 or F16 where memory allows (clef-bridge drift measures it)")
@@ -301,29 +308,31 @@ def load_record(path: Path, report: Report) -> dict[str, Any] | None:
     return record
 
 
-def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha256: str | None = None,
-              head_sha256: str | None = None, model: Any | None = None,
-              load_model: Any | None = None) -> Report:
-    """Static checks, pins, and the pairing record (pair, or <gguf stem>.pair.json beside the GGUF).
+def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha256: str = "",
+              head_sha256: str = "", want_record: bool = True) -> Report:
+    """Static checks, pins, and the static part of the pairing record (pair, or <gguf stem>.pair.json).
 
-    model: an already loaded ClefModel for the canaries; load_model: a callable that loads one when
-    the static checks pass (the CLI's way).
+    The record's canaries need a loaded model: the loader runs them (check_canaries) with the record
+    this report keeps in `record`.
     """
-    from .provenance import default_pair_path
-
     report = check_pair(gguf, head)
     head = Path(report.head) if report.head else None
     check_pins(report, Path(gguf), head, gguf_sha256, head_sha256)
     pair = pair or (default_pair_path(gguf) if default_pair_path(gguf).is_file() else None)
-    if pair is None or head is None or not report.accepted:
+    if head is None or not report.accepted:
+        return report
+    if pair is None and want_record:
+        report.add("warning", "pair.no_record", "no pairing record: nothing proves this backbone is the one the "
+                   "head was trained with (a same-shape backbone of another model would answer nonsense)",
+                   f"write one with `clef-bridge pair {Path(gguf).name} {head.name}` once you trust the pair, or "
+                   "fetch both with `clef-bridge pull`")
+    if pair is None:
         return report
     report.facts["pair"] = str(pair)
     record = load_record(Path(pair), report)
-    if record is None:
-        return report
-    if model is None and load_model is not None:
-        model = load_model(Path(gguf), head)
-    check_record(report, Path(gguf), head, record, model)
+    if record is not None:
+        check_record(report, Path(gguf), head, record)
+        report.record = record
     return report
 
 
@@ -339,27 +348,3 @@ class ModelRefused(ClefError):
             if f.level == "error":
                 lines.append(f"  {f.code}: {f.message}" + (f"\n    fix: {f.fix}" if f.fix else ""))
         super().__init__("\n".join(lines))
-
-
-def load_checked(spec: Any, limits: Any = None) -> Any:
-    """A ClefModel for a models.toml entry, only if its pair passes every check; warnings kept on it."""
-    from ..head.schema import Limits
-    from .pipeline import ClefModel
-
-    limits = limits or Limits()
-    spec.ensure_files()
-    loaded: list[Any] = []
-
-    def load(_gguf: Path, _head: Path) -> Any:
-        loaded.append(ClefModel(spec, limits))
-        return loaded[0]
-
-    report = check_all(spec.gguf, spec.head, spec.pair, spec.gguf_sha256 or None, spec.head_sha256 or None,
-                       load_model=load)
-    if not report.accepted:
-        for model in loaded:
-            model.close()
-        raise ModelRefused(spec.name, report)
-    model = loaded[0] if loaded else ClefModel(spec, limits)
-    model.warnings += [f"{f.code}: {f.message}" for f in report.warnings]
-    return model

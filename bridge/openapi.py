@@ -10,7 +10,7 @@ TEXT = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"t
 PROBABILITY = {"type": "number", "minimum": 0, "maximum": 1}
 
 
-def _schemas(registry: Registry) -> dict[str, Any]:
+def _schemas(names: list[str]) -> dict[str, Any]:
     limits_note = "2 to 255 options"
     return {
         "Question": {
@@ -26,7 +26,7 @@ def _schemas(registry: Registry) -> dict[str, Any]:
             "type": "object", "required": ["model", "state", "questions"],
             "properties": {
                 "model": {"type": "string", "description": f"a served name, an alias, or {LATEST}",
-                          "examples": registry.served_names()},
+                          "examples": names},
                 "state": {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]},
                 "questions": {"type": "object", "minProperties": 1,
                               "additionalProperties": {"$ref": "#/components/schemas/Question"}},
@@ -89,7 +89,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return out
 
 
-def openapi_spec(registry: Registry) -> dict[str, Any]:
+def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
+    """The API description; with auth on it is public, so it names no served model (GET /v1/models does)."""
     decision_errors = _errors(400, 401, 404, 413, 415, 422, 429, 503)
     json_body = {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}}
@@ -121,7 +122,7 @@ def openapi_spec(registry: Registry) -> dict[str, Any]:
                 "200": {"description": "Prometheus text format", "content": {"text/plain": {}}}}}},
         },
         "components": {
-            "schemas": _schemas(registry),
+            "schemas": _schemas([] if registry.server.api_keys_file else list(names)),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

@@ -1,4 +1,8 @@
-"""One served model: parse -> encode -> prefill -> head -> answer."""
+"""One served model: parse -> encode -> prefill -> head -> answer.
+
+A ClefModel is put together from loaded parts by bridge/loading.py (the one checked way in);
+it owns them and closes the backbone.
+"""
 
 from __future__ import annotations
 
@@ -6,37 +10,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import llama_cpp
 import numpy as np
 
 from ..head.answer import AnswerOptions, answers
-from ..head.config import HeadConfig, config_path_for, load_config
+from ..head.config import HeadConfig
 from ..head.encoder import Encoded, EncodeOptions, encode
-from ..head.errors import ClefError, HeadConfigError
 from ..head.model import joint_schema_head
 from ..head.schema import DecisionRequest, Limits, Question, parse_request
-from ..head.weights import load_params
-from .backbone import Backbone, BackboneOptions
+from .backbone import Backbone
 from .embedding import OutputEmbedding
-from .fit import gpu_layers_for
-from .registry import ModelSpec
 
 
-class PairMismatch(ClefError):
-    """The head was not built for this backbone."""
+@dataclass(frozen=True)
+class Head:
+    """The joint head's config and parameters on their array module (numpy, or CuPy on a GPU)."""
 
-    error_type = "pair_mismatch"
-
-
-def array_module_for(device: str) -> Any:
-    if device == "cpu":
-        return np
-    try:
-        import cupy
-    except ImportError:
-        raise HeadConfigError("head_device = \"cuda\" needs CuPy: pip install 'clef-bridge[cuda]' "
-                              "(or set head_device = \"cpu\")") from None
-    return cupy
+    config: HeadConfig
+    params: dict[str, Any]
+    xp: Any
 
 
 @dataclass
@@ -76,33 +67,21 @@ class Prefilled:
 
 
 class ClefModel:
-    """A GGUF backbone and its joint head, loaded from one models.toml entry."""
+    """A GGUF backbone and its joint head, with the options of one models.toml entry."""
 
-    def __init__(self, spec: ModelSpec, limits: Limits = Limits()):
-        self.spec = spec
+    def __init__(self, name: str, backbone: Backbone, embedding: OutputEmbedding, head: Head,
+                 encode_options: EncodeOptions, answer_options: AnswerOptions, limits: Limits = Limits()):
+        self.name = name
+        self.backbone = backbone
+        self.embedding = embedding
+        self.head = head
+        self.encode_options = encode_options
+        self.answer_options = answer_options
         self.limits = limits
-        spec.ensure_files()
-        self.head_config: HeadConfig = load_config(config_path_for(spec.head))
-        self.xp = array_module_for(spec.head_device)
-        self.params = load_params(spec.head, self.head_config, self.xp)
-        # warnings it is served with: the memory plan's here, integrity findings from integrity.load_checked
-        n_gpu_layers, self.warnings = gpu_layers_for(spec.gguf, spec.n_gpu_layers, spec.n_ctx, spec.n_seq_max,
-                                                     spec.n_ubatch, spec.head_device == "cuda",
-                                                     self.head_config.hidden_size)
-        self.backbone = Backbone(spec.gguf, BackboneOptions(
-            n_ctx=spec.n_ctx, n_gpu_layers=n_gpu_layers, n_seq_max=spec.n_seq_max, n_ubatch=spec.n_ubatch,
-            n_threads=spec.n_threads))
-        self.backbone_on_gpu = n_gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
-        if self.backbone.n_embd != self.head_config.hidden_size:
-            self.backbone.close()
-            raise PairMismatch(f"{spec.head}: the head expects hidden_size {self.head_config.hidden_size} but "
-                               f"{spec.gguf} has embedding length {self.backbone.n_embd}; this head belongs to "
-                               "another model")
-        self.embedding = OutputEmbedding(spec.gguf)
-        self.encode_options = EncodeOptions(
-            max_length=spec.max_length, truncate_state=spec.truncate_state,
-            parse_special_in_user_text=spec.parse_special_in_user_text, blind_ids=spec.question_ids == "blind")
-        self.answer_options = AnswerOptions(temperature=spec.temperature, confidence=spec.confidence)
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.backbone.options.n_seq_max
 
     def close(self) -> None:
         self.backbone.close()
@@ -116,10 +95,10 @@ class ClefModel:
 
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
         """The head's flat option logits for one prefilled request, on the host."""
-        xp = self.xp
+        xp = self.head.xp
         rows = self.embedding.rows(encoded.option_token_ids)  # [s, H]
-        out = joint_schema_head(xp.asarray(hidden), xp.asarray(rows), encoded.layout, self.head_config.heads,
-                                **self.params)
+        out = joint_schema_head(xp.asarray(hidden), xp.asarray(rows), encoded.layout, self.head.config.heads,
+                                **self.head.params)
         return out if xp is np else xp.asnumpy(out)
 
     def prefill_batch(self, batch: list[Prepared]) -> list[Prefilled]:

@@ -22,7 +22,7 @@ from .embedding import OutputEmbedding
 from .gguf_file import GGUFInfo, read_gguf
 from .paths import cache_dir
 
-PAIR_VERSION = 1
+PAIR_VERSION = 2  # 2 adds the canaries' hidden states (version 1 records are still read)
 FINGERPRINT_ROWS = 16
 FINGERPRINT_DIMS = 256
 # Measured on tests/fixturegen's backbones (tests/test_integrity.py prints the tiny ones):
@@ -36,6 +36,15 @@ MIN_ROW_COSINE = 0.98
 MAX_NORM_DIFF = 0.05
 MAX_CANARY_DIFF = 0.06
 WARN_CANARY_DIFF = 0.03
+# The canaries' last-layer hidden states (sampled tokens and dims), compared by mean (1 - cosine) per
+# token: the backbone's inner layers show there even when the head's probabilities barely move.
+# Measured on the tiny backbones (tests/test_integrity.py prints them):
+#   F16 0.0000, Q8_0 0.0000, Q4_K_M 0.0013; a fine-tune of the same base (inner weights changed by
+#   25%, embeddings/lm_head/final norm identical) 0.0121; another backbone ~0.97.
+MAX_STATE_DRIFT = 0.006
+WARN_STATE_DRIFT = 0.003
+STATE_TOKENS = 32
+STATE_DIMS = 256
 
 CANARY_REQUESTS = [
     {"model": "canary", "state": "The invoice was paid twice and the customer wants the money back today.",
@@ -155,6 +164,31 @@ def canary_probabilities(model: Any) -> list[dict[str, list[float]]]:
     return out
 
 
+def canary_states(model: Any) -> list[dict[str, Any]]:
+    """The canary requests' last-layer hidden states at sampled tokens and dims, through a loaded ClefModel."""
+    out = []
+    for request in CANARY_REQUESTS:
+        ids = model.prepare(request).encoded.input_ids
+        hidden = model.backbone.prefill(ids)  # [t, H]
+        tokens = np.unique(np.linspace(0, len(ids) - 1, min(STATE_TOKENS, len(ids))).astype(int))
+        dims = np.unique(np.linspace(0, hidden.shape[1] - 1, min(STATE_DIMS, hidden.shape[1])).astype(int))
+        out.append({"tokens": tokens.tolist(), "dims": dims.tolist(),
+                    "rows": np.round(hidden[np.ix_(tokens, dims)], 6).tolist()})
+    return out
+
+
+def state_drift(recorded: list[dict[str, Any]], current: list[dict[str, Any]]) -> float:
+    """Mean over the sampled tokens of 1 - cosine(recorded, current); 1.0 when the samples do not line up."""
+    drifts = []
+    for a, b in zip(recorded, current, strict=True):
+        x, y = np.array(a["rows"]), np.array(b["rows"])
+        if a["tokens"] != b["tokens"] or a["dims"] != b["dims"] or x.shape != y.shape:
+            return 1.0
+        cos = (x * y).sum(1) / np.maximum(np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1), 1e-12)
+        drifts.append(1.0 - cos)
+    return float(np.concatenate(drifts).mean())
+
+
 def canary_difference(recorded: list[dict[str, list[float]]], current: list[dict[str, list[float]]]) -> float:
     worst = 0.0
     for a, b in zip(recorded, current, strict=True):
@@ -175,8 +209,10 @@ def pair_record(gguf: str | Path, head: str | Path, model: Any) -> dict[str, Any
         "gguf_sha256": sha256_file(gguf),
         "fingerprint": fingerprint(gguf),
         "canaries": canary_probabilities(model),
+        "canary_states": canary_states(model),
         "tolerances": {"min_row_cosine": MIN_ROW_COSINE, "max_norm_diff": MAX_NORM_DIFF,
-                       "max_canary_diff": MAX_CANARY_DIFF, "warn_canary_diff": WARN_CANARY_DIFF},
+                       "max_canary_diff": MAX_CANARY_DIFF, "warn_canary_diff": WARN_CANARY_DIFF,
+                       "max_state_drift": MAX_STATE_DRIFT, "warn_state_drift": WARN_STATE_DRIFT},
     }
 
 

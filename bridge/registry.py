@@ -1,19 +1,29 @@
-"""models.toml: the registry of served models, parsed strictly into frozen dataclasses."""
+"""models.toml: the registry of served models, parsed strictly into frozen dataclasses.
+
+Each models.toml key maps onto one field of an options dataclass (BackboneOptions, EncodeOptions,
+AnswerOptions, Limits, ...), so every default is written once, in that dataclass. Validation
+collects every problem of the file and raises one RegistryError listing them with their keys.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from ..head.answer import AnswerOptions
+from ..head.encoder import EncodeOptions
 from ..head.errors import ClefError
 from ..head.schema import QUESTION_TYPES, Limits
+from .backbone import BackboneOptions
 
 LATEST = "jev-latest"
+DEFAULT_NAMES = (LATEST, "jev-preview")  # the names that mean the registry's default model
+CLOUDFLARE_NAMES = {4096: "clef-flash", 5120: "clef"}  # Workers AI's model names by backbone width
 
 
 class RegistryError(ClefError):
@@ -32,19 +42,11 @@ class UnknownModel(ClefError):
 class ModelSpec:
     name: str
     gguf: Path
-    head: Path  # joint_head_config.json lies beside it
-    n_ctx: int = 16384  # llama.cpp context: the token budget of one batched decode
-    n_gpu_layers: int | str = -1  # -1 = all layers on the GPU (when llama.cpp has one); "auto" = the fit plan
-    n_ubatch: int = 512
-    n_seq_max: int = 8  # requests per batched decode
-    n_threads: int = 0  # 0 = every core
-    max_length: int = 16384  # longest prompt accepted, in tokens
-    truncate_state: bool = False
-    temperature: dict[str, float] = field(default_factory=lambda: dict.fromkeys(QUESTION_TYPES, 1.0))
-    confidence: str = "reference"
-    question_ids: str = "prompt"
-    parse_special_in_user_text: bool = False
-    head_device: str = "cpu"
+    head: Path | None = None  # None: embedded in a clef GGUF, or joint_head.safetensors beside the GGUF
+    backbone: BackboneOptions = BackboneOptions()
+    encode: EncodeOptions = EncodeOptions()
+    answer: AnswerOptions = AnswerOptions()
+    head_device: str = "cpu"  # "cuda": the head runs on CuPy
     aliases: tuple[str, ...] = ()
     description: str = ""
     release_date: str = ""
@@ -52,13 +54,6 @@ class ModelSpec:
     head_sha256: str = ""
     pair: Path | None = None  # pairing record; default <gguf stem>.pair.json beside the GGUF when present
     builtin: str = ""  # "demo": the embedded demo model, built into the cache on first use
-
-    def ensure_files(self) -> None:
-        """Build the files of a built-in model if they are not there yet."""
-        if self.builtin == "demo":
-            from .demo import make_demo
-
-            make_demo(self.gguf.parent)
 
 
 @dataclass(frozen=True)
@@ -70,16 +65,7 @@ class ServerSpec:
     retry_after_s: int = 1  # the Retry-After sent with 429 and 503
     body_timeout_s: float = 30.0  # a client must deliver its body within this; slower ones get 408
     cache_size: int = 0  # answers kept for exact repeats (identical in-flight requests always share one run)
-    max_questions: int = 64
-    max_options: int = 255
-    max_levels: int = 10
-    max_state_bytes: int = 512 * 1024
-    max_json_depth: int = 64
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(self.max_questions, self.max_options, self.max_levels, self.max_state_bytes,
-                      self.max_json_depth)
+    limits: Limits = Limits()
 
 
 @dataclass(frozen=True)
@@ -89,46 +75,164 @@ class Registry:
     models: dict[str, ModelSpec]
     server: ServerSpec = ServerSpec()
 
-    def resolve(self, name: str) -> ModelSpec:
-        """The model a request's `model` field names: its name, an alias, or jev-latest (the default)."""
-        if name == LATEST:
-            return self.models[self.default]
-        for spec in self.models.values():
-            if name == spec.name or name in spec.aliases:
-                return spec
-        raise UnknownModel(f"model {name!r} is not served here; served: {', '.join(self.served_names())}")
 
-    def served_names(self) -> list[str]:
-        names = [LATEST]
-        for spec in self.models.values():
-            names += [spec.name, *spec.aliases]
-        return names
+# --- names -------------------------------------------------------------------------------------
 
+def name_table(registry: Registry, hidden_sizes: dict[str, int]) -> dict[str, str]:
+    """Every name a request may use -> the model it means.
 
-_TYPES: dict[str, Any] = {
-    "gguf": str, "head": str, "n_ctx": int, "n_gpu_layers": (int, str), "n_ubatch": int, "n_seq_max": int,
-    "n_threads": int, "max_length": int, "truncate_state": bool, "temperature": (int, float, dict),
-    "confidence": str, "question_ids": str, "parse_special_in_user_text": bool, "head_device": str,
-    "aliases": list, "description": str, "release_date": str, "gguf_sha256": str, "head_sha256": str, "pair": str,
-    "builtin": str,
-}
-_CHOICES = {"confidence": ("reference", "jev"), "question_ids": ("prompt", "blind"), "head_device": ("cpu", "cuda"),
-            "builtin": ("demo",)}
-_POSITIVE = ("n_ctx", "n_ubatch", "n_seq_max", "max_length")
+    Explicit names and aliases first; then jev-latest / jev-preview for the default model; then
+    Cloudflare's names (clef-flash for hidden 4096, clef for 5120; the demo answers to both) for the
+    default model when it has that width, else the first model that does.
+    """
+    table = {n: spec.name for spec in registry.models.values() for n in (spec.name, *spec.aliases)}
+    for n in DEFAULT_NAMES:
+        table.setdefault(n, registry.default)
+    order = [registry.default] + [n for n in registry.models if n != registry.default]
+    for hidden, cf_name in CLOUDFLARE_NAMES.items():
+        match = next((n for n in order if hidden_sizes.get(n) == hidden or registry.models[n].builtin == "demo"), None)
+        if match is not None:
+            table.setdefault(cf_name, match)
+    return table
 
 
-def _temperature(value: Any, where: str) -> dict[str, float]:
+def resolve(table: dict[str, str], name: str) -> str:
+    """The model a request's `model` field names."""
+    if name in table:
+        return table[name]
+    raise UnknownModel(f"model {name!r} is not served here; served: {', '.join(table)}")
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+class _Bad(Exception):
+    """One problem with one key's value (collected, then reported together)."""
+
+
+def _positive(value: Any) -> Any:
+    if value < 1:
+        raise _Bad(f"must be positive, got {value}")
+    return value
+
+
+def _non_negative(value: Any) -> Any:
+    if value < 0:
+        raise _Bad(f"must be 0 or more, got {value}")
+    return value
+
+
+def _one_of(*choices: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value not in choices:
+            raise _Bad(f"must be one of {list(choices)}, got {value!r}")
+        return value
+    return check
+
+
+def _gpu_layers(value: Any) -> Any:
+    if isinstance(value, str) and value != "auto":
+        raise _Bad(f"a number or \"auto\", got {value!r}")
+    return value
+
+
+def _sha256(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise _Bad("must be 64 hex digits")
+    return value.lower()
+
+
+def _date(value: str) -> str:
+    try:
+        if date.fromisoformat(value).isoformat() == value:
+            return value
+    except ValueError:
+        pass
+    raise _Bad(f"must be YYYY-MM-DD, got {value!r}")
+
+
+def _aliases(value: list) -> tuple[str, ...]:
+    if not all(isinstance(a, str) and a for a in value):
+        raise _Bad("must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _temperature(value: Any) -> dict[str, float]:
     if not isinstance(value, dict):
         value = dict.fromkeys(QUESTION_TYPES, value)
     unknown = sorted(set(value) - set(QUESTION_TYPES))
     if unknown:
-        raise RegistryError(f"{where}.temperature: unknown question type(s) {unknown}; use noul, choice, score")
+        raise _Bad(f"unknown question type(s) {unknown}; use noul, choice, score")
     out = dict.fromkeys(QUESTION_TYPES, 1.0)
     for key, t in value.items():
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 100:
-            raise RegistryError(f"{where}.temperature.{key}: must be a number between 0.01 and 100, got {t!r}")
+            raise _Bad(f"{key} must be a number between 0.01 and 100, got {t!r}")
         out[key] = float(t)
     return out
+
+
+@dataclass(frozen=True)
+class Key:
+    """One models.toml key: the dataclass field it sets ('' group = ModelSpec itself), its type, a check."""
+
+    group: str
+    field: str
+    types: Any
+    check: Callable[[Any], Any] | None = None
+
+
+MODEL_KEYS: dict[str, Key] = {
+    "gguf": Key("", "gguf", str), "head": Key("", "head", str), "pair": Key("", "pair", str),
+    "builtin": Key("", "builtin", str, _one_of("demo")),
+    "head_device": Key("", "head_device", str, _one_of("cpu", "cuda")),
+    "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
+    "release_date": Key("", "release_date", str, _date),
+    "gguf_sha256": Key("", "gguf_sha256", str, _sha256), "head_sha256": Key("", "head_sha256", str, _sha256),
+    "n_ctx": Key("backbone", "n_ctx", int, _positive),
+    "n_gpu_layers": Key("backbone", "n_gpu_layers", (int, str), _gpu_layers),
+    "n_ubatch": Key("backbone", "n_ubatch", int, _positive),
+    "n_seq_max": Key("backbone", "n_seq_max", int, _positive),
+    "n_threads": Key("backbone", "n_threads", int, _non_negative),
+    "max_length": Key("encode", "max_length", int, _positive),
+    "truncate_state": Key("encode", "truncate_state", bool),
+    "parse_special_in_user_text": Key("encode", "parse_special_in_user_text", bool),
+    "question_ids": Key("encode", "blind_ids", str, lambda v: _one_of("prompt", "blind")(v) == "blind"),
+    "temperature": Key("answer", "temperature", (int, float, dict), _temperature),
+    "confidence": Key("answer", "confidence", str, _one_of("reference", "jev")),
+}
+
+SERVER_KEYS: dict[str, Key] = {
+    "api_keys_file": Key("", "api_keys_file", str),
+    "max_body_bytes": Key("", "max_body_bytes", int, _positive),
+    "max_queue": Key("", "max_queue", int, _positive),
+    "request_timeout_s": Key("", "request_timeout_s", (int, float), _positive),
+    "retry_after_s": Key("", "retry_after_s", int, _positive),
+    "body_timeout_s": Key("", "body_timeout_s", (int, float), _positive),
+    "cache_size": Key("", "cache_size", int, _non_negative),
+    **{f.name: Key("limits", f.name, int, _positive) for f in fields(Limits)},
+}
+
+
+def _typed(value: Any, types: Any) -> bool:
+    wanted = types if isinstance(types, tuple) else (types,)
+    return isinstance(value, wanted) and not (isinstance(value, bool) and bool not in wanted)
+
+
+def _values(raw: dict[str, Any], keys: dict[str, Key], where: str, problems: list[str]) -> dict[str, dict]:
+    """Checked values grouped by the dataclass they go to; problems appended, not raised."""
+    groups: dict[str, dict] = {}
+    for name, value in raw.items():
+        key = keys.get(name)
+        if key is None:
+            problems.append(f"{where}.{name}: unknown key; known keys: {', '.join(sorted(keys))}")
+            continue
+        if not _typed(value, key.types):
+            problems.append(f"{where}.{name}: wrong type {type(value).__name__}")
+            continue
+        try:
+            groups.setdefault(key.group, {})[key.field] = key.check(value) if key.check else value
+        except _Bad as exc:
+            problems.append(f"{where}.{name}: {exc}")
+    return groups
 
 
 def _absolute(path: Path) -> Path:
@@ -137,95 +241,68 @@ def _absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
-def _is_date(text: str) -> bool:
-    try:
-        return date.fromisoformat(text).isoformat() == text
-    except ValueError:
-        return False
-
-
-def _model(name: str, raw: Any, base: Path, where: str) -> ModelSpec:
+def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> ModelSpec | None:
     if not isinstance(raw, dict):
-        raise RegistryError(f"{where}: must be a table")
-    unknown = sorted(set(raw) - set(_TYPES))
-    if unknown:
-        raise RegistryError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(_TYPES)}")
+        problems.append(f"{where}: must be a table")
+        return None
     if "builtin" in raw:
         if "gguf" in raw or "head" in raw:
-            raise RegistryError(f"{where}: a builtin model takes no gguf or head")
-        raw = {**demo_paths(), "description": _demo_description(), **raw}
-    for key in ("gguf", "head"):
-        if key not in raw:
-            raise RegistryError(f"{where}: missing required key {key!r}")
-    for key, value in raw.items():
-        want = _TYPES[key]
-        if isinstance(value, bool) and want is int or not isinstance(value, want):
-            raise RegistryError(f"{where}.{key}: wrong type {type(value).__name__}")
-        if key == "n_gpu_layers" and isinstance(value, str) and value != "auto":
-            raise RegistryError(f"{where}.n_gpu_layers: a number or \"auto\", got {value!r}")
-        if key in _CHOICES and value not in _CHOICES[key]:
-            raise RegistryError(f"{where}.{key}: must be one of {list(_CHOICES[key])}, got {value!r}")
-        if key in _POSITIVE and value < 1:
-            raise RegistryError(f"{where}.{key}: must be positive, got {value}")
-    values = dict(raw)
-    values["gguf"] = _absolute(base / raw["gguf"])
-    values["head"] = _absolute(base / raw["head"])
-    if "pair" in raw:
-        values["pair"] = _absolute(base / raw["pair"])
-    for key in ("gguf_sha256", "head_sha256"):
-        if key in raw and not re.fullmatch(r"[0-9a-fA-F]{64}", raw[key]):
-            raise RegistryError(f"{where}.{key}: must be 64 hex digits")
-    if "temperature" in raw:
-        values["temperature"] = _temperature(raw["temperature"], where)
-    if "aliases" in raw:
-        if not all(isinstance(a, str) and a for a in raw["aliases"]):
-            raise RegistryError(f"{where}.aliases: must be a list of non-empty strings")
-        values["aliases"] = tuple(raw["aliases"])
-    if "release_date" in raw and not _is_date(raw["release_date"]):
-        raise RegistryError(f"{where}.release_date: must be YYYY-MM-DD, got {raw['release_date']!r}")
-    spec = ModelSpec(name=name, **values)
-    if spec.max_length > spec.n_ctx:
-        raise RegistryError(f"{where}: max_length ({spec.max_length}) exceeds n_ctx ({spec.n_ctx}); a prompt that "
-                            "long could not be decoded: raise n_ctx or lower max_length")
+            problems.append(f"{where}: a builtin model takes no gguf or head")
+        from .demo import demo_entry
+
+        raw = {**demo_entry(), **{k: v for k, v in raw.items() if k not in ("gguf", "head")}}
+    elif "gguf" not in raw:
+        problems.append(f"{where}.gguf: missing: the backbone GGUF file (a path relative to models.toml) is "
+                        "required; `clef-bridge pull` writes complete entries")
+    count = len(problems)
+    groups = _values(raw, MODEL_KEYS, where, problems)
+    if len(problems) > count or "gguf" not in raw:
+        return None
+    top = groups.pop("", {})
+    for key in ("gguf", "head", "pair"):
+        if key in top:
+            top[key] = _absolute(base / top[key])
+    spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {})),
+                     encode=EncodeOptions(**groups.get("encode", {})), answer=AnswerOptions(**groups.get("answer", {})))
+    if spec.encode.max_length > spec.backbone.n_ctx:
+        problems.append(f"{where}: max_length ({spec.encode.max_length}) exceeds n_ctx ({spec.backbone.n_ctx}); a "
+                        "prompt that long could not be decoded: raise n_ctx or lower max_length")
     return spec
 
 
-_SERVER_TYPES: dict[str, Any] = {"api_keys_file": str, "max_body_bytes": int, "max_queue": int,
-                                 "request_timeout_s": (int, float), "retry_after_s": int,
-                                 "body_timeout_s": (int, float), "cache_size": int, "max_questions": int,
-                                 "max_options": int, "max_levels": int, "max_state_bytes": int,
-                                 "max_json_depth": int}
-
-
-def _server(raw: Any, base: Path, where: str) -> ServerSpec:
+def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec:
     if not isinstance(raw, dict):
-        raise RegistryError(f"{where}: must be a table")
-    unknown = sorted(set(raw) - set(_SERVER_TYPES))
-    if unknown:
-        raise RegistryError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(_SERVER_TYPES)}")
-    for key, value in raw.items():
-        if isinstance(value, bool) or not isinstance(value, _SERVER_TYPES[key]):
-            raise RegistryError(f"{where}.{key}: wrong type {type(value).__name__}")
-        if key != "api_keys_file" and (value < 0 or value == 0 and key != "cache_size"):  # cache_size 0: no cache
-            raise RegistryError(f"{where}.{key}: must be positive, got {value}")
-    values = dict(raw)
-    if "api_keys_file" in raw:
-        values["api_keys_file"] = _absolute(base / raw["api_keys_file"])
-    return ServerSpec(**values)
+        problems.append(f"{where}: must be a table")
+        return ServerSpec()
+    groups = _values(raw, SERVER_KEYS, where, problems)
+    top = groups.get("", {})
+    if "api_keys_file" in top:
+        top["api_keys_file"] = _absolute(base / top["api_keys_file"])
+    return ServerSpec(**top, limits=Limits(**groups.get("limits", {})))
 
 
-def demo_paths() -> dict[str, str]:
-    from .demo import DEMO_VERSION, demo_files
-    from .paths import cache_dir
+def model_spec(name: str, gguf: str | Path, head: str | Path | None = None, base: Path = Path("."),
+               **keys: Any) -> ModelSpec:
+    """A ModelSpec from models.toml keys (validated exactly as the file is), for commands and tests."""
+    raw = {"gguf": str(gguf), **({"head": str(head)} if head is not None else {}),
+           **{k: str(v) if isinstance(v, Path) else v for k, v in keys.items()}}
+    problems: list[str] = []
+    spec = _model(name, raw, base, f"models.{name}", problems)
+    if problems or spec is None:
+        raise RegistryError("\n".join(problems))
+    return spec
 
-    files = demo_files(cache_dir() / f"demo-v{DEMO_VERSION}")
-    return {"gguf": str(files.gguf), "head": str(files.head), "n_ctx": 8192, "max_length": 8192}
 
-
-def _demo_description() -> str:
-    from .demo import DEMO_DESCRIPTION
-
-    return DEMO_DESCRIPTION
+def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
+    """spec with some models.toml keys changed (validated like the file)."""
+    problems: list[str] = []
+    keys = {k: str(v) if isinstance(v, Path) else v for k, v in keys.items()}
+    groups = _values(keys, MODEL_KEYS, f"models.{spec.name}", problems)
+    if problems:
+        raise RegistryError("\n".join(problems))
+    top = groups.pop("", {})
+    nested = {g: replace(getattr(spec, g), **values) for g, values in groups.items()}
+    return replace(spec, **top, **nested)
 
 
 def demo_registry(path: Path) -> Registry:
@@ -234,24 +311,27 @@ def demo_registry(path: Path) -> Registry:
 
 
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
+    problems: list[str] = []
     unknown = sorted(set(raw) - {"default", "models", "server"})
     if unknown:
-        raise RegistryError(f"{path}: unknown top-level key(s) {unknown}; known: default, models, server")
+        problems.append(f"unknown top-level key(s) {unknown}; known: default, models, server")
     models_raw = raw.get("models")
     if not isinstance(models_raw, dict) or not models_raw:
-        raise RegistryError(f"{path}: no models; add a [models.NAME] table with gguf and head")
-    models = {name: _model(name, spec, path.parent, f"{path}: models.{name}") for name, spec in models_raw.items()}
-    default = raw.get("default", next(iter(models)))
-    if default not in models:
-        raise RegistryError(f"{path}: default = {default!r} is not one of the models {sorted(models)}")
+        raise RegistryError(f"{path}: no models; add a [models.NAME] table with at least gguf = \"...\"")
+    specs = {name: _model(name, spec, path.parent, f"models.{name}", problems) for name, spec in models_raw.items()}
+    default = raw.get("default", next(iter(models_raw)))
+    if default not in models_raw:
+        problems.append(f"default = {default!r} is not one of the models {sorted(models_raw)}")
     seen: dict[str, str] = {}
-    for spec in models.values():
+    for spec in filter(None, specs.values()):
         for n in (spec.name, *spec.aliases):
-            if n in seen or n == LATEST:
-                raise RegistryError(f"{path}: the name {n!r} is used twice (models.{seen.get(n, spec.name)})")
+            if n in seen or n in DEFAULT_NAMES:
+                problems.append(f"the name {n!r} is used twice (models.{seen.get(n, spec.name)})")
             seen[n] = spec.name
-    server = _server(raw.get("server", {}), path.parent, f"{path}: server")
-    return Registry(path=path, default=default, models=models, server=server)
+    server = _server(raw.get("server", {}), path.parent, "server", problems)
+    if problems:
+        raise RegistryError(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+    return Registry(path=path, default=default, models={n: s for n, s in specs.items() if s}, server=server)
 
 
 def load_registry(path: str | Path) -> Registry:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..head.errors import ClefError
-from .backbone import DecodeFailed
 from .pipeline import ClefModel, Decision, Prefilled, Prepared
 
 log = logging.getLogger("clef_bridge.worker")
@@ -61,8 +60,8 @@ class InferenceWorker:
     def __init__(self, model: ClefModel, max_queue: int, on_batch: Callable[[BatchStats], None] = lambda s: None,
                  overlap: bool | None = None):
         self.model = model
-        self.overlap = model.backbone_on_gpu if overlap is None else overlap
-        self.name = model.spec.name
+        self.overlap = model.backbone.on_gpu if overlap is None else overlap
+        self.name = model.name
         self.max_queue = max_queue
         self._on_batch = on_batch
         self._queue: collections.deque[Job] = collections.deque()
@@ -111,7 +110,7 @@ class InferenceWorker:
             while not self._queue and not self._stopping:
                 self._cv.wait()
             jobs = []
-            while self._queue and len(jobs) < self.model.spec.n_seq_max:
+            while self._queue and len(jobs) < self.model.n_seq_max:
                 jobs.append(self._queue.popleft())
             return jobs
 
@@ -151,18 +150,15 @@ class InferenceWorker:
     def _decide(self, batch: list[tuple[Job, Prepared]]) -> None:
         try:
             items = self.model.prefill_batch([p for _, p in batch])
-        except DecodeFailed as exc:
+        except Exception as exc:  # noqa: BLE001 - MemoryError and the unexpected too: one request must not sink others
             if len(batch) == 1:
+                if not isinstance(exc, ClefError):
+                    log.error("request failed in the backbone: %r", exc)
                 self._deliver(batch[0][0], exc)
                 return
-            log.warning("batch of %d failed (%s); retrying one request at a time", len(batch), exc)
+            log.warning("batch of %d failed (%r); retrying one request at a time", len(batch), exc)
             for item in batch:
                 self._decide([item])
-            return
-        except Exception as exc:  # noqa: BLE001
-            log.exception("batch of %d failed", len(batch))
-            for job, _ in batch:
-                self._deliver(job, exc)
             return
         self._on_batch(BatchStats(len(batch), sum(len(p.encoded.input_ids) for _, p in batch)))
         work = [(job, item) for (job, _), item in zip(batch, items)]

@@ -6,7 +6,6 @@ joint_schema_model.encode_record does, so spans line up token for token.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -14,7 +13,7 @@ import numpy as np
 
 from .errors import ContextLengthExceeded, Problem, RequestInvalid
 from .model import Layout
-from .schema import DecisionRequest
+from .schema import DecisionRequest, render
 
 SYSTEM_PROMPT = (
     "Read the complete state and schema. Decide every field jointly. Each answer "
@@ -42,12 +41,6 @@ class Encoded:
     layout: Layout
     option_token_ids: np.ndarray  # [s] int32, the ids inside every option span, concatenated
     state_tokens_dropped: int  # > 0 only with truncate_state
-
-
-def render(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def _user_tokens(tokenize: Tokenize, value: Any, parse_special: bool, loc: tuple) -> list[int]:

@@ -6,9 +6,13 @@ from dataclasses import dataclass
 
 
 class ClefError(Exception):
-    """Base of every error clef-bridge raises on purpose."""
+    """Base of every error clef-bridge raises on purpose; `fix` says what the user can do about it."""
 
     error_type = "clef_error"
+
+    def __init__(self, message: str = "", fix: str = ""):
+        super().__init__(message)
+        self.fix = fix
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +38,14 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def _state_bytes(state: Any) -> int:
-    from .encoder import render
+def render(value: Any) -> str:
+    """A text value as the prompt writes it: strings as they are, objects and arrays as compact sorted JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
+
+def _state_bytes(state: Any) -> int:
     try:
         return len(render(state).encode("utf-8", "surrogatepass"))
     except (TypeError, ValueError):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from clef_bridge.bridge.registry import ModelSpec
+from clef_bridge.bridge.registry import ModelSpec, model_spec
 
 from . import fixturegen
 
@@ -16,15 +15,24 @@ def fx() -> fixturegen.Fixtures:
     return fixturegen.build()
 
 
-def tiny_spec(fx: fixturegen.Fixtures, gguf: Path | None = None, **overrides) -> ModelSpec:
-    spec = ModelSpec(name="tiny", gguf=gguf or fx.gguf_f32, head=fx.head, n_ctx=8192, max_length=8192)
-    return replace(spec, **overrides)
+def tiny_spec(fx: fixturegen.Fixtures, gguf: Path | None = None, head: Path | None = None, **keys) -> ModelSpec:
+    """The tiny test model as a models.toml entry; keys are models.toml keys (n_ctx, max_length, ...)."""
+    return model_spec("tiny", gguf or fx.gguf_f32, head or fx.head, **({"n_ctx": 8192, "max_length": 8192} | keys))
+
+
+def open_spec(spec: ModelSpec):
+    """A model loaded the one checked way (pins, pairing record, canaries)."""
+    from clef_bridge.bridge.loading import load_checked
+
+    return load_checked(spec).model
+
+
+def open_tiny(fx: fixturegen.Fixtures, gguf: Path | None = None, **keys):
+    return open_spec(tiny_spec(fx, gguf, **keys))
 
 
 @pytest.fixture(scope="session")
 def tiny_model(fx):
-    from clef_bridge.bridge.pipeline import ClefModel
-
-    model = ClefModel(tiny_spec(fx))
+    model = open_tiny(fx)
     yield model
     model.close()

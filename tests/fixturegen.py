@@ -52,6 +52,7 @@ class Fixtures:
     gguf_q8_0: Path
     gguf_q4_k_m: Path
     gguf_other: Path  # another random backbone of identical shape (seed + 1)
+    gguf_finetune: Path  # a plausible fine-tune of the tiny backbone: same embeddings, lm_head, final norm
     head: Path  # joint_head.safetensors, with joint_head_config.json beside it
 
 
@@ -231,6 +232,7 @@ def build(root: Path = FIXTURES) -> Fixtures:
             vocab_out=vocab.with_suffix(".gguf.out"), tokenizer_dir=root / "tokenizer", hf_model=root / "tiny-hf",
             gguf_f32=root / "tiny-f32.gguf", gguf_f16=root / "tiny-f16.gguf", gguf_q8_0=root / "tiny-q8_0.gguf",
             gguf_q4_k_m=root / "tiny-q4_k_m.gguf", gguf_other=root / "tiny-other-f32.gguf",
+            gguf_finetune=root / "tiny-finetune-f32.gguf",
             head=root / "tiny-head" / "joint_head.safetensors",
         )
         if not _tokenizer_is_current(fx.tokenizer_dir):
@@ -258,9 +260,37 @@ def build(root: Path = FIXTURES) -> Fixtures:
             build_tiny_model(fx.tokenizer_dir, other, vocab_size=151936, seed=SEED + 1)
             convert(vendor, other, fx.gguf_other.with_suffix(".tmp"), "f32")
             fx.gguf_other.with_suffix(".tmp").rename(fx.gguf_other)
+        if not fx.gguf_finetune.exists():
+            _log(f"building {fx.gguf_finetune.name}")
+            tuned = root / "tiny-finetune-hf"
+            fine_tune(fx.hf_model, tuned, FINETUNE_NOISE, seed=SEED + 2)
+            convert(vendor, tuned, fx.gguf_finetune.with_suffix(".tmp"), "f32")
+            fx.gguf_finetune.with_suffix(".tmp").rename(fx.gguf_finetune)
         if not fx.head.exists():
             build_head(fx.head, TINY_HEAD, SEED)
         return fx
+
+
+FINETUNE_NOISE = 0.25  # relative change of every inner-layer weight
+
+
+def fine_tune(src: Path, out: Path, noise: float, seed: int) -> None:
+    """A same-family model with changed inner layers: what a fine-tune (full or merged LoRA) looks like to us.
+
+    The token embeddings, lm_head and final norm stay bit-identical, so the fingerprint of output
+    rows cannot tell it from its base; only the canaries can.
+    """
+    import torch
+    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(src, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".layers." in name and "visual" not in name:
+                p.add_(noise * p.abs().mean() * torch.randn(p.shape, generator=generator))
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
 
 
 @dataclass(frozen=True)

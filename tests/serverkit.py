@@ -7,22 +7,29 @@ import http.client
 import json
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
-from clef_bridge.bridge.pipeline import ClefModel
+from clef_bridge.bridge.appstate import Loader
+from clef_bridge.bridge.loading import Loaded
 from clef_bridge.bridge.registry import ModelSpec, Registry, ServerSpec
 from clef_bridge.bridge.server import RUNNER_OPTIONS, connection_options, create_app, load_models
+from clef_bridge.head.schema import Limits
+
+LIMIT_KEYS = {f.name for f in fields(Limits)}
 
 
 def registry_for(spec: ModelSpec, path: Path, **server: Any) -> Registry:
-    return Registry(path=path, default=spec.name, models={spec.name: spec}, server=ServerSpec(**server))
+    """A registry serving spec; server takes [server] keys of models.toml (limits included)."""
+    limits = Limits(**{k: v for k, v in server.items() if k in LIMIT_KEYS})
+    rest = {k: v for k, v in server.items() if k not in LIMIT_KEYS}
+    return Registry(path=path, default=spec.name, models={spec.name: spec}, server=ServerSpec(**rest, limits=limits))
 
 
 class RunningServer:
-    def __init__(self, registry: Registry, loader: Callable[[Registry], dict[str, ClefModel]] = load_models):
+    def __init__(self, registry: Registry, loader: Loader = load_models):
         self.registry = registry
         self.app = create_app(registry, loader)
         self.loop = asyncio.new_event_loop()
@@ -106,25 +113,33 @@ def strip_extensions(response: dict) -> dict:
     return {k: v for k, v in response.items() if not k.startswith("x_")}
 
 
-class SlowModel(ClefModel):
-    """A real model whose batches take at least `delay` seconds, counting what it decides."""
+class WrappedModel:
+    """A real, checked ClefModel with some methods overridden by a subclass; the rest passes through."""
 
-    delay = 0.5
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+class SlowModel(WrappedModel):
+    """A real, checked model whose batches take at least `delay` seconds, counting what it decides."""
+
+    def __init__(self, model, delay: float):
+        super().__init__(model)
+        self.delay, self.decided = delay, 0
 
     def prefill_batch(self, batch):
         time.sleep(self.delay)
-        self.decided = getattr(self, "decided", 0) + len(batch)
-        return super().prefill_batch(batch)
+        self.decided += len(batch)
+        return self._model.prefill_batch(batch)
 
 
-def slow_loader(delay: float) -> Callable[[Registry], dict[str, ClefModel]]:
-    def load(registry: Registry) -> dict[str, ClefModel]:
-        models = {}
-        for name, spec in registry.models.items():
-            model = SlowModel(spec)
-            model.delay = delay
-            models[name] = model
-        return models
+def slow_loader(delay: float) -> Loader:
+    def load(registry: Registry) -> dict[str, Loaded]:
+        loaded = load_models(registry)
+        return {name: replace(item, model=SlowModel(item.model, delay)) for name, item in loaded.items()}
     return load
 
 

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.registry import RegistryError, UnknownModel, load_registry
+from clef_bridge.bridge.registry import RegistryError, UnknownModel, load_registry, name_table, resolve
 from clef_bridge.head.config import HeadConfig, load_config
 from clef_bridge.head.encoder import EncodeOptions, encode
 from clef_bridge.head.errors import ClefError, ContextLengthExceeded, HeadConfigError, HeadWeightsError, RequestInvalid
@@ -201,17 +201,37 @@ def test_registry_resolves_relative_paths_aliases_and_latest(tmp_path):
     reg = load_registry(_registry(tmp_path, 'default = "b"\n[models.a]\ngguf = "a.gguf"\nhead = "h/a.st"\n'
                                   '[models.b]\ngguf = "/abs/b.gguf"\nhead = "b.st"\naliases = ["bee"]\n'
                                   'temperature = 0.5\n'))
-    assert reg.resolve("a").gguf == tmp_path / "a.gguf" and reg.resolve("a").head == tmp_path / "h" / "a.st"
-    assert reg.resolve("jev-latest").name == "b" and reg.resolve("bee").name == "b"
-    assert reg.resolve("b").temperature == {"noul": 0.5, "choice": 0.5, "score": 0.5}
+    assert reg.models["a"].gguf == tmp_path / "a.gguf" and reg.models["a"].head == tmp_path / "h" / "a.st"
+    assert reg.models["b"].answer.temperature == {"noul": 0.5, "choice": 0.5, "score": 0.5}
+    names = name_table(reg, {"a": 4096, "b": 64})
+    assert resolve(names, "jev-latest") == "b" and resolve(names, "jev-preview") == "b" and resolve(names, "bee") == "b"
+    assert resolve(names, "clef-flash") == "a"  # Cloudflare's name for the hidden-4096 model
     with pytest.raises(UnknownModel) as info:
-        reg.resolve("clef")
+        resolve(names, "clef")
     assert "'clef'" in str(info.value) and "bee" in str(info.value) and "jev-latest" in str(info.value)
 
 
+def test_cloudflare_names_prefer_the_default_and_yield_to_explicit_ones(tmp_path):
+    reg = load_registry(_registry(tmp_path, 'default = "b"\n[models.a]\ngguf = "a.gguf"\n'
+                                  '[models.b]\ngguf = "b.gguf"\n[models.c]\ngguf = "c.gguf"\naliases = ["clef"]\n'))
+    names = name_table(reg, {"a": 4096, "b": 4096, "c": 4096})
+    assert names["clef-flash"] == "b" and names["clef"] == "c"
+    assert "clef-flash" not in name_table(reg, {"a": 64, "b": 64, "c": 64})  # no model of that width
+
+
+def test_registry_lists_every_problem_with_its_key(tmp_path):
+    with pytest.raises(RegistryError) as info:
+        load_registry(_registry(tmp_path, '[models.a]\ngguf = "a"\nn_ctx = "big"\nconfidence = "max"\n'
+                                          '[models.b]\nhead = "h"\n[server]\nmax_queue = 0\n'))
+    text = str(info.value)
+    assert "4 problem(s)" in text
+    for key in ("models.a.n_ctx", "models.a.confidence", "models.b.gguf", "server.max_queue"):
+        assert key in text
+
+
 @pytest.mark.parametrize("text, fragment", [
-    ('[models.a]\ngguf = "a"\nhead = "h"\nn_ctxx = 5\n', "unknown key(s) ['n_ctxx']"),
-    ('[models.a]\ngguf = "a"\n', "missing required key 'head'"),
+    ('[models.a]\ngguf = "a"\nhead = "h"\nn_ctxx = 5\n', "models.a.n_ctxx: unknown key"),
+    ('[models.a]\nhead = "h"\n', "models.a.gguf: missing"),
     ('[models.a]\ngguf = "a"\nhead = "h"\nn_ctx = "big"\n', "models.a.n_ctx: wrong type"),
     ('[models.a]\ngguf = "a"\nhead = "h"\nn_ctx = true\n', "models.a.n_ctx: wrong type"),
     ('[models.a]\ngguf = "a"\nhead = "h"\nconfidence = "max"\n', "must be one of ['reference', 'jev']"),

@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 
 from clef_bridge.tools import bench
+from clef_bridge.tools.cli import main
 
 from .conftest import tiny_spec
 from .serverkit import RunningServer, registry_for
 
 
-def test_bench_measures_the_floor_on_the_same_tokens(fx, tmp_path, capsys, tiny_model):
+def test_bench_measures_the_floor_on_the_same_tokens(fx, tmp_path, tiny_model):
     with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml")) as srv:
-        code = bench.run(srv.url, [1, 2], 4, None, True, gguf=fx.gguf_f32, hf_dir=None, head=None, model="tiny")
-    result = json.loads(capsys.readouterr().out)
-    assert code == 0
+        outcome = bench.run(srv.url, [1, 2], 4, None, gguf=fx.gguf_f32, hf_dir=None, head=None, model="tiny")
+    result = outcome.to_dict()
+    assert outcome.ok
     assert [r["errors"] for r in result["runs"]] == [0, 0]
     ids = tiny_model.prepare(bench.router_request("tiny")).encoded.input_ids
     assert result["runs"][0]["input_tokens"] == len(ids) > 600  # the bare prefill's ids are these
@@ -25,7 +26,8 @@ def test_bench_measures_the_floor_on_the_same_tokens(fx, tmp_path, capsys, tiny_
 
 def test_bench_fails_and_reports_no_floor_when_requests_fail(fx, tmp_path, capsys):
     with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml")) as srv:
-        code = bench.run(srv.url, [1], 2, None, True, gguf=fx.gguf_f32, hf_dir=None, head=None, model="nope")
+        code = main(["bench", "--url", srv.url, "--concurrency", "1", "--requests", "2", "--gguf", str(fx.gguf_f32),
+                     "--model", "nope", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert code == 1
     assert result["runs"][0]["errors"] == 2

@@ -10,7 +10,7 @@ import pytest
 from clef_bridge.bridge.pipeline import ClefModel
 from clef_bridge.tools.reference import reference
 
-from .conftest import tiny_spec
+from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
 
 F32_TOLERANCE = 2e-3
@@ -65,14 +65,14 @@ def our_probabilities(model: ClefModel, request):
 
 @pytest.fixture(scope="module")
 def f16_model(fx):
-    model = ClefModel(tiny_spec(fx, gguf=fx.gguf_f16))
+    model = open_spec(tiny_spec(fx, gguf=fx.gguf_f16))
     yield model
     model.close()
 
 
 @pytest.fixture(scope="module")
 def q8_model(fx):
-    model = ClefModel(tiny_spec(fx, gguf=fx.gguf_q8_0))
+    model = open_spec(tiny_spec(fx, gguf=fx.gguf_q8_0))
     yield model
     model.close()
 

@@ -9,7 +9,6 @@ import tomllib
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.pipeline import ClefModel
 from clef_bridge.bridge.registry import load_registry
 from clef_bridge.head.answer import softmax64 as softmax
 from clef_bridge.tools.calibrate import calibrate_items
@@ -28,7 +27,7 @@ from clef_bridge.tools.metrics import (
     temperature_scaled,
 )
 
-from .conftest import tiny_spec
+from .conftest import open_spec, tiny_spec
 from .serverkit import RunningServer, registry_for
 
 
@@ -185,12 +184,12 @@ def test_calibrate_writes_models_toml(fx, tmp_path, capsys):
     assert "choice:" in out and "held-out NLL" in out and "ECE" in out
     raw = tomllib.loads(toml.read_text())["models"]["tiny"]
     assert set(raw["temperature"]) == {"choice", "noul", "score"}
-    assert load_registry(toml).models["tiny"].temperature == {k: float(v) for k, v in raw["temperature"].items()}
+    assert load_registry(toml).models["tiny"].answer.temperature == {k: float(v) for k, v in raw["temperature"].items()}
 
 
 def test_drift_matches_a_direct_computation(fx, capsys):
     requests = probe_requests(8)
-    a, b = ClefModel(tiny_spec(fx)), ClefModel(tiny_spec(fx, gguf=fx.gguf_q8_0))
+    a, b = open_spec(tiny_spec(fx)), open_spec(tiny_spec(fx, gguf=fx.gguf_q8_0))
     try:
         result = drift(a, b, requests)
         diffs, flips = [], 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from clef_bridge.bridge import llama_log
@@ -116,13 +117,19 @@ def test_auto_layers_and_the_context_warning(fx, monkeypatch):
     import llama_cpp
     from clef_bridge.bridge import fit
 
+    auto = BackboneOptions(n_ctx=4096, n_seq_max=1, n_gpu_layers="auto")
+    every = replace(auto, n_gpu_layers=-1)
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)
-    assert fit.gpu_layers_for(fx.gguf_f32, "auto", 4096, 1, 512, False, 64) == (0, [])  # a CPU build
+    assert fit.gpu_layers_for(fx.gguf_f32, auto, False, 64) == (0, [])  # a CPU build
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
+    monkeypatch.setattr(fit, "device_vram", lambda: None)  # no NVML: said, not silent
+    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, auto, False, 64)
+    assert layers == -1 and warnings[0].startswith("fit.no_nvml") and "nvidia-ml-py" in warnings[0]
+    assert fit.gpu_layers_for(fx.gguf_f32, every, False, 64) == (-1, [])  # a number needs no NVML
     monkeypatch.setattr(fit, "device_vram", lambda: 8 * GIB)
-    assert fit.gpu_layers_for(fx.gguf_f32, "auto", 4096, 1, 512, False, 64) == (-1, [])
+    assert fit.gpu_layers_for(fx.gguf_f32, auto, False, 64) == (-1, [])
     monkeypatch.setattr(fit, "device_vram", lambda: 560 * MIB)  # less than the margin plus the weights
-    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, "auto", 4096, 1, 512, False, 64)
+    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, auto, False, 64)
     assert 0 <= layers < 4 and len(warnings) == 1 and "largest context that fits" in warnings[0]
-    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, -1, 4096, 1, 512, False, 64)
+    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, every, False, 64)
     assert layers == -1 and 'set n_gpu_layers = "auto"' in warnings[0]

@@ -12,17 +12,19 @@ import subprocess
 import sys
 import time
 import types
+from dataclasses import replace
 
 import aiohttp
 import numpy as np
 import pytest
-from clef_bridge.bridge.backbone import DecodeFailed
+from clef_bridge.bridge.appstate import SERVED
 from clef_bridge.bridge.pipeline import ClefModel
-from clef_bridge.bridge.server import WORKERS
+from clef_bridge.bridge.server import load_models
 from clef_bridge.head.encoder import PREFIX
+from clef_bridge.head.errors import HeadConfigError
 
-from .conftest import tiny_spec
-from .serverkit import RunningServer, registry_for, strip_extensions
+from .conftest import open_spec, tiny_spec
+from .serverkit import RunningServer, WrappedModel, registry_for, strip_extensions
 from .test_end_to_end import oracle, reference_probabilities  # noqa: F401 - the oracle fixture
 from .test_server_clients import _free_port
 
@@ -41,8 +43,8 @@ def _control_ids(model: ClefModel) -> set[int]:
 
 
 def test_user_text_cannot_produce_control_tokens(fx, oracle):  # noqa: F811
-    plain = ClefModel(tiny_spec(fx))
-    reference_mode = ClefModel(tiny_spec(fx, parse_special_in_user_text=True))
+    plain = open_spec(tiny_spec(fx))
+    reference_mode = open_spec(tiny_spec(fx, parse_special_in_user_text=True))
     try:
         controls = _control_ids(plain)
         start = len(plain.backbone.tokenize(PREFIX, True))
@@ -80,45 +82,66 @@ def test_limits_are_configurable_and_named(fx, tmp_path):
         assert srv.post({"model": "tiny", "state": "x" * 90, "questions": {"q": {"type": "noul"}}}).status == 200
 
 
-class FaultyModel(ClefModel):
-    """A real model with injected faults: a decode failure, an out-of-memory, NaN from the head."""
+class FaultyModel(WrappedModel):
+    """A real, checked model with REAL faults: a request whose batch llama.cpp refuses (an out-of-vocabulary
+    token id put into its prompt), a MemoryError, an exception type the worker does not expect, NaN logits."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.batches: list[int] = []
+        self.nan_for: set[int] = set()
 
     def prefill_batch(self, batch):
-        self.batches = getattr(self, "batches", []) + [len(batch)]
+        self.batches.append(len(batch))
         time.sleep(0.2)
         states = [str(p.request.state) for p in batch]
-        if any("POISON" in s for s in states):
-            raise DecodeFailed(f"llama_decode failed with status -3 on {len(batch)} sequence(s)")
         if any("OOM" in s for s in states):
-            raise DecodeFailed(f"llama_decode failed with status -2 (out of memory) on {len(batch)} sequence(s)")
-        poisoned = {id(p.encoded) for p, s in zip(batch, states) if "NANHEAD" in s}
-        self.nan_for = getattr(self, "nan_for", set()) | poisoned
-        return super().prefill_batch(batch)
+            raise MemoryError("injected: the host is out of memory")
+        if any("SURPRISE" in s for s in states):
+            raise KeyError("injected: a bug the worker does not expect")
+        real = []
+        for p, s in zip(batch, states):
+            if "POISON" in s:  # llama_decode itself rejects the batch (invalid token id)
+                ids = p.encoded.input_ids.copy()
+                ids[len(ids) // 2] = self.backbone.n_vocab + 7
+                p = replace(p, encoded=replace(p.encoded, input_ids=ids))
+            real.append(p)
+        self.nan_for |= {id(p.encoded) for p, s in zip(batch, states) if "NANHEAD" in s}
+        return self._model.prefill_batch(real)
 
-    def logits(self, encoded, hidden):
-        out = super().logits(encoded, hidden)
-        return out * np.nan if id(encoded) in getattr(self, "nan_for", set()) else out
+    def finish(self, item):
+        if id(item.prepared.encoded) in self.nan_for:
+            decision = self._model.finish(replace(item, hidden=item.hidden * np.nan))
+            return decision
+        return self._model.finish(item)
 
 
 def faulty_loader(registry):
-    return {name: FaultyModel(spec) for name, spec in registry.models.items()}
+    return {name: replace(item, model=FaultyModel(item.model)) for name, item in load_models(registry).items()}
 
 
 def _request(state):
     return {"model": "tiny", "state": state, "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
 
 
-@pytest.mark.parametrize("poison", ["POISON", "OOM", "NANHEAD"])
+FAULTS = {"POISON": (503, "decode_failed"), "OOM": (503, "internal_error"), "NANHEAD": (503, "non_finite_output"),
+          "SURPRISE": (500, "internal_error")}
+
+
+@pytest.mark.parametrize("poison", sorted(FAULTS))
 def test_a_fault_fails_only_its_request_and_the_server_recovers(fx, tmp_path, poison):
     with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml"), faulty_loader) as srv:
         bad = srv.post(_request(f"this one is {poison}"))
-        assert bad.status == 503 and bad.headers["retry-after"] == "1"
-        assert bad.json()["detail"]["error_type"] in ("decode_failed", "non_finite_output")
+        status, error_type = FAULTS[poison]
+        assert bad.status == status and bad.json()["detail"]["error_type"] == error_type
+        if status == 503:
+            assert bad.headers["retry-after"] == "1"
         good = srv.post(_request("a healthy request"))
         assert good.status == 200 and math.isfinite(good.json()["answers"]["q"]["noul"])
 
 
-def test_a_poisonous_request_in_a_batch_of_8_fails_alone(fx, tmp_path):
+@pytest.mark.parametrize("poison", ["POISON", "OOM", "SURPRISE"])
+def test_a_poisonous_request_in_a_batch_of_8_fails_alone(fx, tmp_path, poison):
     with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml"), faulty_loader) as srv:
         async def main():
             async with aiohttp.ClientSession() as session:
@@ -127,13 +150,13 @@ def test_a_poisonous_request_in_a_batch_of_8_fails_alone(fx, tmp_path):
                         return resp.status
                 warm = asyncio.create_task(one("the first request keeps the worker busy"))
                 await asyncio.sleep(0.05)
-                states = [f"request {i}" for i in range(7)] + ["the POISON one"]
+                states = [f"request {i}" for i in range(7)] + [f"the {poison} one"]
                 results = await asyncio.gather(*(one(s) for s in states))
                 return await warm, results
 
         first, results = asyncio.run(main())
-        assert first == 200 and results == [200] * 7 + [503]
-        model = srv.app[WORKERS]["tiny"].model
+        assert first == 200 and results == [200] * 7 + [FAULTS[poison][0]]
+        model = srv.app[SERVED]["tiny"].worker.model
         assert 8 in model.batches  # they were batched together, then retried one at a time
         assert model.batches[model.batches.index(8) + 1:][:8] == [1] * 8
 
@@ -258,10 +281,10 @@ def test_the_cupy_path_runs_with_an_array_module_switch(fx, monkeypatch):
     """No GPU here: a numpy-backed stand-in for CuPy proves the head takes its array module from its
     inputs and converts at the edges (the GPU run is tools/gpu_check.sh)."""
     monkeypatch.setitem(sys.modules, "cupy", _cupy_shim())
-    on_device = ClefModel(tiny_spec(fx, head_device="cuda"))
-    on_host = ClefModel(tiny_spec(fx))
+    on_device = open_spec(tiny_spec(fx, head_device="cuda"))
+    on_host = open_spec(tiny_spec(fx))
     try:
-        assert type(on_device.params["hidden_norm"]["weight"]) is _ShimArray
+        assert type(on_device.head.params["hidden_norm"]["weight"]) is _ShimArray
         request = {"model": "tiny", "state": "switch", "questions": {
             "c": {"type": "choice", "criteria": {"a": "x", "b": "y", "c": None}},
             "s": {"type": "score", "criteria": ["lo", "mid", "hi"]}, "n": {"type": "noul"}}}
@@ -278,8 +301,9 @@ def test_the_cupy_path_runs_with_an_array_module_switch(fx, monkeypatch):
 
 def test_cuda_without_cupy_names_the_fix(fx, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)
-    with pytest.raises(Exception, match=r"pip install 'clef-bridge\[cuda\]'"):
-        ClefModel(tiny_spec(fx, head_device="cuda"))
+    with pytest.raises(HeadConfigError, match="needs CuPy") as info:
+        open_spec(tiny_spec(fx, head_device="cuda"))
+    assert "pip install 'clef-bridge[cuda]'" in info.value.fix
 
 
 def test_gpu_check_script_is_prepared(tmp_path):

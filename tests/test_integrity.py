@@ -9,22 +9,26 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.integrity import ModelRefused, load_checked
+from clef_bridge.bridge.integrity import ModelRefused
+from clef_bridge.bridge.loading import load_checked
 from clef_bridge.bridge.provenance import (
     MAX_CANARY_DIFF,
+    MAX_STATE_DRIFT,
     MIN_ROW_COSINE,
     canary_difference,
     canary_probabilities,
+    canary_states,
     compare_fingerprints,
     fingerprint,
     sha256_file,
+    state_drift,
 )
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.weights import load_state_dict, save_state_dict
 from clef_bridge.tools.cli import main
 from clef_bridge.tools.randomhead import random_state_dict
 
-from .conftest import tiny_spec
+from .conftest import open_spec, tiny_spec
 from .serverkit import RunningServer, registry_for
 
 
@@ -185,7 +189,7 @@ def test_scalar_out_of_range_is_a_warning(capsys, pair_dir):
     gguf = _rewrite_head(pair_dir, lambda f: f.update({"joint_logit_scale": np.float32(30.0).reshape(())}))
     code, doc = run_check(capsys, gguf)
     assert code == 0
-    assert [f["code"] for f in doc["reports"][0]["findings"]] == ["head.scalar_range"]
+    assert [f["code"] for f in doc["reports"][0]["findings"]] == ["head.scalar_range", "pair.no_record"]
 
 
 def test_missing_files_are_io_errors(capsys, fx, tmp_path):
@@ -221,6 +225,23 @@ def pairing(fx, tmp_path_factory):
     return path
 
 
+@pytest.mark.parametrize("name", ["gguf_f16", "gguf_q8_0", "gguf_q4_k_m"])
+def test_pairing_accepts_quantized_copies(capsys, fx, pairing, name):
+    code, doc = run_check(capsys, getattr(fx, name), "--head", fx.head, "--pair", pairing)
+    assert code == 0 and not codes(doc), doc
+    facts = doc["reports"][0]["facts"]
+    assert facts["canary_max_diff"] <= MAX_CANARY_DIFF and facts["canary_state_drift"] <= MAX_STATE_DRIFT
+
+
+def test_pairing_refuses_a_fine_tune_of_the_same_base(capsys, fx, pairing):
+    """Same embeddings, lm_head and final norm (the fingerprint passes), changed inner layers: the canaries refuse."""
+    code, doc = run_check(capsys, fx.gguf_finetune, "--head", fx.head, "--pair", pairing)
+    facts = doc["reports"][0]["facts"]
+    print(f"fine-tune: row cosine {facts['fingerprint_min_cosine']}, state drift {facts['canary_state_drift']}")
+    assert facts["fingerprint_min_cosine"] >= MIN_ROW_COSINE
+    assert code == 1 and codes(doc) == {"pair.canary_mismatch"}
+
+
 def test_pair_record_contents(pairing, fx):
     record = json.loads(pairing.read_text())
     assert record["head_sha256"] == sha256_file(fx.head)
@@ -252,21 +273,25 @@ def test_a_different_head_is_refused_by_the_record(capsys, fx, pairing, tmp_path
 
 def test_fingerprint_and_canary_tolerances(fx):
     """The numbers behind the tolerances in provenance.py, on the tiny backbones."""
-    from clef_bridge.bridge.pipeline import ClefModel
 
-    base = ClefModel(tiny_spec(fx))
-    record = {"fingerprint": fingerprint(fx.gguf_f32), "canaries": canary_probabilities(base)}
+    base = open_spec(tiny_spec(fx))
+    record = {"fingerprint": fingerprint(fx.gguf_f32), "canaries": canary_probabilities(base),
+              "states": canary_states(base)}
     base.close()
-    for name in ("gguf_f16", "gguf_q8_0", "gguf_q4_k_m", "gguf_other"):
-        model = ClefModel(tiny_spec(fx, gguf=getattr(fx, name)))
+    for name in ("gguf_f16", "gguf_q8_0", "gguf_q4_k_m", "gguf_finetune", "gguf_other"):
+        model = open_spec(tiny_spec(fx, gguf=getattr(fx, name)))
         cosine, norm = compare_fingerprints(record["fingerprint"], fingerprint(getattr(fx, name)))
         canary = canary_difference(record["canaries"], canary_probabilities(model))
+        drift = state_drift(record["states"], canary_states(model))
         model.close()
-        print(f"{name}: row cosine {cosine:.4f}, norm diff {norm:.4f}, canary max |dp| {canary:.4f}")
+        print(f"{name}: row cosine {cosine:.4f}, norm diff {norm:.4f}, canary max |dp| {canary:.4f}, "
+              f"hidden-state drift {drift:.4f}")
         if name == "gguf_other":
-            assert cosine < 0.5
+            assert cosine < 0.5 and drift > MAX_STATE_DRIFT
+        elif name == "gguf_finetune":  # the fingerprint cannot see it; the hidden states do
+            assert cosine >= MIN_ROW_COSINE and drift > MAX_STATE_DRIFT
         else:
-            assert cosine >= MIN_ROW_COSINE and canary <= MAX_CANARY_DIFF
+            assert cosine >= MIN_ROW_COSINE and canary <= MAX_CANARY_DIFF and drift <= MAX_STATE_DRIFT
 
 
 @pytest.mark.parametrize("case", ["headless", "hidden-size", "nan-head", "pin", "swapped-backbone"])

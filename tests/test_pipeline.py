@@ -8,14 +8,14 @@ import sys
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.pipeline import ClefModel, PairMismatch
+from clef_bridge.bridge.integrity import ModelRefused
 from clef_bridge.head.answer import jev_choice_confidence, jev_score_confidence
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.errors import ContextLengthExceeded
 from clef_bridge.head.weights import save_state_dict
 from clef_bridge.tools.randomhead import random_state_dict
 
-from .conftest import tiny_spec
+from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
 
 ROUTER = varied_requests()[22]
@@ -55,12 +55,13 @@ def test_head_for_another_backbone_is_refused(tmp_path, fx):
     head = tmp_path / "joint_head.safetensors"
     save_state_dict(head, random_state_dict(cfg))
     (tmp_path / "joint_head_config.json").write_text(json.dumps(vars(cfg)))
-    with pytest.raises(PairMismatch, match="hidden_size 128 .* embedding length 64"):
-        ClefModel(tiny_spec(fx, head=head))
+    with pytest.raises(ModelRefused, match="pair.hidden_size: the head expects hidden_size 128 .* embedding length "
+                       "is 64"):
+        open_spec(tiny_spec(fx, head=head))
 
 
 def test_over_length_request_through_the_model(fx):
-    model = ClefModel(tiny_spec(fx, max_length=120, n_ctx=512))
+    model = open_spec(tiny_spec(fx, max_length=120, n_ctx=512))
     try:
         with pytest.raises(ContextLengthExceeded) as info:
             model.decide(ROUTER)
@@ -74,7 +75,7 @@ def test_truncation_matches_the_reference(fx, tiny_model):
     from transformers import AutoTokenizer
 
     request = varied_requests()[21]  # a 400-word state
-    model = ClefModel(tiny_spec(fx, max_length=300, n_ctx=512, truncate_state=True))
+    model = open_spec(tiny_spec(fx, max_length=300, n_ctx=512, truncate_state=True))
     try:
         ours = model.prepare(request).encoded
         theirs = reference().encode_record(AutoTokenizer.from_pretrained(fx.tokenizer_dir), request, max_length=300)
@@ -86,7 +87,7 @@ def test_truncation_matches_the_reference(fx, tiny_model):
 
 
 def test_temperature_sharpens_without_moving_the_argmax(fx, tiny_model):
-    cold = ClefModel(tiny_spec(fx, temperature={"noul": 0.25, "choice": 0.25, "score": 1.0}))
+    cold = open_spec(tiny_spec(fx, temperature={"noul": 0.25, "choice": 0.25, "score": 1.0}))
     try:
         base, sharp = tiny_model.decide(ROUTER)["answers"], cold.decide(ROUTER)["answers"]
     finally:
@@ -112,7 +113,7 @@ def test_jev_confidence_formulas():
 
 
 def test_jev_confidence_mode(fx, tiny_model):
-    jev = ClefModel(tiny_spec(fx, confidence="jev"))
+    jev = open_spec(tiny_spec(fx, confidence="jev"))
     try:
         a, b = tiny_model.decide(ROUTER)["answers"], jev.decide(ROUTER)["answers"]
     finally:

@@ -24,7 +24,7 @@ NOUL = {"model": "tiny", "state": "s", "questions": {"q": {"type": "noul", "inst
 @pytest.fixture(scope="module")
 def server(fx, tmp_path_factory):
     path = tmp_path_factory.mktemp("srv") / "models.toml"
-    with RunningServer(registry_for(tiny_spec(fx, release_date="2026-10-01", aliases=("clef-flash",)),
+    with RunningServer(registry_for(tiny_spec(fx, release_date="2026-10-01", aliases=["clef-flash"]),
                                     path)) as srv:
         yield srv
 
@@ -53,9 +53,11 @@ def test_response_extensions_and_headers(server):
 
 
 def test_models_health_ready_openapi(server):
-    models = server.request("GET", "/v1/models").json()["models"]
-    assert models == [{"name": "tiny", "description": "Clef decision model tiny", "release_date": "2026-10-01",
-                       "x_aliases": ["clef-flash", "jev-latest"]}]
+    [model] = server.request("GET", "/v1/models").json()["models"]
+    warnings = model.pop("x_warnings")
+    assert model == {"name": "tiny", "description": "Clef decision model tiny", "release_date": "2026-10-01",
+                     "x_aliases": ["clef-flash", "jev-latest", "jev-preview"]}
+    assert [w.split(":")[0] for w in warnings] == ["pair.no_record"]  # the tiny pair has no pairing record
     assert server.request("GET", "/health").json() == {"status": "ok"}
     ready = server.request("GET", "/ready")
     assert ready.status == 200 and ready.json()["models"] == {"tiny": "ready"}
@@ -72,7 +74,7 @@ def test_unknown_model_is_404_naming_the_served_ones(server):
 
 
 def test_aliases_and_latest(server):
-    for name in ("jev-latest", "clef-flash", "tiny"):
+    for name in ("jev-latest", "jev-preview", "clef-flash", "tiny"):
         reply = server.post({**NOUL, "model": name})
         assert reply.status == 200 and reply.json()["model"] == name
 
@@ -210,8 +212,8 @@ def test_disconnected_client_is_dropped_from_the_queue(fx, tmp_path):
                 await asyncio.sleep(1.5)  # time for the worker to have reached the dropped job
 
         asyncio.run(main())
-        from clef_bridge.bridge.server import WORKERS
-        model = srv.app[WORKERS]["tiny"].model
+        from clef_bridge.bridge.appstate import SERVED
+        model = srv.app[SERVED]["tiny"].worker.model
         assert model.decided == 1  # the abandoned request never reached the backbone
         assert srv.metric("clef_requests_total", status="499") == 1
 

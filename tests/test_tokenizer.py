@@ -8,7 +8,8 @@ import unicodedata
 
 import pytest
 from clef_bridge.bridge.backbone import VocabOnly
-from clef_bridge.head.encoder import PREFIX, SCHEMA_HEADER, SUFFIX, render
+from clef_bridge.head.encoder import PREFIX, SCHEMA_HEADER, SUFFIX
+from clef_bridge.head.schema import render
 
 from .fixturegen import _vocab, qwen35_tokenizer
 

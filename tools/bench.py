@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,8 +179,21 @@ def reference_ms(hf_dir: Path, head: Path, body: dict, repeats: int, dtype: str)
     return median_ms(lambda: ref.systemone(model, processor, body), repeats)
 
 
-def run(url: str, concurrency: list[int], requests: int, api_key: str | None, as_json: bool,
-        gguf: Path | None, hf_dir: Path | None, head: Path | None, model: str, out: Path | None = None) -> int:
+@dataclass(frozen=True)
+class BenchResult:
+    result: dict[str, Any]  # url, runs (per concurrency), and the baselines asked for
+    notes: tuple[str, ...] = ()  # files written
+
+    @property
+    def ok(self) -> bool:
+        return all(r["errors"] == 0 for r in self.result["runs"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.result
+
+
+def run(url: str, concurrency: list[int], requests: int, api_key: str | None, gguf: Path | None,
+        hf_dir: Path | None, head: Path | None, model: str, out: Path | None = None) -> BenchResult:
     body = router_request(model)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     asyncio.run(_run(url, body, 1, 3, headers))  # warm-up
@@ -196,35 +208,13 @@ def run(url: str, concurrency: list[int], requests: int, api_key: str | None, as
             ref_ms = reference_ms(hf_dir, head, body, repeats, dtype)
             result[f"reference_{dtype}_ms"] = round(ref_ms, 2)
             result[f"http_over_reference_{dtype}"] = round(single.percentile(50) / ref_ms, 3)
-    if as_json:
-        print(json.dumps(result))
-    else:
-        _print(result)
+    notes: list[str] = []
     if out is not None:
         from .plots import latency_charts
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
-        note = latency_charts({r.concurrency: r.latencies_ms for r in runs},
-                              {r.concurrency: r.throughput for r in runs}, out / "bench.png")
-        print(note, file=sys.stderr)
-    return 0 if all(r.errors == 0 for r in runs) else 1
-
-
-def _print(result: dict[str, Any]) -> None:
-    print(f"clef-bridge bench against {result['url']}")
-    for r in result["runs"]:
-        print(f"  concurrency {r['concurrency']:3d}: {r['requests']} requests, {r['errors']} errors, "
-              f"p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
-              f"{r['throughput_rps']:.2f} req/s ({r['input_tokens']} tokens each)")
-        split = ", ".join(f"{k[:-3]} {v:.1f}" for k, v in r["server_split_ms"].items())
-        print(f"                   server split (median ms): {split}")
-    if "bare_prefill_ms" in result:
-        print(f"  bare llama.cpp prefill of the same tokens: {result['bare_prefill_ms']:.1f} ms, alternated with "
-              f"single requests (p50 {result['alternated_http_p50_ms']:.1f} ms): "
-              f"HTTP p50 / bare = {result['http_over_bare_prefill']:.3f}")
-    for dtype in ("float32", "bfloat16"):
-        if f"reference_{dtype}_ms" in result:
-            print(f"  Cloudflare's reference in-process ({dtype}): {result[f'reference_{dtype}_ms']:.1f} ms; "
-                  f"HTTP p50 / reference = {result[f'http_over_reference_{dtype}']:.3f}")
-    sys.stdout.flush()
+        notes.append(f"wrote {out / 'bench.json'}")
+        notes.append(latency_charts({r.concurrency: r.latencies_ms for r in runs},
+                                    {r.concurrency: r.throughput for r in runs}, out / "bench.png"))
+    return BenchResult(result, tuple(notes))

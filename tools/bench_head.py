@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import sys
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -18,37 +18,42 @@ TYPES, OPTIONS = [0, 1, 2, 1], [2, 7, 5, 5]
 LOGIT_TOLERANCE = 1e-3
 
 
-def run(tokens: int = 750, repeats: int = 7, as_json: bool = False) -> int:
+@dataclass(frozen=True)
+class HeadBench:
+    tokens: int
+    numpy_ms: float
+    torch_ms: float
+    max_logit_diff: float
+    torch_threads: int
+
+    @property
+    def ratio(self) -> float:
+        return self.numpy_ms / self.torch_ms
+
+    @property
+    def ok(self) -> bool:
+        return self.max_logit_diff <= LOGIT_TOLERANCE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "numpy_ms": round(self.numpy_ms, 2), "torch_ms": round(self.torch_ms, 2),
+                "ratio": round(self.ratio, 3), "max_logit_diff": self.max_logit_diff,
+                "logit_tolerance": LOGIT_TOLERANCE, "torch_threads": self.torch_threads}
+
+
+def run(tokens: int = 750, repeats: int = 7) -> HeadBench:
+    """Time our head and the reference's on the same random Clef-flash-shaped weights and inputs."""
     try:
         import torch
     except ImportError:
-        print("bench-head: the torch side needs the test extra: pip install -e '.[test]' && "
-              "pip install --no-deps clef-finetune==0.1.0", file=sys.stderr)
-        return 2
+        raise ReferenceUnavailable("bench-head's torch side needs the test extra", fix="pip install -e '.[test]' "
+                                   "&& pip install --no-deps clef-finetune==0.1.0") from None
     cfg = CLEF_FLASH_HEAD
     flat = random_state_dict(cfg, seed=0)
     params = unflatten(flat)
     layout = random_layout(tokens, TYPES, OPTIONS, seed=0)
     hidden, input_ids, output_embedding, rows = random_inputs(cfg, layout, tokens, seed=0, vocab=2048)
-    try:
-        head = torch_head(cfg, flat)
-    except ReferenceUnavailable as exc:
-        print(f"bench-head: {exc}", file=sys.stderr)
-        return 2
+    head = torch_head(cfg, flat)
     ours = lambda: joint_schema_head(hidden, rows, layout, cfg.heads, **params)  # noqa: E731
     theirs = lambda: reference_logits(head, hidden, input_ids, layout, output_embedding)  # noqa: E731
     diff = float(np.abs(ours() - theirs()).max())
-    numpy_ms = median_ms(ours, repeats)
-    torch_ms = median_ms(theirs, repeats)
-    result = {"tokens": tokens, "numpy_ms": round(numpy_ms, 2), "torch_ms": round(torch_ms, 2),
-              "ratio": round(numpy_ms / torch_ms, 3)}
-    if as_json:
-        print(json.dumps(result))
-    else:
-        print(f"joint head at Clef-flash shape, {tokens} tokens, 4 questions / 19 options, "
-              f"{torch.get_num_threads()} torch threads")
-        print(f"  numpy  median {numpy_ms:8.1f} ms")
-        print(f"  torch  median {torch_ms:8.1f} ms (Cloudflare's reference, float32)")
-        print(f"  ratio numpy/torch {numpy_ms / torch_ms:.3f}   max |logit diff| {diff:.2e} "
-              f"(tolerance {LOGIT_TOLERANCE:g})")
-    return 0 if diff <= LOGIT_TOLERANCE else 1
+    return HeadBench(tokens, median_ms(ours, repeats), median_ms(theirs, repeats), diff, torch.get_num_threads())

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -12,6 +12,8 @@ from .evaldata import Example, gold_index
 from .metrics import Decision, brier, ece, fit_temperature, nll, temperature_scaled
 
 SPLITS = 20
+MIN_ITEMS = 30  # fewer labelled decisions of a type: held-out halves of ~15 cannot tell temperatures apart
+T_BOUNDS = (0.05, 20.0)  # fit_temperature's search interval
 
 # one labelled question: its raw logits (prompt order) and the gold option's index there
 Item = tuple[np.ndarray, int]
@@ -30,8 +32,26 @@ class Calibration:
     after: dict[str, float]  # ... at the fitted one
 
     @property
+    def at_bound(self) -> bool:
+        return any(abs(self.fitted - b) / b < 0.01 for b in T_BOUNDS)
+
+    @property
     def accepted(self) -> bool:
-        return self.heldout_nll_fitted < self.heldout_nll_current
+        return self.n >= MIN_ITEMS and not self.at_bound and self.heldout_nll_fitted < self.heldout_nll_current
+
+    @property
+    def reason(self) -> str:
+        """Why the fitted temperature was declined ('' when accepted)."""
+        if self.n < MIN_ITEMS:
+            return (f"too little data: {self.n} labelled {self.kind} decisions, at least {MIN_ITEMS} are needed for "
+                    "held-out halves to tell temperatures apart")
+        if self.at_bound:
+            return (f"the fit hit its search bound ({self.fitted:.3g}, bounds {T_BOUNDS}): the labels and logits "
+                    "do not pin a temperature down (too little or degenerate data)")
+        if not self.heldout_nll_fitted < self.heldout_nll_current:
+            return (f"held-out NLL does not improve ({self.heldout_nll_current:.4f} -> "
+                    f"{self.heldout_nll_fitted:.4f})")
+        return ""
 
     @property
     def temperature(self) -> float:
@@ -77,18 +97,25 @@ def collect_items(model, examples: list[Example]) -> dict[str, list[Item]]:
     return items
 
 
-def write_temperature(models_toml: Path, name: str, temperatures: dict[str, float]) -> None:
-    """Set `temperature = {...}` in the [models.NAME] table, leaving the rest of the file as it is."""
-    text = models_toml.read_text(encoding="utf-8")
-    header = re.search(rf"^\[models\.{re.escape(name)}\]\s*$", text, flags=re.MULTILINE)
-    if header is None:
-        raise ValueError(f"{models_toml} has no [models.{name}] table")
-    end = re.search(r"^\[", text[header.end():], flags=re.MULTILINE)
-    body_end = header.end() + (end.start() if end else len(text) - header.end())
-    body = text[header.end():body_end]
-    line = "temperature = {" + ", ".join(f"{k} = {v:g}" for k, v in sorted(temperatures.items())) + "}"
-    if re.search(r"^temperature\s*=.*$", body, flags=re.MULTILINE):
-        body = re.sub(r"^temperature\s*=.*$", line, body, count=1, flags=re.MULTILINE)
-    else:
-        body = "\n" + line + body
-    models_toml.write_text(text[:header.end()] + body + text[body_end:], encoding="utf-8")
+@dataclass(frozen=True)
+class CalibrateResult:
+    model: str
+    calibrations: tuple[Calibration, ...]
+    temperatures: dict[str, float]  # what the model should use: accepted fits, current values elsewhere
+    written: Path | None  # the models.toml updated with --write
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "temperatures": self.temperatures,
+                "written": str(self.written) if self.written else None,
+                "types": [{**{k: v for k, v in vars(c).items()}, "accepted": c.accepted, "reason": c.reason}
+                          for c in self.calibrations]}
+
+
+def calibrate(model, examples: list[Example], current: dict[str, float]) -> tuple[Calibration, ...]:
+    """One Calibration per question type present in the labelled examples."""
+    items = collect_items(model, examples)
+    return tuple(calibrate_items(kind, kind_items, current[kind]) for kind, kind_items in sorted(items.items()))

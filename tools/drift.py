@@ -41,6 +41,22 @@ class DriftStats:
                 f"decisions_above_{CONFIDENT}": self.confident, f"flips_above_{CONFIDENT}": self.confident_flips}
 
 
+@dataclass(frozen=True)
+class DriftResult:
+    a: str
+    b: str
+    requests: int
+    source: str  # "built-in probes" or the data file
+    by_type: dict[str, dict[str, Any]]  # "all" and each question type: DriftStats.summary()
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "requests": self.requests, "source": self.source, **self.by_type}
+
+
 def drift(model_a, model_b, requests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per question type (and "all"): max and mean |dp|, argmax flips, flips among confident decisions."""
     stats: dict[str, DriftStats] = {"all": DriftStats()}

@@ -33,6 +33,10 @@ class Report:
     overall: dict[str, Any]
     decisions: dict[str, list[Decision]] = field(repr=False, default_factory=dict)
 
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
     def to_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "errors": len(self.errors), "error_examples": self.errors[:50],
                 "overall": self.overall, "by_type": self.by_type, "by_question": self.by_question}

@@ -10,12 +10,11 @@ import argparse
 import json
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from ..bridge.demo import DEMO_HEAD, Qwen35Dims, write_qwen35_gguf
-from ..bridge.pipeline import ClefModel
-from ..bridge.registry import ModelSpec
+from ..bridge.loading import load_checked
+from ..bridge.registry import model_spec, with_keys
 from ..head.config import CONFIG_NAME, HeadConfig
 from ..head.weights import save_state_dict
 from .bench import median_ms, router_request
@@ -46,18 +45,18 @@ def run(folder: Path, smoke: bool, repeats: int) -> dict:
     write_qwen35_gguf(gguf, dims, seed=0, name="gpu check", matrices="F32" if smoke else "F16")
     save_state_dict(head, random_state_dict(HeadConfig(**vars(head_cfg)), seed=0), "BF16")
     (folder / CONFIG_NAME).write_text(json.dumps(vars(head_cfg)))
-    base = ModelSpec(name="check", gguf=gguf, head=head, n_ctx=4096, max_length=4096)
+    base = model_spec("check", gguf, head, n_ctx=4096, max_length=4096)
     gpu_layers = 0 if smoke else -1
     device = "cpu" if smoke else "cuda"
     body = router_request(sentences=6 if not smoke else 3)
     requests = [body, {**body, "state": "short"}, {**body, "questions": dict(list(body["questions"].items())[:2])}]
-    cpu = ClefModel(replace(base, n_gpu_layers=0))
+    cpu = load_checked(with_keys(base, n_gpu_layers=0)).model
     reference = [cpu.decide(r) for r in requests]
     cpu.close()
     out = {"shape": "smoke" if smoke else "clef-flash head, hidden-4096 backbone"}
     first = "head on numpy (smoke)" if smoke else "head on cupy"
     for label, head_device in ((first, device), ("head on numpy", "cpu")):
-        model = ClefModel(replace(base, n_gpu_layers=gpu_layers, head_device=head_device))
+        model = load_checked(with_keys(base, n_gpu_layers=gpu_layers, head_device=head_device)).model
         try:
             diff = max(_max_diff(model.decide(r), ref) for r, ref in zip(requests, reference))
             tokens = len(model.prepare(body).encoded.input_ids)

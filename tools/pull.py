@@ -3,17 +3,17 @@ and add the model to models.toml."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..bridge.integrity import check_pair
-from ..bridge.provenance import pair_record, sha256_file
+from ..bridge.provenance import sha256_file
+from ..bridge.registry_file import add_model, has_model
 from ..head.config import CONFIG_NAME
 from ..head.errors import ClefError
+from .checks import pair_files
 
 RELEASES = {"clef-flash": "Cloudflare/clef-flash", "clef": "Cloudflare/clef"}
 HEAD_FILES = ("joint_head.safetensors", CONFIG_NAME)
@@ -61,26 +61,14 @@ def _download(repo: str, filename: str, revision: str | None, endpoint: str | No
     return path
 
 
-def _registry_text(models_toml: Path, name: str) -> str:
-    text = models_toml.read_text(encoding="utf-8") if models_toml.is_file() else f'default = "{name}"\n'
-    if re.search(rf"^\[models\.{re.escape(name)}\]", text, flags=re.MULTILINE):
-        raise PullError(f"{models_toml} already has [models.{name}]; remove it or pass --name")
-    return text
-
-
-def _append_entry(models_toml: Path, name: str, lines: dict[str, str]) -> None:
-    text = _registry_text(models_toml, name)
-    entry = "\n".join(f"{key} = {json.dumps(value)}" for key, value in lines.items())
-    models_toml.write_text(text.rstrip("\n") + f"\n\n[models.{name}]\n{entry}\n", encoding="utf-8")
-
-
 def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: str | None = None,
-         revision: str | None = None, load_model=None) -> Pulled:
-    """Download, verify, check and pair; then add the entry. load_model(gguf, head) gives a ClefModel."""
+         revision: str | None = None) -> Pulled:
+    """Download, verify, check and pair; then add the entry to models.toml."""
     if model not in RELEASES:
         raise PullError(f"unknown model {model!r}; pull knows {', '.join(RELEASES)}")
     name = name or model
-    _registry_text(models_toml, name)  # refuse a taken name before downloading gigabytes
+    if has_model(models_toml, name):  # refuse a taken name before downloading gigabytes
+        raise PullError(f"{models_toml} already has [models.{name}]", fix="remove that table or pass --name")
     endpoint = os.environ.get("HF_ENDPOINT")
     cache_dir = os.environ.get("HF_HUB_CACHE")
     head_repo = RELEASES[model]
@@ -94,16 +82,11 @@ def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: st
         problems = "; ".join(f"{f.code}: {f.message}" for f in report.findings if f.level == "error")
         raise PullError(f"{gguf_repo}/{gguf_file} and {head_repo}'s head do not belong together: {problems}")
     pair_path = models_toml.resolve().parent / f"{name}.pair.json"
-    clef = load_model(gguf, head)
-    try:
-        record = pair_record(gguf, head, clef)
-    finally:
-        clef.close()
-    pair_path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    _append_entry(models_toml, name, {
+    paired = pair_files(gguf, head, pair_path)
+    record = {"gguf_sha256": sha256_file(gguf), "head_sha256": paired.head_sha256}
+    add_model(models_toml, name, {
         "gguf": str(gguf), "head": str(head), "gguf_sha256": record["gguf_sha256"],
         "head_sha256": record["head_sha256"], "pair": str(pair_path),
         "description": f"{model} from {gguf_repo}/{gguf_file} with the head of {head_repo}",
     })
-    print(f"added [models.{name}] to {models_toml}", file=sys.stderr)
     return Pulled(name, gguf, head, record["gguf_sha256"], record["head_sha256"], pair_path, models_toml)

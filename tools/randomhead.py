@@ -9,7 +9,6 @@ from ..head.config import HeadConfig
 from ..head.model import Layout
 
 CLEF_FLASH_HEAD = HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
-CLEF_HEAD = HeadConfig(hidden_size=5120, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
 
 SCALARS = {"prior_logit_scale": 0.7, "joint_logit_scale": 1.5, "residual_gate": 0.5}
 

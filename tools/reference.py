@@ -16,15 +16,17 @@ from typing import Any
 import numpy as np
 
 from ..head.config import HeadConfig
+from ..head.errors import ClefError
 from ..head.model import Layout
 
 REFERENCE_SHA256 = "0e304cf7c6500e8bb59bef7e2afd2c6373f82596dfb3b57d1aa93c175e2dc3a3"
-INSTALL_HINT = ("the reference needs the test extra: pip install -e '.[test]' && "
-                "pip install --no-deps clef-finetune==0.1.0")
+INSTALL_HINT = "pip install -e '.[test]' && pip install --no-deps clef-finetune==0.1.0"
 
 
-class ReferenceUnavailable(RuntimeError):
+class ReferenceUnavailable(ClefError):
     """torch or clef-finetune is not installed."""
+
+    error_type = "reference_unavailable"
 
 
 @cache
@@ -32,7 +34,7 @@ def reference() -> Any:
     """The joint_schema_model module; refuses a vendored file whose sha256 drifted."""
     for package in ("torch", "clef_finetune"):
         if importlib.util.find_spec(package) is None:
-            raise ReferenceUnavailable(f"{package} is not installed: {INSTALL_HINT}")
+            raise ReferenceUnavailable(f"{package} is not installed", fix=INSTALL_HINT)
     spec = importlib.util.find_spec("clef_finetune")
     path = Path(spec.origin).parent / "_vendor" / "joint_schema_model.py"
     digest = hashlib.sha256(path.read_bytes()).hexdigest()

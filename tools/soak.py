@@ -4,7 +4,6 @@ latency over time. A command to run and read, not a unit test."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -19,6 +18,8 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+
+from ..head.errors import ClefError
 
 WORDS = ("invoice refund printer outage password upgrade contract delivery dashboard export account "
          "billing urgent broken slow error please thanks yesterday again customer").split()
@@ -116,8 +117,46 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(requests: int, concurrency: int, models: Path | None, warmup: float, seed: int, as_json: bool) -> int:
-    """Start `clef-bridge serve` (the demo without --models), soak it, stop it, report."""
+class SoakError(ClefError):
+    error_type = "soak_error"
+
+
+RSS_GROWTH_MAX_PCT = 5.0  # memory after warm-up may grow this much by the end
+P99_DRIFT_MAX = 1.2  # last minute's p99 over the first minute's
+
+
+@dataclass(frozen=True)
+class SoakVerdict:
+    summary: dict[str, Any]
+    failures: tuple[str, ...]  # one line per threshold that failed, naming it
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.ok else "FAIL: " + "; ".join(self.failures)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary, "thresholds": {"errors": 0, "rss_growth_pct": RSS_GROWTH_MAX_PCT,
+                                               "p99_last_over_first": P99_DRIFT_MAX}, "verdict": self.verdict}
+
+
+def judge(summary: dict[str, Any]) -> SoakVerdict:
+    failures = []
+    if summary["errors"]:
+        failures.append(f"{summary['errors']} of {summary['requests']} requests failed (threshold: 0)")
+    if summary["rss_growth_pct"] >= RSS_GROWTH_MAX_PCT:
+        failures.append(f"RSS grew {summary['rss_growth_pct']}% after warm-up (threshold: < {RSS_GROWTH_MAX_PCT}%)")
+    if not summary["p99_last_over_first"] <= P99_DRIFT_MAX:
+        failures.append(f"p99 of the last minute is {summary['p99_last_over_first']}x the first minute's "
+                        f"(threshold: <= {P99_DRIFT_MAX}x)")
+    return SoakVerdict(summary, tuple(failures))
+
+
+def run(requests: int, concurrency: int, models: Path | None, warmup: float, seed: int) -> SoakVerdict:
+    """Start `clef-bridge serve` (the demo without --models), soak it, stop it, judge it."""
     port = _free_port()
     command = [sys.executable, "-m", "clef_bridge.tools.cli", "serve", "--port", str(port)]
     if models:
@@ -132,18 +171,10 @@ def run(requests: int, concurrency: int, models: Path | None, warmup: float, see
                     break
             except OSError:
                 if time.time() > deadline or server.poll() is not None:
-                    print("soak: the server did not start", file=sys.stderr)
-                    return 2
+                    raise SoakError("the server did not start", fix=f"run `{' '.join(command[2:])}` to see why")
                 time.sleep(0.3)
         result = asyncio.run(_drive(url, server.pid, requests, concurrency, seed))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(120)
-    summary = result.summary(warmup)
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        for key, value in summary.items():
-            print(f"  {key:24s} {value}")
-    ok = summary["errors"] == 0 and summary["rss_growth_pct"] < 5 and summary["p99_last_over_first"] <= 1.2
-    return 0 if ok else 1
+    return judge(result.summary(warmup))

@@ -1,0 +1,37 @@
+"""What the aiohttp app holds, as typed web.AppKeys (one place, so middleware and handlers share them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from aiohttp import web
+
+from .auth import ApiKeys
+from .coalesce import Coalescer
+from .loading import Loaded
+from .metrics import Metrics
+from .registry import ModelSpec, Registry
+from .worker import InferenceWorker
+
+
+@dataclass(frozen=True)
+class Served:
+    """One loaded model as the server runs it."""
+
+    spec: ModelSpec
+    worker: InferenceWorker
+    warnings: tuple[str, ...]
+    hidden_size: int
+    release_date: str  # YYYY-MM-DD, read at load time (no stat() on the event loop)
+
+
+Loader = Callable[[Registry], dict[str, Loaded]]
+
+REGISTRY = web.AppKey("registry", Registry)
+METRICS = web.AppKey("metrics", Metrics)
+KEYS = web.AppKey("keys", ApiKeys)
+LOADER = web.AppKey("loader", Loader)  # type: ignore[type-abstract]
+SERVED = web.AppKey("served", dict[str, Served])
+NAMES = web.AppKey("names", dict[str, str])  # every accepted model name -> the served model it means
+COALESCER = web.AppKey("coalescer", Coalescer)

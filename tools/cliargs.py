@@ -1,0 +1,121 @@
+"""The argument parser of `clef-bridge` (kept apart from cli.py, which runs the commands)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand with its flags (each flag has help=); dispatch is the caller's."""
+    parser = argparse.ArgumentParser(prog="clef-bridge", description="Self-hosted Clef decision models: a llama.cpp "
+                                     "GGUF backbone with Clef's joint schema head.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="serve the System One API for every model in models.toml")
+    p.add_argument("--models", type=Path, help="the model registry (default: ./models.toml; without one, the "
+                                              "built-in demo model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8792, help="port to listen on (default: 8792)")
+
+    p = sub.add_parser("fit", help="GPU memory plan for a GGUF and its head (exit 0 fits, 1 does not)")
+    p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF")
+    p.add_argument("--arch", choices=["clef-flash", "clef"], help="plan from published dimensions instead of a file")
+    p.add_argument("--quant", default="Q8_0", help="quantization for --arch: F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M "
+                                                   "(default: Q8_0)")
+    p.add_argument("--vram", help="GPU memory to plan for, e.g. 16GiB (default: free memory read through NVML)")
+    p.add_argument("--ctx", type=int, default=16384, help="context (n_ctx) in tokens (default: 16384)")
+    p.add_argument("--parallel", type=int, default=1, help="sequences decoded together (n_seq_max, default: 1)")
+    p.add_argument("--ubatch", type=int, default=512, help="llama.cpp's n_ubatch (default: 512)")
+    p.add_argument("--head-on-gpu", action="store_true", help="count the head on the GPU (head_device = cuda)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "
+                                    "check, pair, and add it to models.toml")
+    p.add_argument("model", choices=["clef-flash", "clef"], help="which Clef release the head comes from")
+    p.add_argument("--gguf-repo", help="hub repository holding the backbone GGUF")
+    p.add_argument("--gguf-file", help="the GGUF's file name in that repository")
+    p.add_argument("--revision", help="revision of the release repository (default: main)")
+    p.add_argument("--name", help="name of the models.toml entry (default: the model)")
+    p.add_argument("--models", type=Path, default=Path("models.toml"), help="the registry to add the entry to "
+                                                                            "(default: ./models.toml)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("make-demo", help="write the small random demo model (GGUF, head, models.toml) to a folder")
+    p.add_argument("folder", type=Path, help="where to write it")
+    p.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same files (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("check", help="refuse a GGUF without its matching head (exit 0 accepted, 1 refused, "
+                                     "2 usage or I/O error)")
+    p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF to check")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors (default: look beside the GGUF)")
+    p.add_argument("--pair", type=Path, help="a pairing record from `clef-bridge pair` "
+                                            "(default: <gguf stem>.pair.json beside the GGUF, if present)")
+    p.add_argument("--models", type=Path, help="check every model of this registry instead of one GGUF")
+    p.add_argument("--json", action="store_true", help="print one JSON document with every finding")
+
+    p = sub.add_parser("pair", help="write a pairing record: head sha256, backbone fingerprint, canary probes")
+    p.add_argument("gguf", type=Path, help="the backbone GGUF")
+    p.add_argument("head", type=Path, help="its joint_head.safetensors")
+    p.add_argument("-o", "--output", type=Path, help="where to write (default: <gguf stem>.pair.json beside the GGUF)")
+
+    p = sub.add_parser("decide", help="answer one System One request from a JSON file, printing the response")
+    p.add_argument("--models", default="models.toml", help="the model registry (default: ./models.toml)")
+    p.add_argument("--model", default="jev-latest", help="model name or alias (default: the registry's default)")
+    p.add_argument("--compact", action="store_true", help="print the response on one line")
+    p.add_argument("request", help="a JSON file holding the request body ({model, state, questions})")
+
+    p = sub.add_parser("bench", help="latency and throughput of a running server, with optional baselines")
+    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8792")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default: 1,4,16)")
+    p.add_argument("--requests", type=int, default=40, help="requests per concurrency level (default: 40)")
+    p.add_argument("--model", default="jev-latest", help="model name to send (default: jev-latest)")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer")
+    p.add_argument("--gguf", type=Path, help="also time the bare llama.cpp prefill of the same tokens with this GGUF")
+    p.add_argument("--reference", type=Path, metavar="HF_DIR",
+                   help="also time Cloudflare's reference code on this transformers model (needs --head)")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors for --reference")
+    p.add_argument("--out", type=Path, help="write latency and throughput charts (PNG, needs matplotlib) here")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    p = sub.add_parser("soak", help="many mixed requests against a fresh server, watching memory, descriptors "
+                                    "and tail latency (exit 0 when stable)")
+    p.add_argument("--requests", type=int, default=20000, help="requests in all (default: 20000)")
+    p.add_argument("--concurrency", type=int, default=8, help="parallel clients (default: 8)")
+    p.add_argument("--models", type=Path, help="the registry to serve (default: the built-in demo)")
+    p.add_argument("--warmup", type=float, default=60.0, help="seconds before memory is compared (default: 60)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("eval", help="accuracy, calibration and coverage on labelled data (errors first)")
+    p.add_argument("--data", type=Path, required=True, help="JSONL of {\"request\": ..., \"labels\": ...}")
+    p.add_argument("--url", help="a running server to evaluate")
+    p.add_argument("--models", type=Path, help="or a registry, to run a model in this process")
+    p.add_argument("--model", help="the model name, with --models")
+    p.add_argument("--out", type=Path, help="write report.json, report.md and charts here")
+    p.add_argument("--concurrency", type=int, default=4, help="parallel requests with --url (default: 4)")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer with --url")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("calibrate", help="fit a temperature per question type on labelled data")
+    p.add_argument("--data", type=Path, required=True, help="JSONL of labelled requests")
+    p.add_argument("--models", type=Path, required=True, help="the registry holding the model")
+    p.add_argument("--model", required=True, help="the model to calibrate")
+    p.add_argument("--write", action="store_true", help="store the accepted temperatures in models.toml")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("drift", help="how much a second backbone (e.g. a coarser quantization) moves answers")
+    p.add_argument("gguf_a", type=Path, help="the reference backbone, e.g. F16")
+    p.add_argument("gguf_b", type=Path, help="the backbone to compare, e.g. Q4_K_M")
+    p.add_argument("--head", type=Path, required=True, help="joint_head.safetensors used with both")
+    p.add_argument("--data", type=Path, help="labelled or unlabelled requests (JSONL; default: built-in probes)")
+    p.add_argument("--ctx", type=int, default=8192, help="n_ctx for both backbones (default: 8192)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("bench-head", help="time the numpy head against the reference torch head at Clef-flash shape")
+    p.add_argument("--tokens", type=int, default=750, help="prompt length in tokens (default: 750)")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs per side; medians are reported (default: 7)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return parser
+

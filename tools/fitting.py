@@ -1,0 +1,61 @@
+"""fit: a GPU memory plan for a GGUF (with the head that lies beside it) or for published dimensions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..bridge.fit import ARCHES, HEAD_BYTES_PER_PARAM, Arch, Plan, arch_from_gguf, arch_preset, head_params, plan
+from ..bridge.gguf_file import read_gguf
+from ..bridge.integrity import find_head
+from ..head.config import config_path_for, load_config
+from ..head.errors import ClefError
+
+
+class FitError(ClefError):
+    error_type = "fit_error"
+
+
+@dataclass(frozen=True)
+class FitReport:
+    plan: Plan
+    arch: Arch
+    vram_bytes: int
+    head_on_gpu: bool
+    head_bytes_float32: int  # the loaded head's size, wherever it runs
+    head_source: str  # where its size comes from
+
+    @property
+    def ok(self) -> bool:
+        return self.plan.fits
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.summary(), "head_bytes_float32": self.head_bytes_float32, "head_source": self.head_source}
+
+
+def _head_size(gguf: Path, hidden: int) -> tuple[int, str]:
+    """Parameters of the head beside the GGUF (its config), else the released head at this width."""
+    head = find_head(gguf)
+    if head is not None and config_path_for(head).is_file():
+        cfg = load_config(config_path_for(head))
+        return head_params(cfg.hidden_size, cfg.width, cfg.routing_layers, cfg.layers, cfg.feedforward), str(head)
+    return head_params(hidden), f"the released head's shape at hidden {hidden} (no head beside the GGUF)"
+
+
+def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: int, parallel: int, ubatch: int,
+        head_on_gpu: bool) -> FitReport:
+    if (gguf is None) == (arch_name is None):
+        raise FitError("give a GGUF or --arch NAME (not both)")
+    if arch_name is not None:
+        try:
+            arch = arch_preset(arch_name, quant)
+        except KeyError as exc:
+            raise FitError(exc.args[0]) from None
+        params, source = head_params(ARCHES[arch_name]["head_hidden"]), f"the released {arch_name} head"
+    else:
+        arch = arch_from_gguf(read_gguf(gguf))
+        params, source = _head_size(gguf, arch.n_embd)
+    head_bytes = params * HEAD_BYTES_PER_PARAM
+    result = plan(arch, vram, ctx, parallel, ubatch, head_bytes=head_bytes if head_on_gpu else 0)
+    return FitReport(result, arch, vram, head_on_gpu, head_bytes, source)

@@ -1,0 +1,161 @@
+"""Text for people: one renderer per result type (the CLI prints what these return; --json prints to_dict())."""
+
+from __future__ import annotations
+
+from functools import singledispatch
+from typing import Any
+
+from ..bridge.demo import DemoFiles
+from ..bridge.fit import GIB, MIB
+from ..bridge.integrity import Report
+from .bench import BenchResult
+from .bench_head import LOGIT_TOLERANCE, HeadBench
+from .calibrate import SPLITS, CalibrateResult
+from .checks import CheckResult, PairResult
+from .drift import CONFIDENT, DriftResult
+from .evaluate import Report as EvalReport
+from .evaluate import markdown
+from .fitting import FitReport
+from .pull import Pulled
+from .soak import SoakVerdict
+
+
+@singledispatch
+def text(result: Any) -> str:
+    raise TypeError(f"no text renderer for {type(result).__name__}")
+
+
+def report_lines(report: Report, name: str | None) -> list[str]:
+    title = f"model {name}: " if name else ""
+    lines = [f"{title}{report.gguf} + {report.head or '(no head)'}: {'ACCEPTED' if report.accepted else 'REFUSED'}"]
+    for f in report.findings:
+        lines.append(f"  {f.level.upper():7s} {f.code}: {f.message}")
+        if f.fix:
+            lines.append(f"          fix: {f.fix}")
+    facts = report.facts
+    if report.accepted and facts.get("architecture"):
+        lines.append(f"  {facts.get('architecture')}, hidden {facts.get('embedding_length')}, "
+                     f"{facts.get('block_count')} layers ({facts.get('full_attention_layers')} full attention), "
+                     f"vocab {facts.get('vocab_size')}")
+    return lines
+
+
+@text.register
+def _(result: CheckResult) -> str:
+    return "\n".join(line for name, report in result.reports for line in report_lines(report, name))
+
+
+@text.register
+def _(result: PairResult) -> str:
+    if not result.ok:
+        return "\n".join(report_lines(result.report, None))
+    return (f"wrote {result.path}: head sha256 {result.head_sha256[:16]}..., {result.fingerprint_rows} fingerprint "
+            f"rows, {result.canary_requests} canary requests")
+
+
+@text.register
+def _(result: FitReport) -> str:
+    p, arch = result.plan, result.arch
+    gib = lambda n: f"{n / GIB:6.2f} GiB"  # noqa: E731
+    types = ", ".join(f"{t} {n / GIB:.2f}" for t, n in sorted(p.weights_by_type.items(), key=lambda x: -x[1]))
+    where = "GPU, CuPy" if result.head_on_gpu else "on the CPU"
+    lines = [
+        f"{p.arch}: {p.ctx} tokens of context, {p.parallel} parallel sequence(s), {result.vram_bytes / GIB:.1f} GiB "
+        "of VRAM",
+        f"  weights on GPU     {gib(p.weights_bytes)}  ({types}; token_embd stays on the CPU: "
+        f"{p.cpu_weights_bytes / GIB:.2f} GiB)",
+        f"  KV cache           {gib(p.kv_cache_bytes)}  ({sum(arch.full)} full-attention layers of {arch.n_layer}, "
+        f"{p.kv_type})",
+        f"  recurrent state    {gib(p.recurrent_state_bytes)}  ({arch.n_layer - sum(arch.full)} linear layers x "
+        f"{p.parallel} sequence(s))",
+        f"  compute buffers    {gib(p.compute_bytes)}  (n_ubatch {p.n_ubatch})",
+        f"  head               {gib(p.head_bytes)}  ({where}: {result.head_bytes_float32 / MIB:.1f} MiB float32, "
+        f"from {result.head_source})",
+        f"  margin             {gib(p.margin_bytes)}",
+        f"  total              {gib(p.total_bytes)}  -> {'FITS' if p.fits else 'does NOT fit'}",
+        f"  largest context with every layer on the GPU: {p.max_ctx}",
+    ]
+    if not p.fits:
+        lines.append(f"  at {p.ctx} tokens use n_gpu_layers = {p.n_gpu_layers} (the rest runs on the CPU)")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: EvalReport) -> str:
+    return markdown(result).rstrip("\n")
+
+
+@text.register
+def _(result: CalibrateResult) -> str:
+    lines = []
+    for c in result.calibrations:
+        verdict = "accepted" if c.accepted else f"declined: {c.reason}"
+        lines += [f"{c.kind}: {c.n} decisions; T = {c.fitted:.3f} (IQR {c.iqr[0]:.3f}-{c.iqr[1]:.3f}, {SPLITS} random "
+                  f"halves), now {c.current:g}: {verdict}",
+                  f"    held-out NLL {c.heldout_nll_current:.4f} -> {c.heldout_nll_fitted:.4f}",
+                  f"    ECE {c.before['ece']:.4f} -> {c.after['ece']:.4f}, Brier {c.before['brier']:.4f} -> "
+                  f"{c.after['brier']:.4f}, NLL {c.before['nll']:.4f} -> {c.after['nll']:.4f}"]
+    if result.written:
+        lines.append(f"wrote temperature = {result.temperatures} to [models.{result.model}] in {result.written}")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: DriftResult) -> str:
+    lines = [f"{result.a} vs {result.b}, {result.requests} requests ({result.source})"]
+    for kind, s in result.by_type.items():
+        lines.append(f"  {kind:7s} {s['decisions']:5d} decisions: max |dp| {s['max_abs_dp']:.4f}, mean |dp| "
+                     f"{s['mean_abs_dp']:.5f}, argmax flips {s['argmax_flips']}, flips among decisions above "
+                     f"{CONFIDENT}: {s[f'flips_above_{CONFIDENT}']} of {s[f'decisions_above_{CONFIDENT}']}")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: BenchResult) -> str:
+    r = result.result
+    lines = [f"clef-bridge bench against {r['url']}"]
+    for run in r["runs"]:
+        lines.append(f"  concurrency {run['concurrency']:3d}: {run['requests']} requests, {run['errors']} errors, "
+                     f"p50 {run['p50_ms']:.1f} ms, p95 {run['p95_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms, "
+                     f"{run['throughput_rps']:.2f} req/s ({run['input_tokens']} tokens each)")
+        split = ", ".join(f"{k[:-3]} {v:.1f}" for k, v in run["server_split_ms"].items())
+        lines.append(f"                   server split (median ms): {split}")
+    if "bare_prefill_ms" in r:
+        lines.append(f"  bare llama.cpp prefill of the same tokens: {r['bare_prefill_ms']:.1f} ms, alternated with "
+                     f"single requests (p50 {r['alternated_http_p50_ms']:.1f} ms): "
+                     f"HTTP p50 / bare = {r['http_over_bare_prefill']:.3f}")
+    for dtype in ("float32", "bfloat16"):
+        if f"reference_{dtype}_ms" in r:
+            lines.append(f"  Cloudflare's reference in-process ({dtype}): {r[f'reference_{dtype}_ms']:.1f} ms; "
+                         f"HTTP p50 / reference = {r[f'http_over_reference_{dtype}']:.3f}")
+    return "\n".join(lines + list(result.notes))
+
+
+@text.register
+def _(result: SoakVerdict) -> str:
+    lines = [f"  {key:24s} {value}" for key, value in result.summary.items()]
+    return "\n".join(lines + [f"soak: {result.verdict}"])
+
+
+@text.register
+def _(result: HeadBench) -> str:
+    return "\n".join([
+        f"joint head at Clef-flash shape, {result.tokens} tokens, 4 questions / 19 options, "
+        f"{result.torch_threads} torch threads",
+        f"  numpy  median {result.numpy_ms:8.1f} ms",
+        f"  torch  median {result.torch_ms:8.1f} ms (Cloudflare's reference, float32)",
+        f"  ratio numpy/torch {result.ratio:.3f}   max |logit diff| {result.max_logit_diff:.2e} "
+        f"(tolerance {LOGIT_TOLERANCE:g})"])
+
+
+@text.register
+def _(result: DemoFiles) -> str:
+    return (f"wrote the demo model to {result.folder}: {result.gguf.name}, {result.head.name}, joint_head_config.json, "
+            f"{result.models_toml.name} (random weights, meaningless answers)\n"
+            f"serve it with: clef-bridge serve --models {result.models_toml}")
+
+
+@text.register
+def _(result: Pulled) -> str:
+    return (f"added [models.{result.name}] to {result.models_toml}\n  gguf {result.gguf}\n  head {result.head}\n"
+            f"  pair {result.pair}")
