@@ -16,7 +16,7 @@ import numpy as np
 from ..head.config import HeadConfig, config_path_for, load_config
 from ..head.errors import ClefError, HeadConfigError, HeadWeightsError
 from ..head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
-from .gguf_file import GGUFError, GGUFInfo, read_gguf
+from .gguf_file import GGUFError, GGUFInfo, StringArray, read_gguf, read_strings
 
 CLEF_ARCHITECTURES = ("qwen35", "qwen35moe")
 PROMPT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
@@ -75,7 +75,9 @@ def layer_pattern(info: GGUFInfo) -> list[bool] | None:
 
 def check_gguf(path: Path, report: Report) -> GGUFInfo | None:
     try:
-        info = read_gguf(path, decode_string_arrays=("tokenizer.ggml.tokens",))
+        info = read_gguf(path)
+        stored = info.metadata.get("tokenizer.ggml.tokens")
+        tokens = read_strings(info, "tokenizer.ggml.tokens") if isinstance(stored, StringArray) else None
     except GGUFError as exc:
         fix = ("check the gguf path" if exc.code == "gguf.missing" else
                "re-download the GGUF; a truncated or foreign file cannot be served")
@@ -103,7 +105,6 @@ def check_gguf(path: Path, report: Report) -> GGUFInfo | None:
                    "use a GGUF converted from Cloudflare/clef-flash or Cloudflare/clef")
         return info
     n_embd = info.arch_key("embedding_length")
-    tokens = info.metadata.get("tokenizer.ggml.tokens")
     pattern = layer_pattern(info)
     report.facts.update({"embedding_length": n_embd, "block_count": info.arch_key("block_count"),
                          "vocab_size": len(tokens) if isinstance(tokens, list) else None,
