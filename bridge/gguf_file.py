@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
 
 from ..head.errors import ClefError
 
@@ -260,3 +261,26 @@ def tensor_rows(info: GGUFInfo, tensor: TensorInfo) -> np.ndarray:
     if start + n_rows * tensor.row_bytes > info.file_size:
         raise GGUFError(f"{info.path}: {tensor.name} runs past the end of the file (truncated download?)")
     return np.memmap(info.path, dtype=np.uint8, mode="r", offset=start, shape=(n_rows, tensor.row_bytes))
+
+
+def tensor_end(info: GGUFInfo, tensor: TensorInfo) -> int | None:
+    """Absolute file offset one past the tensor's data; None for a type this gguf package does not know."""
+    n = tensor.n_bytes
+    return None if n is None else info.data_start + tensor.offset + n
+
+
+def tensor_float32(info: GGUFInfo, tensor: TensorInfo) -> np.ndarray:
+    """The tensor dequantized to float32, numpy shape = ggml shape reversed (torch's order)."""
+    end = tensor_end(info, tensor)
+    if end is None or end > info.file_size:
+        raise GGUFError(f"{info.path}: {tensor.name} "
+                        + ("has a type this reader cannot decode" if end is None else
+                           f"ends at byte {end} but the file has {info.file_size} (truncated download?)"))
+    raw = np.fromfile(info.path, dtype=np.uint8, count=tensor.n_bytes, offset=info.data_start + tensor.offset)
+    shape = tuple(reversed(tensor.shape))
+    if tensor.type == GGMLQuantizationType.F32:
+        return raw.view("<f4").reshape(shape).astype(np.float32)
+    if tensor.type == GGMLQuantizationType.F16:
+        return raw.view("<f2").reshape(shape).astype(np.float32)
+    rows = raw.reshape(-1, tensor.row_bytes)  # gguf-py dequantizes along the last (byte) axis
+    return dequantize(rows, tensor.type).reshape(shape).astype(np.float32, copy=False)
