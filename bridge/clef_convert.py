@@ -74,7 +74,7 @@ def _copied(info: GGUFInfo, names: list[str]) -> list[OutTensor]:
         end = tensor_end(info, t)
         if end is None or end > info.file_size:
             raise ConvertError(f"{info.path}: tensor {name} " + ("has an unknown type" if end is None else
-                               f"runs past the end of the file (truncated?)") + "; download the GGUF again")
+                               "runs past the end of the file (truncated?)") + "; download the GGUF again")
         out.append(OutTensor(name, t.shape, int(t.type), t.n_bytes, CopyFrom(info.path, info.data_start + t.offset)))
     return out
 
@@ -101,7 +101,8 @@ def _require_arch(info: GGUFInfo, arch: str, fix: str) -> None:
 
 def _backbone_plan(info: GGUFInfo) -> tuple[list[tuple[str, bytes]], list[OutTensor]]:
     _require_arch(info, cf.CLEF_ARCH, "only a clef GGUF has a backbone to take out (a qwen35 GGUF already is one)")
-    kvs = [(new, raw) for _, new, raw in _renamed(info, cf.CLEF_ARCH, cf.BACKBONE_ARCH, lambda k: not cf.is_head_key(k))]
+    renamed = _renamed(info, cf.CLEF_ARCH, cf.BACKBONE_ARCH, lambda k: not cf.is_head_key(k))
+    kvs = [(new, raw) for _, new, raw in renamed]
     return kvs, _copied(info, [n for n in info.tensors if not cf.is_head_tensor(n)])
 
 

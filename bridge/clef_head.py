@@ -8,13 +8,13 @@ form that raises one error listing every problem.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 
 from ..head.config import HeadConfig
@@ -158,12 +158,14 @@ def _check_temperatures(info: GGUFInfo, t: _Tracker) -> dict[str, float]:
 
 
 def _dimension(info: GGUFInfo, symbolic: dict[str, tuple[int, ...]], marker: int) -> int | None:
-    """The first present tensor's size along an axis that the config's width (or ff) sets."""
-    for name, ne in symbolic.items():
-        tensor = info.tensors.get(name)
-        if tensor is not None and len(tensor.shape) == len(ne) and marker in ne:
-            return tensor.shape[ne.index(marker)]
-    return None
+    """The size most present tensors agree on along the axes that the width (or ff) sets.
+
+    A majority rather than one designated tensor, so that one mis-shaped tensor is the one named.
+    """
+    sizes = Counter(tensor.shape[axis] for name, ne in symbolic.items()
+                    if (tensor := info.tensors.get(name)) is not None and len(tensor.shape) == len(ne)
+                    for axis, n in enumerate(ne) if n == marker)
+    return sizes.most_common(1)[0][0] if sizes else None
 
 
 def _check_tensor_type(info: GGUFInfo, spec: cf.HeadTensor, t: _Tracker) -> None:
