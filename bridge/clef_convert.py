@@ -256,7 +256,7 @@ def _without_mtp(info: GGUFInfo) -> tuple[list[tuple[str, bytes]], list[str], li
 
     def is_mtp(name: str) -> bool:
         block = name.split(".")[1] if name.startswith("blk.") else ""
-        return "nextn" in name or (block.isdigit() and int(block) >= keep_layers)
+        return "nextn" in name or (n_mtp > 0 and block.isdigit() and int(block) >= keep_layers)
 
     tensors = [n for n in info.tensors if not is_mtp(n)]
     return kvs, tensors, dropped + [n for n in info.tensors if is_mtp(n)]

@@ -1,10 +1,11 @@
 """A small streaming GGUF writer: tensor data copied from other files in chunks, atomic, interruptible.
 
 Multi-gigabyte GGUFs never pass through memory: a tensor is either a span of a source file (copied
-in CHUNK-sized reads) or a few bytes made here (a head matrix). The output is written under a
-temporary name in the target folder and renamed into place only when complete, so a file at the
-final name is always whole. The writer holds an flock on its temporary file: one left by a killed
-writer is unlocked, which is how the next writer knows it is stale and removes it.
+in CHUNK-sized steps, by the kernel where it can) or a few bytes made here (a head matrix). The
+output is written under a temporary name in the target folder and renamed into place only when
+complete, so a file at the final name is always whole. The writer holds an flock on its temporary
+file: one left by a killed writer is unlocked, which is how the next writer knows it is stale and
+removes it.
 """
 
 from __future__ import annotations
@@ -179,15 +180,33 @@ def _signals_raise() -> Iterator[None]:
 
 # --- writing --------------------------------------------------------------------------------------
 
+def _write_all(dst, data) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[dst.write(view):]
+
+
 def _copy(dst, src: CopyFrom, n: int, buf: memoryview, tick: Callable[[int], None]) -> None:
+    """n bytes from src to dst's position: in the kernel (copy_file_range) where it can, else through buf."""
     with src.path.open("rb") as f:
-        f.seek(src.offset)
-        left = n
+        offset, left = src.offset, n
+        kernel = hasattr(os, "copy_file_range")
         while left:
-            got = f.readinto(buf[:min(left, len(buf))])
+            step = min(left, len(buf))
+            got = 0
+            if kernel:
+                try:
+                    got = os.copy_file_range(f.fileno(), dst.fileno(), step, offset)
+                except OSError:  # another filesystem or an old kernel: the same bytes, through user space
+                    kernel = False
+                    continue
+            else:
+                f.seek(offset)
+                got = f.readinto(buf[:step])
+                _write_all(dst, buf[:got])
             if not got:
                 raise GGUFError(f"{src.path} ended {left} bytes early while copying from it (was it changed?)")
-            dst.write(buf[:got])
+            offset += got
             left -= got
             tick(got)
 
@@ -220,19 +239,18 @@ def write_gguf(out: str | Path, kvs: list[tuple[str, bytes]], tensors: list[OutT
 
     buf = memoryview(bytearray(CHUNK))
     try:
-        with _signals_raise(), tmp.open("wb") as f:
+        # unbuffered: copy_file_range writes at the descriptor's position, so nothing may wait in a buffer
+        with _signals_raise(), tmp.open("wb", buffering=0) as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            f.write(header)
+            _write_all(f, header)
             tick(len(header))
             for t, offset in zip(tensors, offsets):
-                pad = len(header) + offset - f.tell()
-                f.write(b"\0" * pad)
+                _write_all(f, b"\0" * (len(header) + offset - f.tell()))
                 if isinstance(t.data, CopyFrom):
                     _copy(f, t.data, t.n_bytes, buf, tick)
                 else:
-                    f.write(t.data)
+                    _write_all(f, t.data)
                     tick(len(t.data))
-            f.flush()
             os.fsync(f.fileno())
             os.replace(tmp, out)  # still under the lock: nobody can take the file for stale meanwhile
     except BaseException as exc:

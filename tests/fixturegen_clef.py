@@ -143,6 +143,7 @@ class Damage:
     drop_key: str | None = None
     template: str | None = None  # store this template instead of upstream's
     quantize: str | None = None  # store this tensor in Q8_0
+    value: tuple[str, int] | None = None  # store this (key, number) instead of what the config says
 
 
 def _encode(array: np.ndarray, qtype: Q) -> np.ndarray:
@@ -173,6 +174,8 @@ def write_clef(path: Path, flat: dict[str, np.ndarray], cfg: dict, head_type: Q 
             value = damage.template
         if key == damage.key_type:
             vtype, value = GGUFValueType.INT32, int(value)
+        if damage.value is not None and key == damage.value[0]:
+            value = damage.value[1]
         writer.add_key_value(key, value, vtype, sub)
     for t in source.tensors if source is not None else ():
         writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)

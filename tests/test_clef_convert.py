@@ -239,3 +239,17 @@ def test_too_little_disk_is_a_clear_error(tmp_path, clef_fx, monkeypatch):
     assert err.value.needed > 0.99 * needed and str(cache) in str(err.value) and str(err.value.needed) in str(err.value)
     assert "5000 bytes" in str(err.value)
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_the_copy_through_user_space_writes_the_same_bytes(tmp_path, clef_fx, monkeypatch):
+    kernel, _ = ensure_backbone(clef_fx.f32, tmp_path / "a", progress=False)
+    calls = []
+
+    def unsupported(*args):
+        calls.append(args)
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", unsupported)
+    monkeypatch.setattr(gguf_write, "CHUNK", 1 << 20)  # many chunks: the loop's offsets are exercised
+    user, _ = ensure_backbone(clef_fx.f32, tmp_path / "b", progress=False)
+    assert calls and filecmp.cmp(kernel, user, shallow=False)

@@ -165,8 +165,15 @@ def test_scales_out_of_range_are_refused(tmp_path, flat):
     assert head is None and "decision.scales" in _errors(report)["clef.scales"][0]
 
 
+def test_block_counts_beyond_the_file_are_refused(tmp_path, flat):
+    damage = Damage(value=("clef.decision.block_count", 10**6))
+    path = write_clef(tmp_path / "blocks.gguf", flat, TINY_HEAD, damage=damage)
+    report, head = _check(path)
+    assert head is None and "block_count (1000000)" in _errors(report)["clef.key_value"][0]
+
+
 def test_head_count_must_divide_the_width(tmp_path, flat):
-    path = write_clef(tmp_path / "heads.gguf", flat, TINY_HEAD | {"heads": 3})
+    path = write_clef(tmp_path / "heads.gguf", flat, TINY_HEAD, damage=Damage(value=("clef.decision.head_count", 3)))
     report, head = _check(path)
     assert head is None and "clef.decision.head_count" in _errors(report)["clef.key_value"][0]
 
