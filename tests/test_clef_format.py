@@ -14,7 +14,9 @@ from clef_bridge.bridge.demo import make_demo
 from clef_bridge.bridge.gguf_file import GGUFError, StringArray, read_gguf, read_strings
 from clef_bridge.bridge.integrity import Report
 from clef_bridge.head.config import HeadConfig, config_path_for
+from clef_bridge.head.encoder import encode
 from clef_bridge.head.model import joint_schema_head
+from clef_bridge.head.schema import parse_request
 from clef_bridge.head.weights import load_state_dict, save_state_dict, unflatten
 from clef_bridge.tools.randomhead import random_inputs, random_layout, random_state_dict
 from gguf import GGMLQuantizationType as Q
@@ -279,3 +281,45 @@ def test_an_f32_head_joined_in_bf16_rounds_once(tmp_path, fx):
         np.testing.assert_allclose(got.state_dict[name], value, rtol=rtol, err_msg=name)
         if name in matrices:
             assert not np.array_equal(got.state_dict[name], value), f"{name} was not rounded at all"
+
+
+# --- the template against our prompt ---------------------------------------------------------------------
+
+SEP, MARK_QUESTION, MARK_OPTION = "\x1e", "\x1dQ", "\x1dO"
+
+
+def _tojson(value, separators=(",", ":")):
+    # llama.cpp's tojson, as the facts describe the server's rendering: keys sorted, UTF-8 kept
+    return json.dumps(value, separators=tuple(separators), sort_keys=True, ensure_ascii=False)
+
+
+def test_the_systemone_template_renders_the_pieces_we_tokenize():
+    """llama-server tokenizes each sep-delimited piece of the rendered template; ours must be the same pieces."""
+    jinja2 = pytest.importorskip("jinja2")
+    request = parse_request({"model": "m", "state": {"ticket": "Rückerstattung bitte", "amount": 12.5},
+                             "questions": {
+                                 "refund": {"type": "noul", "instructions": "Refund asked?"},
+                                 "team": {"type": "choice", "instructions": {"ask": "which team"},
+                                          "criteria": {"tech": None, "billing": "payments"}},
+                                 "anger": {"type": "score", "instructions": "How upset?",
+                                           "criteria": ["calm", {"level": "angry"}]}}})
+    pieces: list[str] = []
+
+    def tokenize(text: str, parse_special: bool) -> list[int]:
+        pieces.append(text)
+        return [len(pieces) - 1]
+
+    encoded = encode(request, tokenize)
+    ours = [pieces[i] for i in encoded.input_ids]
+    env = jinja2.Environment()
+    env.filters["tojson"] = _tojson
+    questions = [{"id": q.id, "type": q.type, "instructions": q.instructions,
+                  "options": [{"key": k, "description": d} for k, d in q.options]} for q in request.questions]
+    rendered = env.from_string(FACT_TEMPLATE).render(state=request.state, questions=questions, sep=SEP,
+                                                     mark_question=MARK_QUESTION, mark_option=MARK_OPTION)
+    theirs = rendered.split(SEP)
+    assert [p.removeprefix(MARK_QUESTION).removeprefix(MARK_OPTION) for p in theirs] == ours
+    assert len(ours) == 34  # prefix, state, header, 3 x (field, instructions, options header, END), 6 x 3, suffix
+    marked = lambda mark: [i for i, p in enumerate(theirs) if p.startswith(mark)]  # noqa: E731
+    assert marked(MARK_QUESTION) == encoded.layout.question_spans[:, 0].tolist()
+    assert marked(MARK_OPTION) == encoded.layout.option_spans[:, 0].tolist()
