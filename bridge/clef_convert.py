@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
@@ -29,6 +30,8 @@ from . import clef_format as cf
 from .clef_head import read_embedded_head
 from .gguf_file import GGUFInfo, KeyField, read_gguf, read_raw, tensor_end
 from .gguf_write import CopyFrom, OutTensor, WriteResult, atomic_file, check_space, encode_value, write_gguf
+
+OnChunk = Callable[[int, int], None]  # (bytes written so far, bytes in all), after every chunk
 
 
 class ConvertError(ClefError):
@@ -106,7 +109,7 @@ def _backbone_plan(info: GGUFInfo) -> tuple[list[tuple[str, bytes]], list[OutTen
     return kvs, _copied(info, [n for n in info.tensors if not cf.is_head_tensor(n)])
 
 
-def to_backbone(clef: str | Path, out: str | Path, progress: bool | None = None, on_chunk=None,
+def to_backbone(clef: str | Path, out: str | Path, progress: bool | None = None, on_chunk: OnChunk | None = None,
                 reserve: int = 0) -> WriteResult:
     """Write the qwen35 backbone of a clef GGUF: keys renamed with their types, head dropped, data copied."""
     info = read_gguf(clef)
@@ -132,7 +135,7 @@ def _complete(path: Path) -> bool:
 
 
 def ensure_backbone(clef: str | Path, cache_root: str | Path, progress: bool | None = None,
-                    on_chunk=None) -> tuple[Path, BackboneCache]:
+                    on_chunk: OnChunk | None = None) -> tuple[Path, BackboneCache]:
     """The qwen35 backbone of a clef GGUF from the cache, converting it once (and again if the source changes)."""
     src = Path(clef).resolve()
     root = Path(cache_root)
