@@ -1,20 +1,23 @@
 """A strict, fast GGUF header reader over a memory map.
 
 gguf-py's GGUFReader turns every vocabulary string into Python objects (seconds for a 152k
-vocabulary) and trusts the file; this reader skips what it is not asked for, checks every
-offset against the file size, and reports problems as GGUFError with the byte offset.
+vocabulary) and trusts the file; this reader skips string arrays (read_strings decodes one on
+demand), checks every offset against the file size, and reports problems as GGUFError with the
+byte offset. Every key keeps its GGUF value type and byte span, so a writer can copy it exactly.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
 
 from ..head.errors import ClefError
 
@@ -30,7 +33,8 @@ STRING, ARRAY = 8, 9
 
 
 class GGUFError(ClefError):
-    """The file is not a readable GGUF; `code` says how (gguf.magic, gguf.version, gguf.header, gguf.missing)."""
+    """The file is not a readable GGUF; `code` says how (gguf.magic, gguf.version, gguf.header, gguf.missing,
+    gguf.key)."""
 
     error_type = "gguf_error"
 
@@ -41,9 +45,20 @@ class GGUFError(ClefError):
 
 @dataclass(frozen=True)
 class StringArray:
-    """A string array that was skipped, not decoded: only its length is known."""
+    """A string array, not decoded: its length and where its first element lies (read_strings decodes it)."""
 
     count: int
+    offset: int  # absolute file offset of the first element's length prefix
+
+
+@dataclass(frozen=True)
+class KeyField:
+    """How a metadata value is stored: its GGUF value type and its bytes in the file."""
+
+    type: int  # GGUFValueType
+    element_type: int | None  # GGUFValueType of an array's elements; None for scalars and strings
+    start: int  # absolute file offset of the value type (the u32 after the key's name)
+    end: int  # one past the value's last byte
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,7 @@ class GGUFInfo:
     alignment: int
     data_start: int
     file_size: int
+    fields: dict[str, KeyField]
 
     @property
     def architecture(self) -> str | None:
@@ -130,7 +146,7 @@ class _Cursor:
             raise GGUFError(f"truncated header inside {what}")
         self.pos = pos
 
-    def value(self, vtype: int, key: str, decode_strings: bool) -> Any:
+    def value(self, vtype: int, key: str) -> Any:
         if vtype in _SCALARS:
             return self.scalar(vtype, key)
         if vtype == STRING:
@@ -144,29 +160,57 @@ class _Cursor:
             dtype = np.dtype(_SCALARS[etype][1])
             return np.frombuffer(self.take(count * dtype.itemsize, key), dtype=dtype).copy()
         if etype == STRING:
-            if decode_strings:
-                return [self.string(key) for _ in range(count)]
+            start = self.pos
             self.skip_strings(count, key)
-            return StringArray(count)
-        return [self.value(etype, key, decode_strings) for _ in range(count)]
+            return StringArray(count, start)
+        return [self.value(etype, key) for _ in range(count)]
 
 
-def read_gguf(path: str | Path, decode_string_arrays: tuple[str, ...] = ()) -> GGUFInfo:
-    """Parse a GGUF header; string arrays are decoded only for the keys named."""
-    path = Path(path)
+@contextmanager
+def _view(path: Path, min_size: int = 24) -> Iterator[tuple[memoryview, int]]:
     try:
         with path.open("rb") as f:
             size = path.stat().st_size
-            if size < 24:
+            if size < min_size:
                 raise GGUFError(f"{path}: {size} bytes is too short for a GGUF header", "gguf.magic")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 with memoryview(mm) as view:
-                    return _parse(path, view, size, decode_string_arrays)
+                    yield view, size
     except OSError as exc:
         raise GGUFError(f"{path}: cannot read: {exc}", "gguf.missing") from None
 
 
-def _parse(path: Path, view: memoryview, size: int, decode: tuple[str, ...]) -> GGUFInfo:
+def read_gguf(path: str | Path) -> GGUFInfo:
+    """Parse a GGUF header; string arrays come back as StringArray (decode one with read_strings)."""
+    path = Path(path)
+    with _view(path) as (view, size):
+        return _parse(path, view, size)
+
+
+def read_strings(info: GGUFInfo, key: str) -> list[str]:
+    """Decode the string array stored under key; GGUFError (gguf.key) when it is absent or not one."""
+    value = info.metadata.get(key)
+    if not isinstance(value, StringArray):
+        raise GGUFError(f"{info.path}: {key} is {'missing' if value is None else 'not a string array'}",
+                        "gguf.key")
+    with _view(info.path, 0) as (view, size):
+        cur = _Cursor(view, size)
+        cur.pos = value.offset
+        return [cur.string(key) for _ in range(value.count)]
+
+
+def read_raw(info: GGUFInfo, key: str) -> bytes:
+    """The stored bytes of a value (its type, then the value), for copying it into another GGUF."""
+    field = info.fields[key]
+    with info.path.open("rb") as f:
+        f.seek(field.start)
+        raw = f.read(field.end - field.start)
+    if len(raw) != field.end - field.start:
+        raise GGUFError(f"{info.path}: {key} was cut short since the header was read")
+    return raw
+
+
+def _parse(path: Path, view: memoryview, size: int) -> GGUFInfo:
     cur = _Cursor(view, size)
     if bytes(cur.take(4, "magic")) != MAGIC:
         raise GGUFError(f"{path}: not a GGUF file (bad magic {bytes(view[:4])!r})", "gguf.magic")
@@ -178,10 +222,14 @@ def _parse(path: Path, view: memoryview, size: int, decode: tuple[str, ...]) -> 
     if n_tensors > size or n_kv > size:
         raise GGUFError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata keys: corrupt")
     metadata: dict[str, Any] = {}
+    fields: dict[str, KeyField] = {}
     for _ in range(n_kv):
         key = cur.string("metadata key")
+        start = cur.pos
         vtype = cur.u32(key)
-        metadata[key] = cur.value(vtype, key, key in decode)
+        etype = struct.unpack_from("<I", view, cur.pos)[0] if vtype == ARRAY and cur.pos + 4 <= size else None
+        metadata[key] = cur.value(vtype, key)
+        fields[key] = KeyField(vtype, etype, start, cur.pos)
     tensors: dict[str, TensorInfo] = {}
     for _ in range(n_tensors):
         name = cur.string("tensor name")
@@ -201,7 +249,7 @@ def _parse(path: Path, view: memoryview, size: int, decode: tuple[str, ...]) -> 
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise GGUFError(f"{path}: general.alignment = {alignment!r} is not a power of two")
     data_start = -(-cur.pos // alignment) * alignment
-    return GGUFInfo(path, version, metadata, tensors, alignment, data_start, size)
+    return GGUFInfo(path, version, metadata, tensors, alignment, data_start, size, fields)
 
 
 def tensor_rows(info: GGUFInfo, tensor: TensorInfo) -> np.ndarray:
@@ -213,3 +261,26 @@ def tensor_rows(info: GGUFInfo, tensor: TensorInfo) -> np.ndarray:
     if start + n_rows * tensor.row_bytes > info.file_size:
         raise GGUFError(f"{info.path}: {tensor.name} runs past the end of the file (truncated download?)")
     return np.memmap(info.path, dtype=np.uint8, mode="r", offset=start, shape=(n_rows, tensor.row_bytes))
+
+
+def tensor_end(info: GGUFInfo, tensor: TensorInfo) -> int | None:
+    """Absolute file offset one past the tensor's data; None for a type this gguf package does not know."""
+    n = tensor.n_bytes
+    return None if n is None else info.data_start + tensor.offset + n
+
+
+def tensor_float32(info: GGUFInfo, tensor: TensorInfo) -> np.ndarray:
+    """The tensor dequantized to float32, numpy shape = ggml shape reversed (torch's order)."""
+    end = tensor_end(info, tensor)
+    if end is None or end > info.file_size:
+        raise GGUFError(f"{info.path}: {tensor.name} "
+                        + ("has a type this reader cannot decode" if end is None else
+                           f"ends at byte {end} but the file has {info.file_size} (truncated download?)"))
+    raw = np.fromfile(info.path, dtype=np.uint8, count=tensor.n_bytes, offset=info.data_start + tensor.offset)
+    shape = tuple(reversed(tensor.shape))
+    if tensor.type == GGMLQuantizationType.F32:
+        return raw.view("<f4").reshape(shape).astype(np.float32)
+    if tensor.type == GGMLQuantizationType.F16:
+        return raw.view("<f2").reshape(shape).astype(np.float32)
+    rows = raw.reshape(-1, tensor.row_bytes)  # gguf-py dequantizes along the last (byte) axis
+    return dequantize(rows, tensor.type).reshape(shape).astype(np.float32, copy=False)

@@ -17,7 +17,7 @@ from ..head.config import HeadConfig, config_path_for, load_config
 from ..head.errors import ClefError, HeadConfigError, HeadWeightsError
 from ..head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
 from .fit import layer_pattern
-from .gguf_file import GGUFError, GGUFInfo, read_gguf
+from .gguf_file import GGUFError, GGUFInfo, StringArray, read_gguf, read_strings
 from .provenance import (
     MAX_CANARY_DIFF,
     MAX_NORM_DIFF,
@@ -79,7 +79,9 @@ class Report:
 
 def check_gguf(path: Path, report: Report) -> GGUFInfo | None:
     try:
-        info = read_gguf(path, decode_string_arrays=("tokenizer.ggml.tokens",))
+        info = read_gguf(path)
+        stored = info.metadata.get("tokenizer.ggml.tokens")
+        tokens = read_strings(info, "tokenizer.ggml.tokens") if isinstance(stored, StringArray) else None
     except GGUFError as exc:
         fix = ("check the gguf path" if exc.code == "gguf.missing" else
                "re-download the GGUF; a truncated or foreign file cannot be served")
@@ -107,7 +109,6 @@ def check_gguf(path: Path, report: Report) -> GGUFInfo | None:
                    "use a GGUF converted from Cloudflare/clef-flash or Cloudflare/clef")
         return info
     n_embd = info.arch_key("embedding_length")
-    tokens = info.metadata.get("tokenizer.ggml.tokens")
     pattern = layer_pattern(info)
     report.facts.update({"embedding_length": n_embd, "block_count": info.arch_key("block_count"),
                          "vocab_size": len(tokens) if isinstance(tokens, list) else None,
