@@ -222,8 +222,10 @@ def test_error_sources_apart(oracle, clef):
 
 def test_projector_metadata_and_pairing(vfx):
     info = projector_info(vfx.mmproj_f32)
-    assert info == ProjectorInfo("qwen3vl_merger", 64, 16, 2, False)
-    assert projector_info(vfx.mmproj_f16).n_embd == 64
+    assert info == ProjectorInfo("qwen3vl_merger", 64, 16, 2, False, info.weight_bytes)
+    assert 0.9 < info.weight_bytes / vfx.mmproj_f32.stat().st_size <= 1
+    f16 = projector_info(vfx.mmproj_f16)
+    assert f16.n_embd == 64 and f16.weight_bytes < 0.7 * info.weight_bytes
     assert pairing_problems(info, 64) == []
     assert "backbone width 4096" in pairing_problems(info, 4096)[0]
     assert "deepstack" in pairing_problems(dataclasses.replace(info, deepstack=True), 64)[0]
