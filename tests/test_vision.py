@@ -134,10 +134,14 @@ def our_run(clef, request, images, chunks=None):
     enc = layout_with_images(clef.model, request, [p.n_tokens for p in pictures], clef.projector.image_pad)
     pieces = clef.projector.pieces(enc.input_ids, pictures)
     hidden = clef.model.backbone.decode_chunks((chunks or clef.projector.chunks)(pieces))
-    logits = clef.model.logits(enc, hidden)
+    return enc, probabilities(enc, clef.model.logits(enc, hidden))
+
+
+def probabilities(enc, logits):
+    """Softmax within each question."""
     bounds = list(enc.layout.option_offsets) + [len(logits)]
-    probs = [np.exp(logits[s:e] - logits[s:e].max()) for s, e in zip(bounds, bounds[1:])]
-    return enc, [p / p.sum() for p in probs]
+    z = [np.exp(logits[s:e] - logits[s:e].max()) for s, e in zip(bounds, bounds[1:])]
+    return [p / p.sum() for p in z]
 
 
 def max_diff(a, b):
@@ -347,9 +351,8 @@ def test_llama_cpps_own_preprocessing_is_not_the_references(oracle, clef, vfx):
         theirs = mtmd_own_preprocessing(clef.model.backbone, vfx.mmproj_f32, rgb, True)
         assert theirs.shape == ours.embd.shape and rel(theirs, ours.embd) > 0.1
         enc = layout_with_images(clef.model, REQUEST, [ours.n_tokens], clef.projector.image_pad)
-        logits = clef.model.logits(enc, clef.projector.prefill(enc.input_ids, [dataclasses.replace(ours, embd=theirs)]))
-        bounds = list(enc.layout.option_offsets) + [len(logits)]
-        probs = [np.exp(logits[s:e]) / np.exp(logits[s:e]).sum() for s, e in zip(bounds, bounds[1:])]
+        hidden = clef.projector.prefill(enc.input_ids, [dataclasses.replace(ours, embd=theirs)])
+        probs = probabilities(enc, clef.model.logits(enc, hidden))
         _, ref_probs = reference_run(oracle, with_images(REQUEST, images))
         print(f"{name} through llama.cpp's own resizing: max |prob diff| vs the reference = "
               f"{max_diff(probs, ref_probs):.2e}")
