@@ -245,8 +245,13 @@ class Backbone:
 
     @property
     def on_gpu(self) -> bool:
-        """True when llama.cpp offloads layers to a GPU (the head then overlaps the next prefill)."""
+        """True when llama.cpp offloads layers to a GPU (the head overlaps the next prefill; the projector runs there)."""
         return self.options.n_gpu_layers != 0 and bool(lc.llama_supports_gpu_offload())
+
+    @property
+    def llama_model(self):
+        """The llama_model pointer, for llama.cpp's multimodal projector (mtmd_init_from_file)."""
+        return self._model
 
     def tokenize(self, text: str, parse_special: bool) -> list[int]:
         """llama.cpp's tokenization of one piece, with no BOS/EOS added."""
@@ -279,3 +284,61 @@ class Backbone:
         hidden = rows[:n * self.n_embd].reshape(n, self.n_embd).copy()  # [n, n_embd]
         lc.llama_memory_clear(self._memory, True)
         return np.split(hidden, np.cumsum(lengths)[:-1])
+
+    def decode_chunks(self, chunks: list["Chunk"]) -> np.ndarray:
+        """ONE sequence decoded chunk after chunk (token ids or input embeddings, at the chunks' own
+        positions): float32 [sum of chunk lengths, n_embd] last-layer hidden states, every token's."""
+        if not chunks or sum(len(c) for c in chunks) > self.n_ctx:
+            raise ValueError(f"chunks of {[len(c) for c in chunks]} tokens do not fit a context of {self.n_ctx}")
+        lc.llama_memory_clear(self._memory, True)
+        try:
+            out = []
+            for chunk in chunks:
+                batch = _ChunkBatch(chunk)
+                status = lc.llama_decode(self._ctx, batch.struct)
+                if status != 0:
+                    raise DecodeFailed(f"llama_decode failed with status {status} on a chunk of {len(chunk)} "
+                                       f"{'embeddings' if chunk.embd is not None else 'tokens'}")
+                rows = np.empty((len(chunk), self.n_embd), dtype=np.float32)
+                ctypes.memmove(rows.ctypes.data, lc_ext.llama_get_embeddings_nextn(self._ctx), rows.nbytes)
+                out.append(rows)
+            return np.concatenate(out)
+        finally:
+            lc.llama_memory_clear(self._memory, True)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Part of one sequence for Backbone.decode_chunks: token ids, or input embeddings (an image's)."""
+
+    pos: np.ndarray  # int32: [n] for tokens; [n_pos_per_embd, n] (M-RoPE sections, section-major) for embd
+    tokens: np.ndarray | None = None  # int32 [n]
+    embd: np.ndarray | None = None  # float32 [n, n_embd]
+
+    def __len__(self) -> int:
+        return self.pos.shape[-1]
+
+
+class _ChunkBatch:
+    """A llama_batch over one chunk's numpy buffers (kept alive here while llama_decode reads them)."""
+
+    def __init__(self, chunk: Chunk):
+        n = len(chunk)
+        self.pos = np.ascontiguousarray(chunk.pos, dtype=np.int32)
+        self.n_seq_id = np.ones(n, dtype=np.int32)
+        self.seq = np.zeros(n, dtype=np.int32)
+        self.seq_ptr = (self.seq.ctypes.data + 4 * np.arange(n, dtype=np.uint64)).astype(np.uint64)
+        self.logits = np.zeros(n, dtype=np.int8)
+        self.logits[-1] = 1  # one output per decode; the hidden states come from the unmasked nextn rows
+        self.struct = lc.llama_batch()
+        self.struct.n_tokens = n
+        if chunk.embd is not None:
+            self.embd = np.ascontiguousarray(chunk.embd, dtype=np.float32)
+            self.struct.embd = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        else:
+            self.token = np.ascontiguousarray(chunk.tokens, dtype=np.int32)
+            self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(lc.llama_token))
+        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(lc.llama_pos))
+        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.seq_id = self.seq_ptr.ctypes.data_as(ctypes.POINTER(ctypes.POINTER(lc.llama_seq_id)))
+        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import llama_cpp as lc
 
-ERROR, WARN, INFO, CONT = 3, 2, 1, 5
+ERROR, WARN, INFO, CONT = 4, 3, 2, 5  # ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
 
 
 class _Sink:
@@ -47,6 +47,14 @@ def install(verbose: bool = False) -> None:
     """Route llama.cpp's log here (errors always shown; info and warnings when verbose)."""
     _SINK.verbose = verbose
     lc.llama_log_set(_callback, ctypes.c_void_p(0))
+
+
+def install_mtmd(verbose: bool = False) -> None:
+    """Route the multimodal projector library's log (mtmd keeps its own callback) to the same sink."""
+    from llama_cpp import mtmd_cpp
+
+    install(verbose)
+    mtmd_cpp.mtmd_helper_log_set(_callback, ctypes.c_void_p(0))
 
 
 @contextmanager

@@ -192,9 +192,10 @@ runpy.run_path({script!r}, run_name="__main__")
 """
 
 
-def convert(vendor: Path, hf_dir: Path, out: Path, outtype: str) -> None:
+def convert(vendor: Path, hf_dir: Path, out: Path, outtype: str, extra: tuple[str, ...] = ()) -> None:
+    """extra: converter flags in place of --no-mtp (["--mmproj"] writes the vision projector instead)."""
     script = vendor / "convert_hf_to_gguf.py"
-    argv = [str(script), str(hf_dir), "--outfile", str(out), "--outtype", outtype, "--no-mtp"]
+    argv = [str(script), str(hf_dir), "--outfile", str(out), "--outtype", outtype, *(extra or ["--no-mtp"])]
     code = CONVERT.format(vendor=str(vendor), gguf_py=str(vendor / "gguf-py"), argv=argv, script=str(script))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=vendor, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
