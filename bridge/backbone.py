@@ -245,7 +245,7 @@ class Backbone:
 
     @property
     def on_gpu(self) -> bool:
-        """True when llama.cpp offloads layers to a GPU (the head overlaps the next prefill; the projector runs there)."""
+        """True when llama.cpp offloads layers to a GPU (the head then overlaps prefills; the projector runs there)."""
         return self.options.n_gpu_layers != 0 and bool(lc.llama_supports_gpu_offload())
 
     @property
