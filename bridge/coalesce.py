@@ -38,9 +38,10 @@ class Shared:
             self.job.cancelled = True
 
 
-def request_key(model: str, body: Any) -> Key | None:
+def request_key(model: str, body: Any, digests: tuple[bytes, ...] = ()) -> Key | None:
+    """(model, canonical body + the sha256 of each image, in prompt order)."""
     try:
-        return model, orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        return model, orjson.dumps(body, option=orjson.OPT_SORT_KEYS) + b"".join(digests)
     except (orjson.JSONEncodeError, TypeError):
         return None
 
@@ -54,9 +55,11 @@ class Coalescer:
         self._inflight: dict[Key, Shared] = {}
         self._cache: OrderedDict[Key, Decision] = OrderedDict()
 
-    def submit(self, worker: InferenceWorker, body: Any) -> Shared:
-        """The computation for this body: a cached answer, one in flight, or a new job on the worker."""
-        key = request_key(worker.name, body)
+    def submit(self, worker: InferenceWorker, body: Any, images: tuple[Any, ...] = (),
+               digests: tuple[bytes, ...] = ()) -> Shared:
+        """The computation for this body and its images (decoded pixels, and their bytes' sha256 digests):
+        a cached answer, one in flight, or a new job on the worker."""
+        key = request_key(worker.name, body, digests)
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)
             self._on_shared(worker.name, "cache")
@@ -66,7 +69,7 @@ class Coalescer:
         if key is not None and key in self._inflight:
             self._on_shared(worker.name, "in_flight")
             return self._join(self._inflight[key])
-        job = worker.submit(body)
+        job = worker.submit(body, images)
         shared = Shared(job.future, job)
         if key is not None:
             self._inflight[key] = shared

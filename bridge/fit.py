@@ -194,12 +194,13 @@ class Plan:
     vram_bytes: int
     max_ctx: int  # largest context that fits with every layer on the GPU (0: none does)
     n_gpu_layers: int  # -1 when all fit; else the most layers that do
+    vision_bytes: int = 0  # the vision projector's weights and compute buffer (0: none)
 
     def summary(self) -> dict[str, int | bool]:
         return {"fits": self.fits, "weights_bytes": self.weights_bytes, "kv_cache_bytes": self.kv_cache_bytes,
                 "recurrent_state_bytes": self.recurrent_state_bytes, "compute_bytes": self.compute_bytes,
-                "head_bytes": self.head_bytes, "total_bytes": self.total_bytes, "vram_bytes": self.vram_bytes,
-                "max_ctx": self.max_ctx, "n_gpu_layers": self.n_gpu_layers}
+                "head_bytes": self.head_bytes, "vision_bytes": self.vision_bytes, "total_bytes": self.total_bytes,
+                "vram_bytes": self.vram_bytes, "max_ctx": self.max_ctx, "n_gpu_layers": self.n_gpu_layers}
 
 
 def pad_ctx(ctx: int) -> int:
@@ -253,9 +254,10 @@ def _total(arch: Arch, ctx: int, parallel: int, n_ubatch: int, kv_type: str, hea
 
 
 def plan(arch: Arch, vram_bytes: int, ctx: int = 16384, parallel: int = 1, n_ubatch: int = 512,
-         kv_type: str = "f16", head_bytes: int = 0) -> Plan:
-    """Everything on the GPU if it fits; else the most layers that do, and the largest context."""
-    args = (parallel, n_ubatch, kv_type, head_bytes)
+         kv_type: str = "f16", head_bytes: int = 0, vision_bytes: int = 0) -> Plan:
+    """Everything on the GPU if it fits; else the most layers that do, and the largest context. The
+    vision projector (vision_bytes) goes on the GPU whenever the backbone uses one."""
+    args = (parallel, n_ubatch, kv_type, head_bytes + vision_bytes)
     total, weights, kv, rs, compute, margin, by_type = _total(arch, ctx, *args, -1, vram_bytes)
     fits = total <= vram_bytes
     ngl = -1
@@ -274,12 +276,13 @@ def plan(arch: Arch, vram_bytes: int, ctx: int = 16384, parallel: int = 1, n_uba
     max_ctx = lo
     cpu = sum(t.nbytes for t in arch.tensors) - weights
     return Plan(arch.name, ctx, parallel, n_ubatch, kv_type, fits, weights, by_type, cpu, kv, rs, compute,
-                head_bytes, margin, total, vram_bytes, max_ctx, ngl)
+                head_bytes, margin, total, vram_bytes, max_ctx, ngl, vision_bytes)
 
 
 def plan_for_gguf(path: str | Path, vram_bytes: int, ctx: int = 16384, parallel: int = 1, n_ubatch: int = 512,
-                  head_bytes: int = 0) -> Plan:
-    return plan(arch_from_gguf(read_gguf(path)), vram_bytes, ctx, parallel, n_ubatch, head_bytes=head_bytes)
+                  head_bytes: int = 0, vision_bytes: int = 0) -> Plan:
+    return plan(arch_from_gguf(read_gguf(path)), vram_bytes, ctx, parallel, n_ubatch, head_bytes=head_bytes,
+                vision_bytes=vision_bytes)
 
 
 def device_vram() -> int | None:
@@ -309,8 +312,8 @@ def parse_size(text: str) -> int:
     return int(float(number) * units[unit])
 
 
-def gpu_layers_for(gguf: Path, options: BackboneOptions, head_on_gpu: bool,
-                   head_hidden: int) -> tuple[int, list[str]]:
+def gpu_layers_for(gguf: Path, options: BackboneOptions, head_on_gpu: bool, head_hidden: int,
+                   vision_bytes: int = 0) -> tuple[int, list[str]]:
     """The n_gpu_layers to load with, and warnings when the configured context will not fit the GPU."""
     import llama_cpp
 
@@ -324,7 +327,7 @@ def gpu_layers_for(gguf: Path, options: BackboneOptions, head_on_gpu: bool,
         return -1, ["fit.no_nvml: n_gpu_layers = \"auto\" but GPU memory cannot be read (install nvidia-ml-py: "
                     "pip install 'clef-bridge[cuda]'); every layer is offloaded, which fails if it does not fit"]
     head = head_params(head_hidden) * HEAD_BYTES_PER_PARAM if head_on_gpu else 0
-    p = plan_for_gguf(gguf, vram, options.n_ctx, options.n_seq_max, options.n_ubatch, head)
+    p = plan_for_gguf(gguf, vram, options.n_ctx, options.n_seq_max, options.n_ubatch, head, vision_bytes)
     warnings = []
     if not p.fits:
         warnings.append(f"fit.context: n_ctx {options.n_ctx} with every layer on the GPU needs "

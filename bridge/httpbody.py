@@ -79,9 +79,7 @@ def decode(raw: bytes, encoding: str, limit: int) -> bytes:
 
 
 def check_content_type(content_type: str) -> None:
-    if content_type.startswith("multipart/"):
-        raise RequestInvalid([Problem(("body", "assets"), "this backend takes no images: the GGUF backbone has no "
-                                      "vision tower; send a JSON body with text state only", "images_not_supported")])
+    """JSON bodies; multipart/form-data (images) is read by bridge/multipart.py."""
     if content_type not in ("", "application/json", "application/octet-stream") and \
             not content_type.endswith("+json"):
         raise UnsupportedMediaType(f"Content-Type {content_type!r} is not supported; send application/json")

@@ -32,15 +32,22 @@ class ImageRejected(RequestInvalid):
 
     error_type = "invalid_image"
 
-    def __init__(self, loc: tuple[str | int, ...], msg: str, kind: str = "value_error.image"):
+    def __init__(self, loc: tuple[str | int, ...], msg: str = "", kind: str = "value_error.image",
+                 problems: list[Problem] | None = None):
         self.loc = loc
-        super().__init__([Problem(loc, msg, kind)])
+        super().__init__(problems or [Problem(loc, msg, kind)])
 
 
 class ImageTooLarge(ImageRejected):
     """An image asset is over a configured limit (bytes or pixels)."""
 
     error_type = "image_too_large"
+
+
+def rejected(errors: list[ImageRejected]) -> ImageRejected:
+    """Several images' problems as one error: too large (413) when every one is about size, else 422."""
+    cls = ImageTooLarge if all(isinstance(e, ImageTooLarge) for e in errors) else ImageRejected
+    return cls(errors[0].loc, problems=[p for e in errors for p in e.problems])
 
 
 @dataclass(frozen=True)

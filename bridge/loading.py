@@ -22,9 +22,11 @@ from .backbone import Backbone
 from .embedding import OutputEmbedding
 from .fit import gpu_layers_for
 from .integrity import ModelRefused, Report, check_all, check_canaries
+from .mmproj import check_projector, projector_for, vision_bytes
 from .pipeline import ClefModel, Head
 from .provenance import canary_probabilities, canary_states
 from .registry import ModelSpec
+from .vision import Projector
 
 log = logging.getLogger("clef_bridge.loading")
 
@@ -60,8 +62,16 @@ def materialize(spec: ModelSpec) -> None:
 def inspect_spec(spec: ModelSpec) -> Report:
     """Every static check of a models.toml entry (files, pins, pairing record), without loading it."""
     materialize(spec)
-    return check_all(spec.gguf, spec.head, spec.pair, spec.gguf_sha256, spec.head_sha256,
-                     want_record=not spec.builtin)
+    report = check_all(spec.gguf, spec.head, spec.pair, spec.gguf_sha256, spec.head_sha256,
+                       want_record=not spec.builtin)
+    check_projector(report, spec.gguf, spec.mmproj)
+    return report
+
+
+def open_projector(spec: ModelSpec, backbone: Backbone) -> Projector | None:
+    """The entry's vision projector on the backbone's device, or None when it has none."""
+    path = projector_for(spec.gguf, spec.mmproj)
+    return Projector(path, backbone) if path is not None else None
 
 
 def open_model(spec: ModelSpec, head_path: Path, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:
@@ -69,14 +79,16 @@ def open_model(spec: ModelSpec, head_path: Path, limits: Limits = Limits()) -> t
     config = load_config(config_path_for(head_path))
     xp = array_module_for(spec.head_device)
     head = Head(config, load_params(head_path, config, xp), xp)
-    n_gpu_layers, warnings = gpu_layers_for(spec.gguf, spec.backbone, spec.head_device == "cuda", config.hidden_size)
+    n_gpu_layers, warnings = gpu_layers_for(spec.gguf, spec.backbone, spec.head_device == "cuda", config.hidden_size,
+                                            vision_bytes(projector_for(spec.gguf, spec.mmproj)))
     backbone = Backbone(spec.gguf, replace(spec.backbone, n_gpu_layers=n_gpu_layers))
     try:
         embedding = OutputEmbedding(spec.gguf)
+        projector = open_projector(spec, backbone)
     except BaseException:
         backbone.close()
         raise
-    return ClefModel(spec.name, backbone, embedding, head, spec.encode, spec.answer, limits), warnings
+    return ClefModel(spec.name, backbone, embedding, head, spec.encode, spec.answer, limits, projector), warnings
 
 
 def load_checked(spec: ModelSpec, limits: Limits = Limits()) -> Loaded:

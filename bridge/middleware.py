@@ -18,6 +18,7 @@ from .appstate import METRICS, REGISTRY
 from .auth import Unauthorized
 from .backbone import BackboneError, DecodeFailed
 from .httpbody import BadEncoding, BodyTooLarge, UnsupportedMediaType
+from .images import ImageTooLarge
 from .registry import UnknownModel
 from .worker import Overloaded, WorkerStopped
 
@@ -40,6 +41,7 @@ STATUS: dict[type[BaseException], int] = {
     RequestInvalid: 422, ContextLengthExceeded: 413, BodyTooLarge: 413, UnknownModel: 404, Unauthorized: 401,
     Overloaded: 429, DeadlineExceeded: 503, WorkerStopped: 503, DecodeFailed: 503, NonFiniteOutput: 503,
     BackboneError: 503, MemoryError: 503, BadEncoding: 400, UnsupportedMediaType: 415, BodyTimeout: 408,
+    ImageTooLarge: 413,
 }
 RETRY_STATUSES = (429, 503)
 
@@ -72,7 +74,7 @@ def is_workers_ai(request: web.Request) -> bool:
 
 def error_body(exc: BaseException, status: int, workers_ai: bool) -> Any:
     error_type = getattr(exc, "error_type", "internal_error")
-    if isinstance(exc, RequestInvalid):
+    if isinstance(exc, RequestInvalid) and status == 422:  # an image too large (413) answers like other 413s
         detail: Any = [{"loc": list(p.loc), "msg": p.msg, "type": p.type} for p in exc.problems]
         message = str(exc)
     else:

@@ -20,6 +20,7 @@ from ..head.encoder import EncodeOptions
 from ..head.errors import ClefError
 from ..head.schema import QUESTION_TYPES, Limits
 from .backbone import BackboneOptions
+from .images import ImageLimits
 
 LATEST = "jev-latest"
 DEFAULT_NAMES = (LATEST, "jev-preview")  # the names that mean the registry's default model
@@ -54,6 +55,7 @@ class ModelSpec:
     head_sha256: str = ""
     pair: Path | None = None  # pairing record; default <gguf stem>.pair.json beside the GGUF when present
     builtin: str = ""  # "demo": the embedded demo model, built into the cache on first use
+    mmproj: Path | None = None  # vision projector GGUF; None: mmproj*.gguf beside the GGUF, if there is one
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class ServerSpec:
     body_timeout_s: float = 30.0  # a client must deliver its body within this; slower ones get 408
     cache_size: int = 0  # answers kept for exact repeats (identical in-flight requests always share one run)
     limits: Limits = Limits()
+    images: ImageLimits = ImageLimits()
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ MODEL_KEYS: dict[str, Key] = {
     "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
     "release_date": Key("", "release_date", str, _date),
     "gguf_sha256": Key("", "gguf_sha256", str, _sha256), "head_sha256": Key("", "head_sha256", str, _sha256),
+    "mmproj": Key("", "mmproj", str),
     "n_ctx": Key("backbone", "n_ctx", int, _positive),
     "n_gpu_layers": Key("backbone", "n_gpu_layers", (int, str), _gpu_layers),
     "n_ubatch": Key("backbone", "n_ubatch", int, _positive),
@@ -209,6 +213,10 @@ SERVER_KEYS: dict[str, Key] = {
     "body_timeout_s": Key("", "body_timeout_s", (int, float), _positive),
     "cache_size": Key("", "cache_size", int, _non_negative),
     **{f.name: Key("limits", f.name, int, _positive) for f in fields(Limits)},
+    "max_images": Key("images", "max_images", int, _positive),
+    "max_image_bytes": Key("images", "max_bytes", int, _positive),
+    "max_image_total_bytes": Key("images", "max_total_bytes", int, _positive),
+    "max_image_pixels": Key("images", "max_pixels", int, _positive),
 }
 
 
@@ -259,7 +267,7 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     if len(problems) > count or "gguf" not in raw:
         return None
     top = groups.pop("", {})
-    for key in ("gguf", "head", "pair"):
+    for key in ("gguf", "head", "pair", "mmproj"):
         if key in top:
             top[key] = _absolute(base / top[key])
     spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {})),
@@ -278,7 +286,7 @@ def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec
     top = groups.get("", {})
     if "api_keys_file" in top:
         top["api_keys_file"] = _absolute(base / top["api_keys_file"])
-    return ServerSpec(**top, limits=Limits(**groups.get("limits", {})))
+    return ServerSpec(**top, limits=Limits(**groups.get("limits", {})), images=ImageLimits(**groups.get("images", {})))
 
 
 def model_spec(name: str, gguf: str | Path, head: str | Path | None = None, base: Path = Path("."),

@@ -8,6 +8,7 @@ checked by auth.py, and identical requests share one computation (coalesce.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from datetime import date
@@ -18,6 +19,7 @@ from aiohttp import web
 from ..head.errors import ClefError
 from ..head.schema import parse_request
 from .appstate import COALESCER, KEYS, LOADER, METRICS, NAMES, REGISTRY, SERVED, Loader, Served
+from .assets import body_limit, decode_for, find_images
 from .auth import ApiKeys, auth_middleware, install_sighup
 from .coalesce import Coalescer
 from .httpbody import check_content_type, decode, parse_json, read_capped
@@ -25,6 +27,7 @@ from .integrity import ModelRefused
 from .loading import Loaded, load_checked
 from .metrics import create_metrics
 from .middleware import INFO, BodyTimeout, DeadlineExceeded, context_middleware, json_response
+from .multipart import RequestBody, is_form, parse_body
 from .openapi import openapi_spec
 from .pipeline import Decision
 from .registry import ModelSpec, Registry, name_table, resolve
@@ -37,29 +40,40 @@ INLINE_BYTES = 64 * 1024  # bigger bodies are decompressed and parsed off the ev
 
 # --- the decision path -------------------------------------------------------------------------
 
-async def read_json(request: web.Request) -> Any:
+async def read_json(request: web.Request) -> RequestBody:
+    """The body: JSON, or multipart/form-data (a `request` part and image parts), capped for text and images."""
     server = request.app[REGISTRY].server
-    limit = server.max_body_bytes
-    check_content_type(request.content_type if request.body_exists else "")
+    limit = body_limit(server.max_body_bytes, server.images)
+    content_type = request.content_type if request.body_exists else ""
+    form = request.headers.get("Content-Type", "") if is_form(content_type) else ""
+    if not form:
+        check_content_type(content_type)
     try:  # a client trickling its body is cut off; it never reaches a worker
         raw = await asyncio.wait_for(read_capped(request, limit), server.body_timeout_s)
     except asyncio.TimeoutError:
         raise BodyTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
                           "(body_timeout_s)") from None
     encoding = request.headers.get("Content-Encoding", "")
-    if len(raw) <= INLINE_BYTES and encoding in ("", "identity"):
-        return parse_json(raw)
-    return await asyncio.get_running_loop().run_in_executor(None, lambda: parse_json(decode(raw, encoding, limit)))
+    if not form and len(raw) <= INLINE_BYTES and encoding in ("", "identity"):
+        return RequestBody(parse_json(raw), None, len(raw))
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: parse_body(decode(raw, encoding, limit),
+                                                                                      form))
 
 
-async def decide(request: web.Request, body: Any, model_name: Any) -> Decision:
-    """Queue a body on its model's worker and wait, within the deadline, for the decision."""
+async def decide(request: web.Request, body: RequestBody, model_name: Any) -> Decision:
+    """Queue a body on its model's worker (images decoded first) and wait, within the deadline, for the decision."""
     info = request[INFO]
-    if not isinstance(body, dict) or not isinstance(model_name, str):
-        parse_request(body)  # reports every problem of the body at once
+    server = request.app[REGISTRY].server
+    media = await find_images(body, server.max_body_bytes, server.images, server.limits)
+    if not isinstance(media.body, dict) or not isinstance(model_name, str):
+        parse_request(media.body)  # reports every problem of the body at once
     served = request.app[SERVED][resolve(request.app[NAMES], model_name)]
     info.model = served.spec.name
-    shared = request.app[COALESCER].submit(served.worker, body)
+    served.worker.check_image_room(bool(media.images))  # a full queue refuses before decoding anything
+    t0 = time.perf_counter()
+    pixels = await decode_for(served.worker.model, media)
+    images_s = time.perf_counter() - t0
+    shared = request.app[COALESCER].submit(served.worker, media.body, pixels, tuple(i.digest for i in media.images))
     metrics = request.app[METRICS]
     metrics.queue_depth.labels(served.spec.name).set(served.worker.depth)
     timeout = request.app[REGISTRY].server.request_timeout_s
@@ -73,6 +87,8 @@ async def decide(request: web.Request, body: Any, model_name: Any) -> Decision:
     t = decision.timings
     info.input_tokens, info.batch_size = decision.input_tokens, t.batch_size
     stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
+    if media.images:
+        stages.update(images=images_s, vision=t.vision)  # Pillow decoding here, the vision tower in the worker
     info.timings = {f"{stage}_ms": round(seconds * 1e3, 3) for stage, seconds in stages.items()}
     for stage, seconds in stages.items():
         metrics.latency.labels(served.spec.name, stage).observe(seconds)
@@ -84,9 +100,10 @@ async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]
     """Both decision routes: read, decide, and the response with its x_ extensions."""
     start = time.perf_counter()
     body = await read_json(request)
-    if path_model is not None and isinstance(body, dict):
-        body = {**body, "model": path_model}  # Workers AI: the route names the model, the body's is ignored
-    decision = await decide(request, body, body.get("model") if isinstance(body, dict) else None)
+    if path_model is not None and isinstance(body.data, dict):  # Workers AI: the route names the model
+        body = dataclasses.replace(body, data={**body.data, "model": path_model})
+    data = body.data
+    decision = await decide(request, body, data.get("model") if isinstance(data, dict) else None)
     info = request[INFO]
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
     info.timings["total_ms"] = total_ms

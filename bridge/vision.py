@@ -22,66 +22,19 @@ import llama_cpp as lc
 import numpy as np
 from llama_cpp import mtmd_cpp as mt
 
-from ..head.errors import ClefError, Problem, RequestInvalid
+from ..head.encoder import IMAGE_PAD, VISION_END, VISION_START
+from ..head.errors import Problem, RequestInvalid
 from . import llama_log
 from .backbone import Backbone, Chunk
-from .gguf_file import read_gguf
 from .images import ImageGeometry
-
-QWEN35_PROJECTOR = "qwen3vl_merger"  # Qwen3-VL's and Qwen3.5's merger; Qwen3.5's has no deepstack layers
-VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
-
-
-class ProjectorError(ClefError):
-    """The vision projector (mmproj GGUF) cannot be loaded or does not fit this backbone."""
-
-    error_type = "projector_error"
-
-
-@dataclass(frozen=True)
-class ProjectorInfo:
-    """What the validator needs from an mmproj GGUF's metadata (read without loading it)."""
-
-    projector_type: str
-    n_embd: int  # width of the embeddings it hands the backbone
-    patch_size: int
-    merge: int  # spatial merge: merge x merge patches make one token
-    deepstack: bool  # Qwen3-VL feeds extra layers; Qwen3.5 does not
-    weight_bytes: int  # what llama.cpp loads (fit adds a compute buffer: ~84 MiB for 4,096 tokens on the
-    # tiny test tower with flash attention, 2 GiB without: the attention grows with patches squared)
-
-
-def projector_info(path: str | Path) -> ProjectorInfo:
-    gguf = read_gguf(path)
-    meta = gguf.metadata
-    if meta.get("general.architecture") != "clip" or not meta.get("clip.has_vision_encoder", False):
-        raise ProjectorError(f"{path}: not a vision projector GGUF (general.architecture "
-                             f"{meta.get('general.architecture')!r}); use the mmproj-*.gguf of this model")
-    return ProjectorInfo(projector_type=str(meta.get("clip.projector_type", "")),
-                         n_embd=int(meta.get("clip.vision.projection_dim", 0)),
-                         patch_size=int(meta.get("clip.vision.patch_size", 0)),
-                         merge=int(meta.get("clip.vision.spatial_merge_size", 2)),
-                         deepstack=bool(np.any(meta.get("clip.vision.is_deepstack_layers", False))),
-                         weight_bytes=gguf.file_size - gguf.data_start)
-
-
-def pairing_problems(info: ProjectorInfo, n_embd: int) -> list[str]:
-    """Why this projector cannot feed a Qwen3.5 backbone of width n_embd (empty: it can)."""
-    problems = []
-    if info.projector_type != QWEN35_PROJECTOR or info.deepstack:
-        kind = f"{info.projector_type}{' with deepstack layers (Qwen3-VL)' if info.deepstack else ''}"
-        problems.append(f"projector type {kind}; Qwen3.5 needs {QWEN35_PROJECTOR} without deepstack layers")
-    if info.n_embd != n_embd:
-        problems.append(f"projector output width {info.n_embd} != backbone width {n_embd}: it belongs to "
-                        "another model")
-    return problems
+from .mmproj import MAX_IMAGE_TOKENS, ProjectorError, pairing_problems, projector_info
 
 
 @dataclass(frozen=True)
 class ProjectorOptions:
     # Qwen3.5's preprocessor_config.json: 65,536 to 16,777,216 pixels, one token per 32x32 pixels
     min_tokens: int = 64
-    max_tokens: int = 16384
+    max_tokens: int = MAX_IMAGE_TOKENS
     n_threads: int = 0  # 0: every core
     verbose: bool = False
 

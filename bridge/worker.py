@@ -16,14 +16,18 @@ from .pipeline import ClefModel, Decision, Prefilled, Prepared
 
 log = logging.getLogger("clef_bridge.worker")
 
+# Image requests wait with their decoded pixels (up to 4 x 48 MiB at the default limits): this many per
+# model bounds that memory; more get 429 before their images are decoded.
+MAX_IMAGE_JOBS = 8
+
 
 class Overloaded(ClefError):
     """The admission queue is full."""
 
     error_type = "overloaded"
 
-    def __init__(self, model: str, depth: int):
-        super().__init__(f"model {model!r} has {depth} requests waiting, the most this server queues; retry shortly")
+    def __init__(self, model: str, depth: int, what: str = "requests"):
+        super().__init__(f"model {model!r} has {depth} {what} waiting, the most this server queues; retry shortly")
 
 
 class WorkerStopped(ClefError):
@@ -37,6 +41,7 @@ class Job:
     body: Any
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    images: tuple[Any, ...] = ()  # decoded pixels (bridge.assets.decode_all), in prompt order
     enqueued: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set from the event loop when the client is gone or the deadline passed
     queue_s: float = 0.0
@@ -58,8 +63,9 @@ class InferenceWorker:
     """
 
     def __init__(self, model: ClefModel, max_queue: int, on_batch: Callable[[BatchStats], None] = lambda s: None,
-                 overlap: bool | None = None):
+                 overlap: bool | None = None, max_image_jobs: int = MAX_IMAGE_JOBS):
         self.model = model
+        self.max_image_jobs = max_image_jobs
         self.overlap = model.backbone.on_gpu if overlap is None else overlap
         self.name = model.name
         self.max_queue = max_queue
@@ -92,15 +98,21 @@ class InferenceWorker:
     def depth(self) -> int:
         return len(self._queue)
 
-    def submit(self, body: Any) -> Job:
-        """Queue one request body (call from the event loop)."""
+    def check_image_room(self, has_images: bool) -> None:
+        """Refuse (429) an image request while max_image_jobs of them wait: their pixels are held in memory."""
+        if has_images and sum(1 for job in tuple(self._queue) if job.images) >= self.max_image_jobs:
+            raise Overloaded(self.name, self.max_image_jobs, "image requests")
+
+    def submit(self, body: Any, images: tuple[Any, ...] = ()) -> Job:
+        """Queue one request body and its decoded images (call from the event loop)."""
         loop = asyncio.get_running_loop()
-        job = Job(body, loop.create_future(), loop)
+        job = Job(body, loop.create_future(), loop, images)
         with self._cv:
             if self._stopping or not self._thread.is_alive():
                 raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
             if len(self._queue) >= self.max_queue:
                 raise Overloaded(self.name, len(self._queue))
+            self.check_image_room(bool(images))
             self._queue.append(job)
             self._cv.notify()
         return job
@@ -126,17 +138,19 @@ class InferenceWorker:
                     continue
                 job.queue_s = now - job.enqueued
                 try:
-                    ready.append((job, self.model.prepare(job.body)))
+                    ready.append((job, self.model.prepare(job.body, job.images)))
                 except Exception as exc:  # noqa: BLE001 - every failure goes back to its own request
                     self._deliver(job, exc)
             for batch in self._batches(ready):
                 self._decide(batch)
 
     def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
-        """Greedy packing under the decode's token budget (n_ctx)."""
+        """Greedy packing of text requests under the decode's token budget (n_ctx); a request with images
+        decodes alone (llama.cpp takes token ids or embeddings in one batch, not both)."""
         budget = self.model.backbone.n_ctx
-        batches, current, used = [], [], 0
-        for item in ready:
+        batches = [[item] for item in ready if item[1].images]
+        current, used = [], 0
+        for item in (item for item in ready if not item[1].images):
             n = len(item[1].encoded.input_ids)
             if current and used + n > budget:
                 batches.append(current)

@@ -7,7 +7,7 @@ joint_schema_model.encode_record does, so spans line up token for token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -22,6 +22,8 @@ SYSTEM_PROMPT = (
 PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nSTATE:\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
 SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
+# Qwen3.5's image markup: the processor expands each <|image_pad|> into one token per image token
+VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 
 # tokenize(text, parse_special) -> token ids, with no BOS/EOS added
 Tokenize = Callable[[str, bool], list[int]]
@@ -50,7 +52,19 @@ def _user_tokens(tokenize: Tokenize, value: Any, parse_special: bool, loc: tuple
         raise RequestInvalid([Problem(loc, f"cannot be encoded as text: {exc}", "value_error")]) from None
 
 
-def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions = EncodeOptions()) -> Encoded:
+def media_ids(tokenize: Tokenize, image_tokens: Sequence[int]) -> list[int]:
+    """The reference's media block for images of these token counts: per image <|vision_start|>, one
+    <|image_pad|> per image token, <|vision_end|>; then one "\\n" after them all (none without images)."""
+    if not image_tokens:
+        return []
+    start, pad, end = (tokenize(t, True) for t in (VISION_START, IMAGE_PAD, VISION_END))
+    return [t for n in image_tokens for t in start + pad * n + end] + tokenize("\n", True)
+
+
+def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions = EncodeOptions(),
+           image_tokens: Sequence[int] = ()) -> Encoded:
+    """The prompt's token ids and spans; image_tokens: the token count of each image, in prompt order
+    (their <|image_pad|> runs sit right after PREFIX, where the reference puts them)."""
     user = options.parse_special_in_user_text
     schema: list[int] = list(tokenize(SCHEMA_HEADER, True))
     question_spans, option_spans, option_offsets = [], [], []
@@ -75,7 +89,7 @@ def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions 
             schema += tokenize("\n", True)
         schema += tokenize("END FIELD\n", True)
 
-    prefix = tokenize(PREFIX, True)
+    prefix = tokenize(PREFIX, True) + media_ids(tokenize, image_tokens)
     suffix = tokenize(SUFFIX, True)
     state = _user_tokens(tokenize, request.state, user, ("body", "state"))
     fixed = len(prefix) + len(schema) + len(suffix)

@@ -167,10 +167,11 @@ def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
     elif _state_bytes(body["state"]) > limits.max_state_bytes:
         problems.append(Problem(("body", "state"), f"the state is larger than {limits.max_state_bytes} bytes "
                                 "(max_state_bytes)", "state_too_large"))
-    for field in MEDIA_FIELDS:
+    for field in MEDIA_FIELDS:  # the server (bridge.assets) takes images out of the body before parsing it
         if body.get(field):
-            problems.append(Problem(("body", field), "this backend takes no images or videos: the GGUF backbone "
-                                    "path has no vision tower; send text state only", "images_not_supported"))
+            problems.append(Problem(("body", field), "this path reads text only: send images through the server "
+                                    "or ClefModel.decide, which take them out of the body first",
+                                    "images_not_supported"))
     raw_questions = body.get("questions")
     questions: list[Question] = []
     if not isinstance(raw_questions, dict) or not raw_questions:

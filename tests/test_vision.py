@@ -21,22 +21,13 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.backbone import Backbone, BackboneOptions, Chunk
 from clef_bridge.bridge.images import ImageGeometry, decode, sniff
-from clef_bridge.bridge.pipeline import ClefModel
-from clef_bridge.bridge.vision import (
-    EncodedImage,
-    Projector,
-    ProjectorError,
-    ProjectorInfo,
-    ProjectorOptions,
-    image_positions,
-    pairing_problems,
-    projector_info,
-)
+from clef_bridge.bridge.mmproj import ProjectorError, ProjectorInfo, pairing_problems, projector_info
+from clef_bridge.bridge.vision import EncodedImage, Projector, ProjectorOptions, image_positions
 from clef_bridge.head.encoder import PREFIX
 from clef_bridge.head.errors import RequestInvalid
 
 from . import fixturegen_vision
-from .conftest import tiny_spec
+from .conftest import open_spec, tiny_spec
 from .fixturegen_vision import data_url, encoded, picture
 
 torch = pytest.importorskip("torch")
@@ -93,10 +84,9 @@ def oracle(vfx):
 
 @pytest.fixture(scope="module")
 def clef(vfx):
-    model = ClefModel(tiny_spec(vfx.base, gguf=vfx.gguf_f32, head=vfx.head))
-    projector = Projector(vfx.mmproj_f32, model.backbone)
-    yield SimpleNamespace(model=model, projector=projector)
-    projector.close()
+    """The tiny vision model loaded the one checked way, its projector named by mmproj in its entry."""
+    model = open_spec(tiny_spec(vfx.base, gguf=vfx.gguf_f32, head=vfx.head, mmproj=vfx.mmproj_f32))
+    yield SimpleNamespace(model=model, projector=model.projector)
     model.close()
 
 
@@ -130,10 +120,16 @@ def layout_with_images(model, request, counts: list[int], pad: int):
 
 
 def our_run(clef, request, images, chunks=None):
-    pictures = [clef.projector.encode(decode(d, sniff(d, LOC), LOC, clef.projector.geometry)) for d in images]
-    enc = layout_with_images(clef.model, request, [p.n_tokens for p in pictures], clef.projector.image_pad)
-    pieces = clef.projector.pieces(enc.input_ids, pictures)
-    hidden = clef.model.backbone.decode_chunks((chunks or clef.projector.chunks)(pieces))
+    """The pipeline's own path (ClefModel.prepare with pixels, prefill_batch); chunks: other positions."""
+    pixels = [decode(d, sniff(d, LOC), LOC, clef.projector.geometry) for d in images]
+    prepared = clef.model.prepare(request, pixels)
+    enc = prepared.encoded
+    if chunks is None and clef.projector is clef.model.projector:
+        [item] = clef.model.prefill_batch([prepared])
+        hidden = item.hidden
+    else:  # another projector, or other positions
+        pieces = clef.projector.pieces(enc.input_ids, [clef.projector.encode(p) for p in pixels])
+        hidden = clef.model.backbone.decode_chunks((chunks or clef.projector.chunks)(pieces))
     return enc, probabilities(enc, clef.model.logits(enc, hidden))
 
 
@@ -156,6 +152,10 @@ def test_systemone_with_images_matches_reference(oracle, clef, name):
     ours, probs = our_run(clef, REQUEST, images)
 
     assert ours.input_ids.tolist() == list(ref_encoded.input_ids)  # image tokens counted and placed alike
+    pads = np.flatnonzero(ours.input_ids == clef.projector.image_pad)
+    counts = [len(run) for run in np.split(pads, np.flatnonzero(np.diff(pads) != 1) + 1)]
+    assert layout_with_images(clef.model, REQUEST, counts, clef.projector.image_pad).input_ids.tolist() == \
+        ours.input_ids.tolist()  # the encoder writes the layout the reference's processor makes
     assert ours.layout.question_spans.tolist() == [list(q.question_span) for q in ref_encoded.questions]
     assert ours.layout.option_spans.tolist() == [list(s) for q in ref_encoded.questions for s in q.option_spans]
     worst = max_diff(probs, ref_probs)
@@ -227,7 +227,7 @@ def test_error_sources_apart(oracle, clef):
 
 def test_projector_metadata_and_pairing(vfx):
     info = projector_info(vfx.mmproj_f32)
-    assert info == ProjectorInfo("qwen3vl_merger", 64, 16, 2, False, info.weight_bytes)
+    assert info == ProjectorInfo("qwen3vl_merger", 64, 16, 2, False, info.weight_bytes, width=32, feedforward=64)
     assert 0.9 < info.weight_bytes / vfx.mmproj_f32.stat().st_size <= 1
     f16 = projector_info(vfx.mmproj_f16)
     assert f16.n_embd == 64 and f16.weight_bytes < 0.7 * info.weight_bytes

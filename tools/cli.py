@@ -112,8 +112,8 @@ def _fit(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if vram is None:
         raise UsageError("no GPU found (nvidia-ml-py reads it)", fix="pass --vram 16GiB")
-    return emit(fit(args.gguf, args.arch, args.quant, vram, args.ctx, args.parallel, args.ubatch, args.head_on_gpu),
-                args.json)
+    return emit(fit(args.gguf, args.arch, args.quant, vram, args.ctx, args.parallel, args.ubatch, args.head_on_gpu,
+                    args.mmproj), args.json)
 
 
 def _pull(args: argparse.Namespace) -> int:

@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, default=1, help="sequences decoded together (n_seq_max, default: 1)")
     p.add_argument("--ubatch", type=int, default=512, help="llama.cpp's n_ubatch (default: 512)")
     p.add_argument("--head-on-gpu", action="store_true", help="count the head on the GPU (head_device = cuda)")
+    p.add_argument("--mmproj", type=Path, help="the vision projector GGUF to count (default: mmproj*.gguf beside "
+                                              "the GGUF, if any)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "

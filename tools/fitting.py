@@ -9,6 +9,7 @@ from typing import Any
 from ..bridge.fit import ARCHES, HEAD_BYTES_PER_PARAM, Arch, Plan, arch_from_gguf, arch_preset, head_params, plan
 from ..bridge.gguf_file import read_gguf
 from ..bridge.integrity import find_head
+from ..bridge.mmproj import compute_bytes, projector_for, projector_info
 from ..head.config import config_path_for, load_config
 from ..head.errors import ClefError
 
@@ -25,13 +26,18 @@ class FitReport:
     head_on_gpu: bool
     head_bytes_float32: int  # the loaded head's size, wherever it runs
     head_source: str  # where its size comes from
+    vision_weight_bytes: int = 0  # the vision projector, on the GPU with the backbone (0: none)
+    vision_compute_bytes: int = 0  # its compute buffer for the largest image (16,384 tokens)
+    vision_source: str = ""  # the mmproj GGUF counted, or "" without one
 
     @property
     def ok(self) -> bool:
         return self.plan.fits
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.plan.summary(), "head_bytes_float32": self.head_bytes_float32, "head_source": self.head_source}
+        return {**self.plan.summary(), "head_bytes_float32": self.head_bytes_float32, "head_source": self.head_source,
+                "vision_weight_bytes": self.vision_weight_bytes, "vision_compute_bytes": self.vision_compute_bytes,
+                "vision_source": self.vision_source or None}
 
 
 def _head_size(gguf: Path, hidden: int) -> tuple[int, str]:
@@ -44,7 +50,8 @@ def _head_size(gguf: Path, hidden: int) -> tuple[int, str]:
 
 
 def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: int, parallel: int, ubatch: int,
-        head_on_gpu: bool) -> FitReport:
+        head_on_gpu: bool, mmproj: Path | None = None) -> FitReport:
+    """The plan; the vision projector counted is mmproj, else the one beside the GGUF (none with --arch alone)."""
     if (gguf is None) == (arch_name is None):
         raise FitError("give a GGUF or --arch NAME (not both)")
     if arch_name is not None:
@@ -57,5 +64,10 @@ def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: in
         arch = arch_from_gguf(read_gguf(gguf))
         params, source = _head_size(gguf, arch.n_embd)
     head_bytes = params * HEAD_BYTES_PER_PARAM
-    result = plan(arch, vram, ctx, parallel, ubatch, head_bytes=head_bytes if head_on_gpu else 0)
-    return FitReport(result, arch, vram, head_on_gpu, head_bytes, source)
+    projector = mmproj if gguf is None else projector_for(gguf, mmproj)
+    info = projector_info(projector) if projector is not None else None
+    weights, compute = (info.weight_bytes, compute_bytes(info)) if info else (0, 0)
+    result = plan(arch, vram, ctx, parallel, ubatch, head_bytes=head_bytes if head_on_gpu else 0,
+                  vision_bytes=weights + compute)
+    return FitReport(result, arch, vram, head_on_gpu, head_bytes, source, weights, compute,
+                     str(projector) if projector else "")

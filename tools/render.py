@@ -37,6 +37,11 @@ def report_lines(report: Report, name: str | None) -> list[str]:
         lines.append(f"  {facts.get('architecture')}, hidden {facts.get('embedding_length')}, "
                      f"{facts.get('block_count')} layers ({facts.get('full_attention_layers')} full attention), "
                      f"vocab {facts.get('vocab_size')}")
+    if report.accepted and facts.get("mmproj"):
+        lines.append(f"  vision projector {facts['mmproj']}: {facts.get('mmproj_type')}, width "
+                     f"{facts.get('mmproj_width')}, {facts.get('mmproj_weight_bytes', 0) / 2**20:.1f} MiB of weights")
+    elif report.accepted and "mmproj" in facts:
+        lines.append("  no vision projector: text only (image requests get a 422)")
     return lines
 
 
@@ -71,6 +76,10 @@ def _(result: FitReport) -> str:
         f"  compute buffers    {gib(p.compute_bytes)}  (n_ubatch {p.n_ubatch})",
         f"  head               {gib(p.head_bytes)}  ({where}: {result.head_bytes_float32 / MIB:.1f} MiB float32, "
         f"from {result.head_source})",
+        f"  vision projector   {gib(p.vision_bytes)}  "
+        + (f"({result.vision_weight_bytes / MIB:.1f} MiB weights + {result.vision_compute_bytes / MIB:.1f} MiB "
+           f"compute for the largest image, from {result.vision_source})" if result.vision_source
+           else "(none: text only)"),
         f"  margin             {gib(p.margin_bytes)}",
         f"  total              {gib(p.total_bytes)}  -> {'FITS' if p.fits else 'does NOT fit'}",
         f"  largest context with every layer on the GPU: {p.max_ctx}",
