@@ -23,9 +23,19 @@ import numpy as np
 
 from ..head.errors import Problem, RequestInvalid
 from ..head.schema import Limits, json_depth
-from .images import ImageGeometry, ImageHeader, ImageLimits, ImageRejected, ImageTooLarge, check, decode, rejected, sniff
-from .mmproj import PROJECTOR_HOME
 from .httpbody import BodyTooLarge, UnsupportedMediaType
+from .images import (
+    ImageGeometry,
+    ImageHeader,
+    ImageLimits,
+    ImageRejected,
+    ImageTooLarge,
+    check,
+    decode,
+    rejected,
+    sniff,
+)
+from .mmproj import PROJECTOR_HOME
 from .multipart import FORM, FormPart, RequestBody
 
 MARKER = "[image {}]"

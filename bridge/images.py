@@ -151,12 +151,13 @@ def sniff(data: bytes, loc: tuple[str | int, ...]) -> ImageHeader:
 def check(header: ImageHeader, n_bytes: int, limits: ImageLimits, loc: tuple[str | int, ...]) -> None:
     """Refuse an image over the limits, or of a shape the model cannot take, before decoding it."""
     if n_bytes > limits.max_bytes:
-        raise ImageTooLarge(loc, f"is {n_bytes} bytes; the limit is {limits.max_bytes} bytes per image",
-                            "value_error.image.bytes")
+        raise ImageTooLarge(loc, f"is {n_bytes} bytes; the limit is {limits.max_bytes} bytes per image "
+                                 "(max_image_bytes)", "value_error.image.bytes")
     pixels = header.width * header.height
     if pixels > limits.max_pixels:
         raise ImageTooLarge(loc, f"is {header.width}x{header.height} ({pixels} pixels); the limit is "
-                                 f"{limits.max_pixels} pixels per image: scale it down", "value_error.image.pixels")
+                                 f"{limits.max_pixels} pixels per image (max_image_pixels): scale it down",
+                            "value_error.image.pixels")
     if max(header.width, header.height) > MAX_ASPECT * min(header.width, header.height):
         raise ImageRejected(loc, f"is {header.width}x{header.height}; Qwen3.5's processor takes aspect ratios up to "
                                  f"{MAX_ASPECT}:1: crop or pad it", "value_error.image.aspect")

@@ -26,7 +26,7 @@ from .mmproj import check_projector, projector_for, vision_bytes
 from .pipeline import ClefModel, Head
 from .provenance import canary_probabilities, canary_states
 from .registry import ModelSpec
-from .vision import Projector
+from .vision import Projector, ProjectorOptions
 
 log = logging.getLogger("clef_bridge.loading")
 
@@ -71,7 +71,8 @@ def inspect_spec(spec: ModelSpec) -> Report:
 def open_projector(spec: ModelSpec, backbone: Backbone) -> Projector | None:
     """The entry's vision projector on the backbone's device, or None when it has none."""
     path = projector_for(spec.gguf, spec.mmproj)
-    return Projector(path, backbone) if path is not None else None
+    options = ProjectorOptions(n_threads=spec.backbone.n_threads, verbose=spec.backbone.verbose)
+    return Projector(path, backbone, options) if path is not None else None
 
 
 def open_model(spec: ModelSpec, head_path: Path, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:

@@ -118,7 +118,8 @@ def parse_body(raw: bytes, form: str = "") -> RequestBody:
     if request is None:
         raise _invalid(f"a {FORM} body needs a part named {REQUEST_PART!r} holding the JSON request", "missing",
                        ("body", REQUEST_PART))
-    if request.content_type not in ("", "application/json", "text/plain") and not request.content_type.endswith("+json"):
+    ctype = request.content_type
+    if ctype not in ("", "application/json", "text/plain") and not ctype.endswith("+json"):
         raise _invalid(f"the {REQUEST_PART!r} part is {request.content_type}; it must hold the JSON request "
                        "(application/json)", "type_error", ("body", REQUEST_PART))
     return RequestBody(parse_json(request.data), parts, len(request.data))

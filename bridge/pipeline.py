@@ -151,7 +151,8 @@ class ClefModel:
             "answers": answers(prepared.request, logits, prepared.encoded.layout.option_offsets, self.answer_options),
             "usage": {"input_tokens": int(len(prepared.encoded.input_ids)), "output_tokens": 0},
         }
-        timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.vision_s)
+        timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size,
+                          item.vision_s)
         return Decision(body, len(prepared.encoded.input_ids), timings)
 
     def decide_many(self, batch: list[Prepared]) -> list[Decision]:

@@ -87,7 +87,7 @@ def test_plan_fits_and_falls_back_to_partial_offload():
     assert not f16.fits and 0 < f16.n_gpu_layers < 32
     parts = f16.summary()
     assert set(parts) == {"fits", "weights_bytes", "kv_cache_bytes", "recurrent_state_bytes", "compute_bytes",
-                          "head_bytes", "total_bytes", "vram_bytes", "max_ctx", "n_gpu_layers"}
+                          "head_bytes", "vision_bytes", "total_bytes", "vram_bytes", "max_ctx", "n_gpu_layers"}
     assert all(isinstance(v, int) for k, v in parts.items() if k != "fits")
     big = plan(arch_preset("clef", "Q8_0"), 24 * GIB, ctx=16384)
     assert not big.fits and big.max_ctx == 0

@@ -103,15 +103,21 @@ def test_compressed_bodies(server, tiny_model):
         assert strip_extensions(reply.json()) == tiny_model.decide(REQUESTS[5])
 
 
-def test_multipart_with_assets_is_refused(server):
+def test_multipart_images_for_a_model_without_projector(server):
+    """The official SDK's multipart body to a text-only model: a 422 that says how to add a projector."""
+    from .fixturegen_vision import encoded, picture
+
     boundary = "xyz"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"request\"\r\n\r\n{json.dumps(NOUL)}\r\n"
+    request = {**NOUL, "assets": {"<img>": {"type": "image", "part": "asset-0"}}, "state": "see <img>"}
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"request\"\r\n\r\n{json.dumps(request)}\r\n"
             f"--{boundary}\r\nContent-Disposition: form-data; name=\"asset-0\"; filename=\"a.png\"\r\n"
-            f"Content-Type: image/png\r\n\r\n\x89PNG\r\n--{boundary}--\r\n").encode()
+            f"Content-Type: image/png\r\n\r\n").encode() + encoded(picture(64, 64), "PNG") + \
+        f"\r\n--{boundary}--\r\n".encode()
     reply = server.post(None, raw=body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert reply.status == 422
     [problem] = reply.json()["detail"]
-    assert problem["type"] == "images_not_supported" and "no images" in problem["msg"]
+    assert problem["type"] == "images_not_supported" and "no vision projector" in problem["msg"]
+    assert "mmproj" in problem["msg"]
 
 
 def test_over_length_is_413(fx, tmp_path):
