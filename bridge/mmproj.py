@@ -77,8 +77,8 @@ def compute_bytes(info: ProjectorInfo, max_tokens: int = MAX_IMAGE_TOKENS) -> in
     """llama.cpp's vision compute buffer for the largest image (flash attention on, as Projector runs it):
     per patch the float32 input pixels (3 x patch^2) plus the widest layer's live activations (the
     feed-forward's two [ff] tensors and about six [width] ones). It matches the 38.4 MiB llama.cpp
-    reports for the tiny test tower's 8,464-patch warm-up within 8%; about 4 GiB for Qwen3.5's tower
-    (width 1152, ff 4304) at 16,384 tokens."""
+    reports for the tiny test tower's 8,464-patch warm-up within 9% (the only size it reports); about
+    4 GiB at 16,384 tokens for a tower of Qwen3-VL's size (width 1152, ff 4304)."""
     patches = max_tokens * info.merge**2
     return patches * (3 * info.patch_size**2 + 6 * info.width + 2 * info.feedforward) * 4
 

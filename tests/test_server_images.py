@@ -19,8 +19,10 @@ from dataclasses import replace
 import pytest
 from backports import zstd
 from clef_bridge.bridge import assets
+from clef_bridge.bridge.appstate import SERVED
 from clef_bridge.bridge.images import ImageLimits
 from clef_bridge.bridge.server import load_models
+from clef_bridge.bridge.worker import MAX_IMAGE_JOBS
 
 from . import fixturegen_vision
 from .conftest import open_spec, tiny_spec
@@ -312,3 +314,17 @@ def test_memory_is_flat_over_200_image_requests(server):
             samples.append(rss_mib())
     print(f"RSS after 40 image requests {samples[0]:.1f} MiB, after 200 {samples[1]:.1f} MiB")
     assert samples[1] - samples[0] < 8  # one leaked image (pixels, embeddings or hidden states) per request: > 20
+
+
+def test_waiting_image_requests_are_bounded(served):
+    """Queued image requests hold their pixels: beyond max_image_jobs per model they get 429, text does not."""
+    server, _ = served
+    worker = server.app[SERVED]["tiny"].worker
+    worker.max_image_jobs = 0
+    try:
+        reply = server.post({"model": "tiny", "state": "full", "questions": QUESTIONS, "images": [b64(PNG)]})
+        assert reply.status == 429 and "retry-after" in reply.headers
+        assert "image requests waiting" in reply.json()["detail"]["message"]
+        assert server.post({"model": "tiny", "state": "text", "questions": QUESTIONS}).status == 200
+    finally:
+        worker.max_image_jobs = MAX_IMAGE_JOBS
