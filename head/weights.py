@@ -175,7 +175,11 @@ def _listify(node: Any) -> Any:
 
 def load_params(path: str | Path, cfg: HeadConfig, xp: Any = np) -> dict[str, Any]:
     """The head's parameters as a nested dict of float32 arrays on the array module xp."""
-    flat = load_state_dict(path, cfg)
+    return params_from(load_state_dict(path, cfg), xp)
+
+
+def params_from(flat: dict[str, np.ndarray], xp: Any = np) -> dict[str, Any]:
+    """A flat torch-named state dict as the nested parameters the head's functions unpack, on xp."""
     if xp is not np:
         flat = {k: xp.asarray(v) for k, v in flat.items()}
     return unflatten(flat)

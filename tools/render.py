@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import singledispatch
 from typing import Any
 
+from ..bridge.clef_convert import JoinResult
 from ..bridge.demo import DemoFiles
 from ..bridge.fit import GIB, MIB
 from ..bridge.integrity import Report
@@ -12,6 +13,7 @@ from .bench import BenchResult
 from .bench_head import LOGIT_TOLERANCE, HeadBench
 from .calibrate import SPLITS, CalibrateResult
 from .checks import CheckResult, PairResult
+from .convert import SplitReport
 from .drift import CONFIDENT, DriftResult
 from .evaluate import Report as EvalReport
 from .evaluate import markdown
@@ -149,6 +151,27 @@ def _(result: HeadBench) -> str:
 
 
 @text.register
+def _(result: SplitReport) -> str:
+    s = result.split
+    lines = [f"wrote {s.backbone} (qwen35 backbone, tensors copied byte for byte)",
+             f"wrote {s.head} ({s.head_dtype}) and {s.config}",
+             f"  {s.bytes / 1e9:.2f} GB in {s.seconds:.1f} s"]
+    if s.temperatures:
+        lines.append(f"  the GGUF carried temperatures {s.temperatures}: put them in models.toml as "
+                     "temperature = {...} to keep them")
+    return "\n".join(lines + [text(result.pair)])
+
+
+@text.register
+def _(result: JoinResult) -> str:
+    lines = [f"wrote {result.path}: a clef GGUF with head matrices in {result.head_type} "
+             f"({result.bytes / 1e9:.2f} GB in {result.seconds:.1f} s); llama-server loads it as it is"]
+    if result.dropped:
+        lines.append(f"  left out (MTP/nextn, which llama-server's clef loader refuses): {', '.join(result.dropped)}")
+    return "\n".join(lines)
+
+
+@text.register
 def _(result: DemoFiles) -> str:
     return (f"wrote the demo model to {result.folder}: {result.gguf.name}, {result.head.name}, joint_head_config.json, "
             f"{result.models_toml.name} (random weights, meaningless answers)\n"
@@ -157,5 +180,8 @@ def _(result: DemoFiles) -> str:
 
 @text.register
 def _(result: Pulled) -> str:
-    return (f"added [models.{result.name}] to {result.models_toml}\n  gguf {result.gguf}\n  head {result.head}\n"
-            f"  pair {result.pair}")
+    lines = [f"added [models.{result.name}] to {result.models_toml}", f"  gguf {result.gguf}",
+             f"  head {result.head or '(embedded in the clef GGUF)'}", f"  pair {result.pair}"]
+    if result.mmproj:
+        lines.append(f"  vision projector downloaded: {result.mmproj}")
+    return "\n".join(lines)
