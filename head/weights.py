@@ -1,4 +1,4 @@
-"""Strict loading of joint_head.safetensors into float32 numpy arrays."""
+"""Strict loading of joint_head.safetensors into numpy arrays (float32, or float16 matrices)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .config import HeadConfig
-from .errors import HeadWeightsError
+from .errors import HeadConfigError, HeadWeightsError
 
 
 def _bf16(raw: np.ndarray) -> np.ndarray:
@@ -173,9 +173,37 @@ def _listify(node: Any) -> Any:
     return node
 
 
-def load_params(path: str | Path, cfg: HeadConfig, xp: Any = np) -> dict[str, Any]:
-    """The head's parameters as a nested dict of float32 arrays on the array module xp."""
-    flat = load_state_dict(path, cfg)
+# head_dtype -> how the weight matrices are stored. Vectors, scalars and the type embedding stay
+# float32 (as llama.cpp's Clef converter keeps them), and every matrix computes in float32
+# (model.linear): float16 halves the head's memory, and Cloudflare's bf16 weights convert to it
+# exactly inside float16's normal range (6.1e-5 to 65504; larger values are refused).
+STORAGE_DTYPES: dict[str, type[np.floating]] = {"float32": np.float32, "float16": np.float16}
+
+
+def store_matrices(flat: dict[str, np.ndarray], dtype: str, path: str | Path = "") -> dict[str, np.ndarray]:
+    """The 2-D weight matrices in a head_dtype; one error lists every matrix that dtype cannot hold."""
+    if dtype not in STORAGE_DTYPES:
+        raise HeadConfigError(f"head_dtype {dtype!r} is not supported: use one of {', '.join(STORAGE_DTYPES)}")
+    target = STORAGE_DTYPES[dtype]
+    largest = float(np.finfo(target).max)
+    out, problems = {}, []
+    for name, value in flat.items():
+        if value.ndim == 2 and name != "type_embedding.weight" and value.dtype != target:
+            peak = float(np.abs(value).max(initial=0.0))
+            if peak > largest:
+                problems.append(f"{name}: |value| up to {peak:g} overflows {dtype} (largest {largest:g}); "
+                                "use head_dtype = \"float32\"")
+                continue
+            value = value.astype(target)
+        out[name] = value
+    if problems:
+        raise HeadWeightsError(str(path), problems)
+    return out
+
+
+def load_params(path: str | Path, cfg: HeadConfig, xp: Any = np, dtype: str = "float32") -> dict[str, Any]:
+    """The head's parameters as a nested dict of arrays on the array module xp (matrices stored in dtype)."""
+    flat = store_matrices(load_state_dict(path, cfg), dtype, path)
     if xp is not np:
         flat = {k: xp.asarray(v) for k, v in flat.items()}
     return unflatten(flat)
