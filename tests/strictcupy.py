@@ -108,7 +108,8 @@ class Device:
         self._xp, self.id = xp, device
 
     def synchronize(self) -> None:
-        self._xp.synchronizations += 1
+        with self._xp._counting:
+            self._xp.synchronizations += 1
 
     def __enter__(self) -> Device:
         return self
@@ -272,6 +273,7 @@ class StrictCuPy(types.ModuleType):
         self.uploads = self.upload_bytes = 0
         self.downloads = self.download_bytes = 0
         self.synchronizations = 0
+        self._counting = threading.Lock()  # the worker's two threads both move data
         self._pool = MemoryPool()
         for dtype in DTYPES:
             setattr(self, dtype, getattr(np, dtype))
@@ -316,8 +318,9 @@ class StrictCuPy(types.ModuleType):
         if isinstance(a, ndarray):
             return a if dtype is None or a.dtype == dtype else a.astype(dtype)
         host = np.array(_plain(a) if isinstance(a, (list, tuple)) else a, dtype=dtype, copy=True)  # the device's copy
-        self.uploads += 1
-        self.upload_bytes += host.nbytes
+        with self._counting:
+            self.uploads += 1
+            self.upload_bytes += host.nbytes
         return self._wrap(host)
 
     array = asarray
@@ -326,8 +329,9 @@ class StrictCuPy(types.ModuleType):
         """Download to a new numpy array, or into out (host data passes through, as in CuPy)."""
         if not isinstance(a, ndarray):
             return np.asarray(a)
-        self.downloads += 1
-        self.download_bytes += a._a.nbytes
+        with self._counting:
+            self.downloads += 1
+            self.download_bytes += a._a.nbytes
         if out is None:
             return np.array(a._a, order=order, copy=True)
         out[...] = a._a

@@ -170,3 +170,16 @@ def test_float16_refuses_what_it_cannot_hold():
     assert "head_dtype = \"float32\"" in str(raised.value)
     with pytest.raises(HeadConfigError, match="float32, float16"):
         store_matrices(flat, "bfloat16")
+
+
+def test_the_stand_in_counts_transfers_and_syncs():
+    xp = StrictCuPy()
+    pinned = np.frombuffer(xp.cuda.alloc_pinned_memory(6 * 4), np.float32).reshape(2, 3)  # host staging
+    pinned[:] = np.arange(6).reshape(2, 3)
+    d = xp.asarray(pinned)
+    pinned[:] = 0  # the device holds its own copy
+    out = np.empty((2, 3), np.float32)
+    assert xp.asnumpy(d * 2, out=out) is out and out.tolist() == [[0, 2, 4], [6, 8, 10]]
+    assert float(d.sum()) == 15.0  # a read back, counted like any other
+    xp.cuda.Device(0).synchronize()
+    assert (xp.uploads, xp.upload_bytes, xp.downloads, xp.synchronizations) == (1, 24, 2, 1)
