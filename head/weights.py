@@ -180,15 +180,31 @@ def _listify(node: Any) -> Any:
 STORAGE_DTYPES: dict[str, type[np.floating]] = {"float32": np.float32, "float16": np.float16}
 
 
-def store_matrices(flat: dict[str, np.ndarray], dtype: str, path: str | Path = "") -> dict[str, np.ndarray]:
-    """The 2-D weight matrices in a head_dtype; one error lists every matrix that dtype cannot hold."""
+def is_matrix(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether head_dtype applies to this tensor: the 2-D weights but the 3-row type embedding."""
+    return len(shape) == 2 and name != "type_embedding.weight"
+
+
+def _storage(dtype: str) -> type[np.floating]:
     if dtype not in STORAGE_DTYPES:
         raise HeadConfigError(f"head_dtype {dtype!r} is not supported: use one of {', '.join(STORAGE_DTYPES)}")
-    target = STORAGE_DTYPES[dtype]
+    return STORAGE_DTYPES[dtype]
+
+
+def stored_bytes(cfg: HeadConfig, dtype: str) -> int:
+    """Bytes the head's parameters take when loaded with this head_dtype (the memory plan's head)."""
+    size = np.dtype(_storage(dtype)).itemsize
+    return sum(int(np.prod(shape)) * (size if is_matrix(name, shape) else 4)
+               for name, shape in expected_shapes(cfg).items())
+
+
+def store_matrices(flat: dict[str, np.ndarray], dtype: str, path: str | Path = "") -> dict[str, np.ndarray]:
+    """The 2-D weight matrices in a head_dtype; one error lists every matrix that dtype cannot hold."""
+    target = _storage(dtype)
     largest = float(np.finfo(target).max)
     out, problems = {}, []
     for name, value in flat.items():
-        if value.ndim == 2 and name != "type_embedding.weight" and value.dtype != target:
+        if is_matrix(name, value.shape) and value.dtype != target:
             peak = float(np.abs(value).max(initial=0.0))
             if peak > largest:
                 problems.append(f"{name}: |value| up to {peak:g} overflows {dtype} (largest {largest:g}); "
