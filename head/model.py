@@ -142,13 +142,13 @@ def transformer_decoder_layer(x, memory, self_attn, multihead_attn, linear1, lin
 
 
 def span_means(x, spans):
-    """Means of x over sorted, disjoint, non-empty [start, end) row spans: [n, 2] -> [n, d].
+    """Means of x over non-empty [start, end) row spans, in any order: [n, 2] -> [n, d].
 
     One pooling matrix over the rows the spans cover (llama.cpp's Clef graph pools the same way):
     one matmul, where a loop over spans would launch a reduction per span on a GPU.
     """
     xp = array_module(x)
-    lo, hi = int(spans[0, 0]), int(spans[-1, 1])
+    lo, hi = int(spans[:, 0].min()), int(spans[:, 1].max())
     s = xp.asarray(spans - lo)  # [n, 2] on x's device
     rows = xp.arange(hi - lo)  # [r]
     inside = ((rows >= s[:, :1]) & (rows < s[:, 1:])).astype(x.dtype)  # [n, r]
@@ -184,8 +184,8 @@ def joint_schema_head(hidden, option_rows, layout: Layout, n_head: int, *, hidde
     h = layer_norm(hidden, **hidden_norm)  # [t, H]
     memory = linear(h, **memory_projection)  # [t, w]
     g = h[-1]  # [H]
-    question = span_means(h, layout.question_spans)  # [n_q, H]
-    context = span_means(h, layout.option_spans)  # [n_o, H]
+    pooled = span_means(h, np.concatenate([layout.question_spans, layout.option_spans]))  # [n_q + n_o, H]
+    question, context = pooled[:len(layout.types)], pooled[len(layout.types):]  # [n_q, H], [n_o, H]
     lexical = span_means(option_rows, row_spans)  # [n_o, H]
 
     options = (linear(context, **option_context_projection) + linear(lexical, **option_lexical_projection)

@@ -44,6 +44,8 @@ def span_cases():
     yield "one span", spans_from(np.array([7]), np.array([3, 2]))
     yield "one row", spans_from(np.array([1]), np.array([0, 0]))
     yield "one long span among short ones", spans_from(np.array([1, 300, 1, 2]), np.array([5, 0, 1, 0, 9]))
+    questions, rows = spans_from(rng.integers(1, 12, n), rng.integers(0, 5, n + 1))
+    yield "two kinds interleaved, as question and option spans", (np.concatenate([questions[::4], questions]), rows)
 
 
 CASES = dict(span_cases())
