@@ -178,8 +178,8 @@ def joint_schema_head(hidden, option_rows, layout: Layout, n_head: int, *, hidde
     """
     xp = array_module(hidden)
     oq = xp.asarray(layout.option_question)  # [n_o]
-    ends = np.cumsum(layout.option_spans[:, 1] - layout.option_spans[:, 0])  # [n_o]
-    row_spans = np.stack([ends - (layout.option_spans[:, 1] - layout.option_spans[:, 0]), ends], axis=1)  # [n_o, 2]
+    lengths = layout.option_spans[:, 1] - layout.option_spans[:, 0]  # [n_o]
+    row_spans = np.stack([np.cumsum(lengths) - lengths, np.cumsum(lengths)], axis=1)  # [n_o, 2] in option_rows
 
     h = layer_norm(hidden, **hidden_norm)  # [t, H]
     memory = linear(h, **memory_projection)  # [t, w]
