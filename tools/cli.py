@@ -244,7 +244,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _bench_head(args: argparse.Namespace) -> int:
     from .bench_head import run
 
-    return emit(run(tokens=args.tokens, repeats=args.repeats), args.json)
+    return emit(run(args.tokens, args.repeats, args.options, args.weights, args.head_dtype), args.json)
 
 
 COMMANDS = {"serve": _serve, "fit": _fit, "pull": _pull, "make-demo": _make_demo, "check": _check, "pair": _pair,

@@ -152,7 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("bench-head", help="time the numpy head against the reference torch head at Clef-flash shape")
-    p.add_argument("--tokens", type=int, default=750, help="prompt length in tokens (default: 750)")
+    p.add_argument("--tokens", type=int, default=750,
+                   help="prompt length; with --options, the state's length before the question (default: 750)")
+    p.add_argument("--options", type=int, help="one choice question with this many options (at most 255) instead of "
+                                               "the router schema (4 questions, 19 options)")
+    p.add_argument("--weights", choices=["F32", "BF16", "F16"], default="F32",
+                   help="round the random weights as a safetensors file of this dtype holds them; Cloudflare ships "
+                        "BF16 (default: F32)")
+    p.add_argument("--head-dtype", choices=["float32", "float16"], default="float32",
+                   help="also time our head with its matrices stored in this dtype, with its largest differences "
+                        "to float32 (default: float32, no extra side)")
     p.add_argument("--repeats", type=int, default=7, help="timed runs per side; medians are reported (default: 7)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from functools import singledispatch
 from typing import Any
 
@@ -141,13 +142,17 @@ def _(result: SoakVerdict) -> str:
 
 @text.register
 def _(result: HeadBench) -> str:
-    return "\n".join([
-        f"joint head at Clef-flash shape, {result.tokens} tokens, 4 questions / 19 options, "
-        f"{result.torch_threads} torch threads",
-        f"  numpy  median {result.numpy_ms:8.1f} ms",
-        f"  torch  median {result.torch_ms:8.1f} ms (Cloudflare's reference, float32)",
-        f"  ratio numpy/torch {result.ratio:.3f}   max |logit diff| {result.max_logit_diff:.2e} "
-        f"(tolerance {LOGIT_TOLERANCE:g})"])
+    lines = [f"joint head at Clef-flash shape, {result.tokens} tokens, {result.questions} questions / {result.options} "
+             f"options, {result.weights} weights, {result.torch_threads} torch threads, runs in turns"]
+    for label, ts in result.times_ms.items():
+        lines.append(f"  {label:14s} median {statistics.median(ts):8.1f} ms  (range {min(ts):.1f} to {max(ts):.1f})")
+    lines.append(f"  ratio numpy/torch {result.ratio:.3f}   max |logit diff| {result.max_logit_diff:.2e} "
+                 f"(tolerance {LOGIT_TOLERANCE:g}; torch is Cloudflare's reference in float32)")
+    if result.half:
+        d = result.half
+        lines.append(f"  {d['dtype']} matrices vs float32: max |logit diff| {d['max_abs_logit_diff_vs_float32']:.2e}, "
+                     f"max |probability diff| {d['max_abs_prob_diff_vs_float32']:.2e}")
+    return "\n".join(lines)
 
 
 @text.register
