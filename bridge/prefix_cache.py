@@ -9,11 +9,15 @@ one prompt per slot and that prompt's KV cells in the slot; here the full-attent
 cells of cached prefixes stay in the context under spare sequence ids ("branches", see
 prefix_tree.py), and a restore shares them with llama_memory_seq_cp (metadata only in a unified KV
 cache) before it loads the recurrent part into the request's own sequence, whose positions then
-continue from the checkpoint. One decode may mix hits and misses.
+continue from the checkpoint. One decode may mix hits and misses, and requests of one batch that
+share a new prefix decode it once: a follower waits for its leader to reach their last shared
+checkpoint and restores it from there, like a hit.
 
-Where: at every multiple of `every` inside a request's cache span (the state section of the
-prompt) and `margin` tokens before the span's end, so that the same state, or a state that grew
-at its end, finds a checkpoint just before its new tokens.
+Where, inside a request's cache span (the state section of the prompt): at every multiple of
+`every`; `margin` tokens before the span's end, so that the same state, or a state that grew at
+its end, finds a checkpoint just before its new tokens; and where the prompt leaves the longest
+token path cached so far, so that a state that changes in its middle (a JSON list that grows
+before a later key) finds one a change behind.
 
 Payloads: with options.payloads, a new checkpoint serves hits only once attach() gave it the
 caller's payload for its segment tokens[start:end] (the head's memory rows); a hit returns the
@@ -45,6 +49,12 @@ class PrefixCacheOptions:
     extra_cells: int = 0  # KV cells the context adds for cached prefixes, beyond the decode budget n_ctx
     payloads: bool = False  # new checkpoints serve hits only once attach() gave them their payloads
 
+    def __post_init__(self):
+        low = {"max_mb": 0, "every": 1, "margin": 0, "sequences": 1, "extra_cells": 0}
+        wrong = [f"{k} = {getattr(self, k)} (at least {v})" for k, v in low.items() if getattr(self, k) < v]
+        if wrong:
+            raise ValueError(f"prefix cache options out of range: {', '.join(wrong)}")
+
 
 @dataclass(frozen=True)
 class PrefillRequest:
@@ -65,8 +75,9 @@ class CachedPrefill:
 class CacheStats:
     hits: int
     misses: int
-    tokens_reused: int
-    tokens_prefilled: int
+    tokens_reused: int  # not decoded: restored from a checkpoint, or shared with a request of the same batch
+    tokens_prefilled: int  # decoded
+    shared: int  # requests that shared a new prefix with another request of their batch
     checkpoints: int  # made so far
     evictions: int  # checkpoint states dropped for room (bytes, cells or sequence ids)
     faults: int  # failed decodes or restores (each emptied the cache) and non-finite requests (not cached)
@@ -86,6 +97,8 @@ class _Plan:
     parts: list[tuple[Segment, int]] | None = None  # those cells: segments, and how far the request holds them
     payloads: tuple[Any, ...] = ()
     stops: tuple[int, ...] = ()  # checkpoint positions to make
+    leader: int | None = None  # the request of the batch whose decode this one joins at `joins`
+    joins: int = 0
 
     @property
     def reused(self) -> int:
@@ -102,7 +115,7 @@ class PrefixCache:
         self._lock = threading.Lock()
         self._pending: dict[int, list[Node]] = {}
         self._clock = self._tickets = 0
-        self._counts = dict(hits=0, misses=0, tokens_reused=0, tokens_prefilled=0, checkpoints=0, faults=0)
+        self._counts = dict(hits=0, misses=0, tokens_reused=0, tokens_prefilled=0, shared=0, checkpoints=0, faults=0)
 
     def prefill(self, requests: list[PrefillRequest], reuse: bool = True) -> list[CachedPrefill]:
         """One batch: restore each request's longest cached prefix, decode the rest, checkpoint the spans.
@@ -113,10 +126,10 @@ class PrefixCache:
             plans = self._plan(requests, reuse)
         try:
             for i, plan in enumerate(plans):
-                if plan.hit is not None:
+                if plan.hit is not None and plan.leader is None:  # a follower restores when it joins
                     self.memory.copy_cells(plan.source.seq, i, 0, plan.reused)
                     self.memory.restore_state(i, plan.state)
-            rows, states = self._decode(plans)
+            rows, states, decoded = self._decode(plans)
         except BaseException:
             with self._lock:
                 self.memory.drop_all()
@@ -125,6 +138,8 @@ class PrefixCache:
             raise
         try:
             with self._lock:
+                self._counts["tokens_prefilled"] += decoded
+                self._counts["tokens_reused"] += sum(len(p.tokens) for p in plans) - decoded
                 results = [self._commit(i, p, r, s) for i, (p, r, s) in enumerate(zip(plans, rows, states))]
                 self._tree.evict_bytes()
                 self._tree.drop_redundant_branches()
@@ -185,9 +200,7 @@ class PrefixCache:
         for p in plans:
             if reuse:
                 self._counts["hits" if p.hit else "misses"] += 1
-                p.stops = self._stops(p.request, len(p.tokens), p.reused)
-            self._counts["tokens_reused"] += p.reused
-            self._counts["tokens_prefilled"] += len(p.tokens) - p.reused
+                p.stops = self._stops(p.request, len(p.tokens), p.reused, self._tree.common_prefix(p.tokens))
             if p.hit:
                 p.state, p.hit.used = p.hit.state, self._clock
                 p.source = max(p.hit.branches, key=lambda b: b.used)
@@ -195,32 +208,62 @@ class PrefixCache:
                 p.parts = [(s, min(end, p.reused)) for s, end in p.source.parts if s.start < p.reused]
                 if self.options.payloads:
                     p.payloads = tuple(n.payload for n in p.hit.chain())
+        if reuse:
+            self._share(plans)
         return plans
 
-    def _stops(self, req: PrefillRequest, n_tokens: int, start: int) -> tuple[int, ...]:
-        """Checkpoint positions past start: multiples of `every` in the span, and `margin` before its end."""
+    def _share(self, plans: list[_Plan]) -> None:
+        """Let each request follow an earlier one of the batch up to their last common checkpoint, if any."""
+        for j, p in enumerate(plans):
+            best = 0
+            for i, lead in enumerate(plans[:j]):
+                if lead.leader is not None or lead.hit is not p.hit:
+                    continue
+                n = min(len(lead.tokens), len(p.tokens))
+                differ = np.flatnonzero(lead.tokens[:n] != p.tokens[:n])
+                common = int(differ[0]) if len(differ) else n
+                joins = max((c for c in lead.stops if c <= common and c < len(p.tokens)), default=0)
+                if joins > max(best, p.reused):
+                    best, p.leader, p.joins = joins, i, joins
+            if p.leader is not None:
+                p.stops = tuple(c for c in p.stops if c > p.joins)
+                self._counts["shared"] += 1
+
+    def _stops(self, req: PrefillRequest, n_tokens: int, start: int, diverge: int) -> tuple[int, ...]:
+        """Checkpoint positions in the span past start: multiples of `every`, where the prompt leaves the
+        cached paths (diverge), and `margin` before the span's end."""
         if req.cache_span is None:
             return ()
         begin, end = req.cache_span
         last = min(end - self.options.margin, n_tokens - 1)
         low = max(begin, start)
         every = self.options.every
-        stops = tuple(range((low // every + 1) * every, last, every))
-        return stops + (last,) if last > low else stops
+        stops = set(range((low // every + 1) * every, last, every))
+        stops |= {p for p in (diverge, last) if low < p <= last}
+        return tuple(sorted(stops))
 
-    def _decode(self, plans: list[_Plan]) -> tuple[list[np.ndarray], list[list[tuple[int, np.ndarray]]]]:
-        """Decode every request's new tokens, stopping at its checkpoints to save the recurrent state there."""
+    def _decode(self, plans: list[_Plan]) -> tuple[list[np.ndarray], list[list[tuple[int, np.ndarray]]], int]:
+        """Decode every request's new tokens, stopping at its checkpoints to save the recurrent state there.
+
+        Returns each request's rows of tokens[reused:], its saved states, and the tokens decoded.
+        """
         cursor = [p.reused for p in plans]
         rows: list[list[np.ndarray]] = [[] for _ in plans]
         states: list[list[tuple[int, np.ndarray]]] = [[] for _ in plans]
+        waiting = [j for j, p in enumerate(plans) if p.leader is not None]
+        decoded = 0
         while True:
+            for j in [j for j in waiting if cursor[plans[j].leader] >= plans[j].joins]:
+                self._join(j, plans[j], rows, states)
+                cursor[j] = plans[j].joins
+                waiting.remove(j)
             chunks = []
             for i, p in enumerate(plans):
-                if cursor[i] < len(p.tokens):
+                if cursor[i] < len(p.tokens) and i not in waiting:
                     stop = next((c for c in p.stops if c > cursor[i]), len(p.tokens))
                     chunks.append((i, cursor[i], p.tokens[cursor[i]:stop]))
             if not chunks:
-                return [r[0] if len(r) == 1 else np.concatenate(r) for r in rows], states
+                return [r[0] if len(r) == 1 else np.concatenate(r) for r in rows], states, decoded
             out = self.memory.decode_chunks(chunks)  # [sum of chunk lengths, n_embd]
             at = 0
             for i, start, ids in chunks:
@@ -229,6 +272,14 @@ class PrefixCache:
                 cursor[i] = start + len(ids)
                 if cursor[i] < len(plans[i].tokens):
                     states[i].append((cursor[i], self.memory.save_state(i)))
+            decoded += at
+
+    def _join(self, seq: int, plan: _Plan, rows: list[list[np.ndarray]], states: list) -> None:
+        """A follower takes its leader's cells and state at plan.joins, and its rows from plan.reused on."""
+        lead = plan.leader
+        self.memory.copy_cells(lead, seq, 0, plan.joins)
+        self.memory.restore_state(seq, next(state for pos, state in states[lead] if pos == plan.joins))
+        rows[seq].append(np.concatenate(rows[lead])[:plan.joins - plan.reused])
 
     def _commit(self, seq: int, plan: _Plan, hidden: np.ndarray, states: list[tuple[int, np.ndarray]]
                 ) -> CachedPrefill:

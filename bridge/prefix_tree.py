@@ -101,6 +101,20 @@ class CheckpointTree:
                     stack.append(child)
         return out
 
+    def common_prefix(self, tokens: np.ndarray) -> int:
+        """How many leading tokens the prompt shares with the longest token path in the tree."""
+        best, stack = 0, [self.root]
+        while stack:
+            node = stack.pop()
+            for child in node.children:
+                n = min(len(child.segment), len(tokens) - node.pos)
+                differ = np.flatnonzero(child.segment[:n] != tokens[node.pos:node.pos + n])
+                same = int(differ[0]) if len(differ) else n
+                best = max(best, node.pos + same)
+                if same == len(child.segment):
+                    stack.append(child)
+        return best
+
     def add(self, parent: Node, pos: int, tokens: np.ndarray, state: np.ndarray, ready: bool, used: int) -> Node:
         node = Node(pos, parent, tokens[parent.pos:pos].copy(), None, ready, used)
         parent.children.append(node)
@@ -132,12 +146,18 @@ class CheckpointTree:
             self.evictions += evicted
 
     def prune(self, node: Node) -> None:
-        """Remove stateless leaves that no branch covers, walking up while that frees their parents."""
-        while (node.alive and node.parent is not None and node.state is None and not node.children
-               and not node.branches):
+        """Remove stateless leaves, walking up while that frees their parents.
+
+        Such a node serves nothing: no state to restore, no descendant whose payload chain needs it.
+        A branch that covered it keeps its cells until drop_redundant_branches frees them.
+        """
+        while node.alive and node.parent is not None and node.state is None and not node.children:
             node.parent.children.remove(node)
             node.alive = False
             self.bytes -= node.payload_bytes
+            for branch in node.branches:
+                branch.nodes.discard(node)
+            node.branches = set()
             node = node.parent
 
     def remove_subtree(self, node: Node) -> None:
@@ -146,18 +166,13 @@ class CheckpointTree:
         for child in list(node.children):
             self.remove_subtree(child)
         self.drop_state(node, evicted=False)
-        for branch in node.branches:
-            branch.nodes.discard(node)
-        node.branches = set()
-        parent = node.parent
         self.prune(node)
-        self.prune(parent)
 
     def evict_bytes(self) -> None:
         """Drop the least recently used states until states and payloads fit max_bytes.
 
-        Payloads of stateless ancestors stay while a descendant or a branch needs them; the branches
-        that no longer cover a state are freed by drop_redundant_branches (the prefill thread).
+        Payloads of stateless ancestors stay while a descendant needs them; the branches that no
+        longer cover a state are freed by drop_redundant_branches (in the prefill thread).
         """
         while self.bytes > self.max_bytes:
             holders = [n for n in self.all_nodes() if n.state is not None]

@@ -260,3 +260,35 @@ def test_without_a_cache_every_request_is_a_miss(plain):
     [result] = plain.prefill_cached([req])
     assert (result.reused, result.ticket, result.prefix_payloads) == (0, 0, ())
     np.testing.assert_array_equal(result.hidden, plain.prefill(req.tokens))
+
+
+def test_a_state_growing_in_its_middle_restores_one_change_behind(fx, plain):
+    """Like {"messages":[...],"task":"..."}: the list grows before a fixed tail, past the margin checkpoint."""
+    words = Words(15)
+    tail = words(20)
+    with Backbone(fx.gguf_f32, options(every=4096)) as backbone:
+        history = words(120)
+        boundaries = []
+        for turn in range(4):
+            reused = check(backbone, plain, [request(np.concatenate([history, tail]), words(30))])
+            assert reused == [boundaries[-2] if len(boundaries) > 1 else 0]
+            boundaries.append(len(PREFIX) + len(history))
+            history = np.concatenate([history, words(80)])
+
+
+def test_one_batch_decodes_a_shared_new_prefix_once(cached, plain):
+    words = Words(16)
+    state, other = words(300), words(200)
+    before = cached.prefix_cache.stats()
+    batch = [request(state, words(20)), request(other, words(20)), request(state, words(33)),
+             request(state, words(41))]
+    assert check(cached, plain, batch) == [0, 0, 0, 0]
+    after = cached.prefix_cache.stats()
+    shared = len(PREFIX) + 300 - MARGIN  # the leader's last checkpoint before the state's end
+    assert after.shared - before.shared == 2
+    assert after.tokens_prefilled - before.tokens_prefilled == sum(len(r.tokens) for r in batch) - 2 * shared
+    # and on a hit: two followers of a request restoring the same checkpoint
+    grown = np.concatenate([state, words(150)])
+    batch = [request(grown, words(20)), request(grown, words(25)), request(grown, words(30))]
+    assert check(cached, plain, batch) == [shared] * 3
+    assert cached.prefix_cache.stats().shared - after.shared == 2
