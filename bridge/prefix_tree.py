@@ -210,8 +210,9 @@ class CheckpointTree:
             grow.parts.append((fresh, top.pos))
             grow.tip, grow.used = top, used
             return grow
-        if not self.free_seqs:
-            self.evict_branch(min(self.branches, key=lambda b: b.used))
+        if not self.free_seqs:  # spare the branches that hold the hit: the new one covers it too
+            others = [b for b in self.branches if hit is None or b not in hit.branches] or self.branches
+            self.evict_branch(min(others, key=lambda b: b.used))
         branch_seq = self.free_seqs.pop()
         self.memory.copy_cells(seq, branch_seq, 0, top.pos)
         branch = Branch(branch_seq, top, parts + [(fresh, top.pos)], used)

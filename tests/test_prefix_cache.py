@@ -292,3 +292,17 @@ def test_one_batch_decodes_a_shared_new_prefix_once(cached, plain):
     batch = [request(grown, words(20)), request(grown, words(25)), request(grown, words(30))]
     assert check(cached, plain, batch) == [shared] * 3
     assert cached.prefix_cache.stats().shared - after.shared == 2
+
+
+def test_the_agent_loop_benchmark_runs_on_the_tiny_backbone(fx):
+    from clef_bridge.tools.bench_agent import AgentLoopConfig, agent_loop
+
+    cfg = AgentLoopConfig(turns=3, message_tokens=60, questions=2, state_tokens=120, baseline_turns=1,
+                          baseline_questions=1, n_ctx=2048, threads=2)
+    result = agent_loop(fx.gguf_f32, cfg)
+    conv, same = result["conversation"], result["same_state"]
+    assert [t["turn"] for t in conv["turns"]] == [1, 2, 3]
+    assert [t["plain_p50_ms"] is not None for t in conv["turns"]] == [False, False, True]
+    assert (conv["cache"]["hits"], conv["cache"]["misses"]) == (5, 1)  # every request after the first hits
+    assert conv["hit_anatomy_ms"]["reused"] > 0 and conv["plain_over_cached"] > 0
+    assert [r["reused"] > 0 for r in same["requests"]] == [False, True]
