@@ -24,9 +24,10 @@ from llama_cpp import mtmd_cpp as mt
 
 from ..head.errors import ClefError, Problem, RequestInvalid
 from . import llama_log
-from .backbone import Backbone, Chunk
+from .backbone import Backbone
 from .gguf_file import read_gguf
 from .images import ImageGeometry
+from .media_batch import MediaChunk
 
 QWEN35_PROJECTOR = "qwen3vl_merger"  # Qwen3-VL's and Qwen3.5's merger; Qwen3.5's has no deepstack layers
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
@@ -195,7 +196,7 @@ class Projector:
                 and np.array_equal(got[:, 1], want[2]) and not got[:, 3].any()):
             raise ProjectorError("mtmd's image positions are not Qwen3.5's (t, row, column) grid")
 
-    def chunks(self, pieces: list[Piece]) -> list[Chunk]:
+    def chunks(self, pieces: list[Piece]) -> list[MediaChunk]:
         """The backbone chunks of a prompt, each at its M-RoPE positions."""
         out, pos = [], 0
         for i, piece in enumerate(pieces):
@@ -205,11 +206,11 @@ class Projector:
                 if not (isinstance(before, np.ndarray) and len(before) and before[-1] == self._start
                         and isinstance(after, np.ndarray) and len(after) and after[0] == self._end):
                     raise ValueError(f"image piece {i} must follow {VISION_START} and precede {VISION_END}")
-                out.append(Chunk(pos=image_positions(piece.rows, piece.cols, pos), embd=piece.embd))
+                out.append(MediaChunk(pos=image_positions(piece.rows, piece.cols, pos), embd=piece.embd))
                 pos += max(piece.rows, piece.cols)
             elif len(piece):
                 ids = np.asarray(piece, dtype=np.int32)
-                out.append(Chunk(pos=np.arange(pos, pos + len(ids), dtype=np.int32), tokens=ids))
+                out.append(MediaChunk(pos=np.arange(pos, pos + len(ids), dtype=np.int32), tokens=ids))
                 pos += len(ids)
         return out
 
@@ -234,7 +235,7 @@ class Projector:
     def prefill(self, input_ids: np.ndarray, images: list[EncodedImage]) -> np.ndarray:
         """float32 [t, n_embd] hidden states of every token (text and image) of a prompt whose images
         stand as runs of <|image_pad|> ids (see pieces)."""
-        return self.backbone.decode_chunks(self.chunks(self.pieces(input_ids, images)))
+        return self.backbone.decode_media(self.chunks(self.pieces(input_ids, images)))
 
 
 def _image_chunk(chunks):
