@@ -24,6 +24,7 @@ class Served:
     warnings: tuple[str, ...]
     hidden_size: int
     release_date: str  # YYYY-MM-DD, read at load time (no stat() on the event loop)
+    facts: dict  # what the integrity checks found out about the files (architecture, head source, ...)
 
 
 Loader = Callable[[Registry], dict[str, Loaded]]

@@ -14,6 +14,8 @@ from llama_cpp import llama_cpp_ext as lc_ext
 
 from ..head.errors import ClefError
 from . import llama_log
+from .media_batch import MediaBatch, MediaChunk
+from .prefix_cache import CachedPrefill, PrefillRequest, PrefixCache, PrefixCacheOptions
 
 
 class BackboneError(ClefError):
@@ -40,6 +42,7 @@ class BackboneOptions:
     flash_attn: bool | None = None
     cpu_repack: bool = False  # llama.cpp's repacked/AMX weight buffers on the CPU (see Backbone.__init__)
     verbose: bool = False
+    prefix_cache: PrefixCacheOptions | None = None  # None or max_mb 0: off, each decode starts from empty memory
 
 
 # Pre-tokenizers whose Hugging Face tokenizer NFC-normalizes text first (transformers' Qwen2Tokenizer and
@@ -78,11 +81,15 @@ class _Batch:
         self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
     def fill(self, sequences: list[np.ndarray]) -> int:
+        return self.fill_chunks([(seq_id, 0, ids) for seq_id, ids in enumerate(sequences)])
+
+    def fill_chunks(self, chunks: list[tuple[int, int, np.ndarray]]) -> int:
+        """Chunks of (sequence id, position of the first token, token ids); each chunk's last token is an output."""
         n = 0
-        for seq_id, ids in enumerate(sequences):
+        for seq_id, start, ids in chunks:
             k = len(ids)
             self.token[n:n + k] = ids
-            self.pos[n:n + k] = np.arange(k, dtype=np.int32)
+            self.pos[n:n + k] = np.arange(start, start + k, dtype=np.int32)
             self.seq[n:n + k] = seq_id
             self.logits[n:n + k] = 0
             self.logits[n + k - 1] = 1
@@ -194,14 +201,16 @@ class Backbone:
         if not self._model:
             raise BackboneError(f"{self.path}: llama.cpp could not load this GGUF (run `clef-bridge check "
                                 f"{self.path}` to see why)")
+        cache = options.prefix_cache if options.prefix_cache and options.prefix_cache.max_mb > 0 else None
         cparams = lc.llama_context_default_params()
-        cparams.n_ctx = options.n_ctx
+        # With the prefix cache the context holds more KV cells (and sequences) than one decode uses.
+        cparams.n_ctx = options.n_ctx + (cache.extra_cells if cache else 0)
         cparams.n_batch = options.n_ctx
         cparams.n_ubatch = min(options.n_ubatch, options.n_ctx)
-        cparams.n_seq_max = options.n_seq_max
+        cparams.n_seq_max = options.n_seq_max + (cache.sequences if cache else 0)
         # Only the last token of each sequence is an output: without this, llama.cpp reserves logits
         # for n_ubatch outputs (n_ubatch x n_vocab floats: 500 MB of compute buffer for Clef-flash).
-        cparams.n_outputs_max = options.n_seq_max
+        cparams.n_outputs_max = cparams.n_seq_max  # llama.cpp reserves at least one output per sequence id
         cparams.embeddings = False  # True would force every token to be an output (see the class docstring)
         cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
         flash = options.flash_attn
@@ -222,11 +231,14 @@ class Backbone:
         self._memory = lc.llama_get_memory(self._ctx)
         self.n_embd = lc.llama_model_n_embd(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
-        self.n_ctx = lc.llama_n_ctx(self._ctx)
+        # the decode budget: the nextn buffer holds n_batch rows, and n_batch <= n_ctx
+        self.n_ctx = min(lc.llama_n_ctx(self._ctx), lc.llama_n_batch(self._ctx))
         self._batch = _Batch(self.n_ctx)
         self._tokenizer = Tokenizer(self._vocab, unicode_normalization(self._model))
+        self.prefix_cache = PrefixCache(self, cache, options.n_seq_max, lc.llama_n_ctx(self._ctx)) if cache else None
 
     def close(self) -> None:
+        self.prefix_cache = None
         if getattr(self, "_ctx", None):
             lc.llama_free(self._ctx)
             self._ctx = None
@@ -263,38 +275,91 @@ class Backbone:
 
     def prefill_many(self, sequences: list[np.ndarray]) -> list[np.ndarray]:
         """Several sequences in ONE llama_decode, each in its own sequence id; one array per sequence."""
-        if not sequences or len(sequences) > self.options.n_seq_max:
-            raise ValueError(f"prefill_many takes 1 to {self.options.n_seq_max} sequences, got {len(sequences)}")
-        lengths = [len(s) for s in sequences]
-        total = sum(lengths)
-        if min(lengths) == 0 or total > self.n_ctx:
-            raise ValueError(f"sequences of {lengths} tokens do not fit a batch of {self.n_ctx}")
+        self._check_batch(sequences)
+        if self.prefix_cache is not None:  # decode everything, leaving the cached prefixes in memory
+            return [r.hidden for r in self.prefix_cache.prefill([PrefillRequest(s) for s in sequences], reuse=False)]
         # Each decode starts from empty memory: KV cells and the recurrent state slots alike.
         lc.llama_memory_clear(self._memory, True)
-        n = self._batch.fill([np.asarray(s, dtype=np.int32) for s in sequences])
+        try:
+            hidden = self.decode_chunks([(i, 0, np.asarray(s, dtype=np.int32)) for i, s in enumerate(sequences)])
+        finally:
+            lc.llama_memory_clear(self._memory, True)
+        return np.split(hidden, np.cumsum([len(s) for s in sequences])[:-1])
+
+    def prefill_cached(self, requests: list[PrefillRequest]) -> list[CachedPrefill]:
+        """Like prefill_many, from each request's longest cached prefix on (see bridge/prefix_cache.py).
+
+        Without a prefix cache every request is a miss: the hidden states of all its tokens.
+        """
+        self._check_batch([r.tokens for r in requests])
+        if self.prefix_cache is None:
+            hidden = self.prefill_many([r.tokens for r in requests])
+            return [CachedPrefill(h, 0, (), (), 0) for h in hidden]
+        return self.prefix_cache.prefill(requests)
+
+    def _check_batch(self, sequences: list[np.ndarray]) -> None:
+        if not sequences or len(sequences) > self.options.n_seq_max:
+            raise ValueError(f"prefill takes 1 to {self.options.n_seq_max} sequences, got {len(sequences)}")
+        lengths = [len(s) for s in sequences]
+        if min(lengths) == 0 or sum(lengths) > self.n_ctx:
+            raise ValueError(f"sequences of {lengths} tokens do not fit a batch of {self.n_ctx}")
+
+    # Sequence-level memory operations (the prefix cache's SequenceMemory). Sequence ids below
+    # options.n_seq_max are the decode's own; the prefix cache keeps its cells in the ids above.
+
+    def decode_chunks(self, chunks: list[tuple[int, int, np.ndarray]]) -> np.ndarray:
+        """One llama_decode of (sequence id, first position, token ids) chunks: float32 [n, n_embd] rows."""
+        n = self._batch.fill_chunks(chunks)
         status = lc.llama_decode(self._ctx, self._batch.struct)
         if status != 0:
-            lc.llama_memory_clear(self._memory, True)
-            raise DecodeFailed(f"llama_decode failed with status {status} on {len(sequences)} sequence(s), "
-                               f"{n} tokens")
+            raise DecodeFailed(f"llama_decode failed with status {status} on {len(chunks)} sequence(s), {n} tokens")
         ptr = lc_ext.llama_get_embeddings_nextn(self._ctx)
         # One fixed shape: the unmasked buffer holds n_ctx rows, and numpy makes (and keeps) a new
         # ctypes array type for every distinct shape it is asked to view
         rows = np.ctypeslib.as_array(ptr, shape=(self.n_ctx * self.n_embd,))
-        hidden = rows[:n * self.n_embd].reshape(n, self.n_embd).copy()  # [n, n_embd]
-        lc.llama_memory_clear(self._memory, True)
-        return np.split(hidden, np.cumsum(lengths)[:-1])
+        return rows[:n * self.n_embd].reshape(n, self.n_embd).copy()  # [n, n_embd]
 
-    def decode_chunks(self, chunks: list["Chunk"]) -> np.ndarray:
+    def save_state(self, seq: int) -> np.ndarray:
+        """A host copy of the sequence's recurrent + convolution state (not its KV cells)."""
+        size = lc.llama_state_seq_get_size_ext(self._ctx, seq, lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        state = np.empty(size, dtype=np.uint8)
+        n = lc.llama_state_seq_get_data_ext(self._ctx, state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size,
+                                            seq, lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        if n != size:
+            raise DecodeFailed(f"llama.cpp saved {n} of the {size} bytes of sequence {seq}'s recurrent state")
+        return state
+
+    def restore_state(self, seq: int, state: np.ndarray) -> None:
+        """Load a save_state() copy into the sequence (whose KV cells the caller has put in place)."""
+        n = lc.llama_state_seq_set_data_ext(self._ctx, state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                            state.nbytes, seq, lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        if n != state.nbytes:
+            raise DecodeFailed(f"llama.cpp could not restore a recurrent state of {state.nbytes} bytes into "
+                               f"sequence {seq}")
+
+    def copy_cells(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Share src's KV cells at positions [p0, p1) with dst (metadata only: the KV cache is unified)."""
+        lc.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
+
+    def drop_sequence(self, seq: int) -> None:
+        lc.llama_memory_seq_rm(self._memory, seq, -1, -1)  # removing a whole sequence never fails
+
+    def drop_all(self) -> None:
+        lc.llama_memory_clear(self._memory, True)
+
+    def decode_media(self, chunks: list[MediaChunk]) -> np.ndarray:
         """ONE sequence decoded chunk after chunk (token ids or input embeddings, at the chunks' own
-        positions): float32 [sum of chunk lengths, n_embd] last-layer hidden states, every token's."""
+        positions): float32 [sum of chunk lengths, n_embd] last-layer hidden states, every token's.
+
+        It runs in sequence 0 alone, so a prefix cache's sequences stay as they are.
+        """
         if not chunks or sum(len(c) for c in chunks) > self.n_ctx:
             raise ValueError(f"chunks of {[len(c) for c in chunks]} tokens do not fit a context of {self.n_ctx}")
-        lc.llama_memory_clear(self._memory, True)
+        self.drop_sequence(0)
         try:
             out = []
             for chunk in chunks:
-                batch = _ChunkBatch(chunk)
+                batch = MediaBatch(chunk)
                 status = lc.llama_decode(self._ctx, batch.struct)
                 if status != 0:
                     raise DecodeFailed(f"llama_decode failed with status {status} on a chunk of {len(chunk)} "
@@ -304,41 +369,4 @@ class Backbone:
                 out.append(rows)
             return np.concatenate(out)
         finally:
-            lc.llama_memory_clear(self._memory, True)
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Part of one sequence for Backbone.decode_chunks: token ids, or input embeddings (an image's)."""
-
-    pos: np.ndarray  # int32: [n] for tokens; [n_pos_per_embd, n] (M-RoPE sections, section-major) for embd
-    tokens: np.ndarray | None = None  # int32 [n]
-    embd: np.ndarray | None = None  # float32 [n, n_embd]
-
-    def __len__(self) -> int:
-        return self.pos.shape[-1]
-
-
-class _ChunkBatch:
-    """A llama_batch over one chunk's numpy buffers (kept alive here while llama_decode reads them)."""
-
-    def __init__(self, chunk: Chunk):
-        n = len(chunk)
-        self.pos = np.ascontiguousarray(chunk.pos, dtype=np.int32)
-        self.n_seq_id = np.ones(n, dtype=np.int32)
-        self.seq = np.zeros(n, dtype=np.int32)
-        self.seq_ptr = (self.seq.ctypes.data + 4 * np.arange(n, dtype=np.uint64)).astype(np.uint64)
-        self.logits = np.zeros(n, dtype=np.int8)
-        self.logits[-1] = 1  # one output per decode; the hidden states come from the unmasked nextn rows
-        self.struct = lc.llama_batch()
-        self.struct.n_tokens = n
-        if chunk.embd is not None:
-            self.embd = np.ascontiguousarray(chunk.embd, dtype=np.float32)
-            self.struct.embd = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        else:
-            self.token = np.ascontiguousarray(chunk.tokens, dtype=np.int32)
-            self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(lc.llama_token))
-        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(lc.llama_pos))
-        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self.struct.seq_id = self.seq_ptr.ctypes.data_as(ctypes.POINTER(ctypes.POINTER(lc.llama_seq_id)))
-        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+            self.drop_sequence(0)

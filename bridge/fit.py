@@ -14,6 +14,7 @@ import numpy as np
 
 from ..head.errors import ClefError
 from .backbone import BackboneOptions
+from .clef_format import is_head_tensor
 from .gguf_file import GGUFInfo, read_gguf
 
 MIB = 1 << 20
@@ -107,7 +108,8 @@ def arch_from_gguf(info: GGUFInfo) -> Arch:
     tokens = info.metadata.get("tokenizer.ggml.tokens")
     output = info.tensors.get("output.weight") or info.tensors.get("token_embd.weight")
     tensors = tuple(TensorSize(t.name, getattr(t.type, "name", str(t.type)), t.n_bytes or 0,
-                               _layer_of(t.name, n_layer)) for t in info.tensors.values())
+                               _layer_of(t.name, n_layer)) for t in info.tensors.values()
+                    if not is_head_tensor(t.name))  # a clef GGUF's head runs in numpy/CuPy, not in llama.cpp
     return Arch(name=info.path.name, n_layer=n_layer, full=full, n_embd=int(a("embedding_length")),
                 n_vocab=int(getattr(tokens, "count", None) or (output.shape[1] if output else 0)),
                 n_head=int(a("attention.head_count")), n_head_kv=int(a("attention.head_count_kv")),

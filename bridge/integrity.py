@@ -16,6 +16,8 @@ import numpy as np
 from ..head.config import HeadConfig, config_path_for, load_config
 from ..head.errors import ClefError, HeadConfigError, HeadWeightsError
 from ..head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
+from .clef_format import CLEF_ARCH
+from .clef_head import EmbeddedHead, validate_embedded_head
 from .fit import layer_pattern
 from .gguf_file import GGUFError, GGUFInfo, StringArray, read_gguf, read_strings
 from .provenance import (
@@ -33,13 +35,14 @@ from .provenance import (
     state_drift,
 )
 
-CLEF_ARCHITECTURES = ("qwen35", "qwen35moe")
+CLEF_ARCHITECTURES = ("qwen35", "qwen35moe", CLEF_ARCH)
 PROMPT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
 SPECIAL_TYPES = (3, 4)  # CONTROL, USER_DEFINED
-HEAD_HOME = ("the head ships in the release repository, not in GGUF repositories: download "
-             "joint_head.safetensors and joint_head_config.json from Cloudflare/clef-flash (9B) or "
-             "Cloudflare/clef (27B), or run `clef-bridge pull`")
-HEADLESS = ("a Clef GGUF holds only the backbone; loaded without its joint head it runs and answers nonsense "
+HEAD_HOME = ("get a llama.cpp `clef` GGUF, which embeds the head (ggml-org/Clef-Flash-GGUF, ggml-org/Clef-GGUF, "
+             "bartowski/Cloudflare_clef-flash-GGUF), or the release's joint_head.safetensors + "
+             "joint_head_config.json from Cloudflare/clef-flash (9B) or Cloudflare/clef (27B); `clef-bridge pull` "
+             "fetches either")
+HEADLESS = ("this qwen35 GGUF holds only the backbone; loaded without its joint head it runs and answers nonsense "
             "(the headless-GGUF trap)")
 
 
@@ -58,6 +61,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     record: dict[str, Any] | None = field(default=None, repr=False)  # the pairing record, for the canaries
+    embedded: EmbeddedHead | None = field(default=None, repr=False)  # the head read from a clef GGUF
 
     @property
     def accepted(self) -> bool:
@@ -213,15 +217,32 @@ def check_head(path: Path, report: Report) -> tuple[HeadConfig, SafetensorsHeade
 # --- together ----------------------------------------------------------------------------------
 
 def check_pair(gguf: Path, head: Path | None) -> Report:
-    """Every check of a GGUF and its head; head None means look beside the GGUF."""
+    """Every check of a GGUF and its head; head None means the clef GGUF's own head, or the one beside the GGUF.
+
+    For a clef GGUF with its embedded head, report.head is the GGUF itself and report.embedded holds the head.
+    """
     gguf = Path(gguf)
-    head = Path(head) if head is not None else find_head(gguf)
-    report = Report(str(gguf), str(head) if head else None)
+    report = Report(str(gguf), None)
     info = check_gguf(gguf, report)
+    if head is None and info is not None and info.architecture == CLEF_ARCH:
+        report.head = str(gguf)
+        report.facts["head_source"] = "embedded"
+        report.embedded = validate_embedded_head(info, report)
+        if report.embedded is not None:
+            report.facts["head_config"] = vars(report.embedded.config)
+            report.facts["head_matrices"] = report.embedded.matrix_type
+        return report
+    head = Path(head) if head is not None else find_head(gguf)
+    if head is None and info is None:
+        return report  # the GGUF itself is unreadable: that finding says it all
     if head is None:
         report.add("error", "pair.headless", f"no head for {gguf.name}: {HEADLESS}",
-                   f"{HEAD_HOME}; put it beside the GGUF as joint_head.safetensors or pass --head")
+                   f"{HEAD_HOME}; put the safetensors head beside the GGUF as joint_head.safetensors or pass --head")
         return report
+    report.head = str(head)
+    report.facts.update({"head_source": "safetensors", "head": str(head)})
+    if info is not None and info.architecture == CLEF_ARCH:
+        report.add("info", "clef.head_replaced", f"{gguf.name} embeds a head, but {head.name} is served instead")
     found = check_head(head, report)
     if info is None or found is None:
         return report
@@ -325,8 +346,9 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
     if pair is None and want_record:
         report.add("warning", "pair.no_record", "no pairing record: nothing proves this backbone is the one the "
                    "head was trained with (a same-shape backbone of another model would answer nonsense)",
-                   f"write one with `clef-bridge pair {Path(gguf).name} {head.name}` once you trust the pair, or "
-                   "fetch both with `clef-bridge pull`")
+                   f"write one with `clef-bridge pair {Path(gguf).name}"
+                   f"{'' if report.embedded else ' ' + head.name}` once you trust the pair, or fetch it with "
+                   "`clef-bridge pull`")
     if pair is None:
         return report
     report.facts["pair"] = str(pair)

@@ -14,15 +14,19 @@ from typing import Any
 
 import numpy as np
 
-from ..head.config import config_path_for, load_config
+from ..head.config import HeadConfig, config_path_for, load_config
 from ..head.errors import HeadConfigError
 from ..head.schema import Limits
-from ..head.weights import load_params
+from ..head.weights import load_state_dict, params_from
 from .backbone import Backbone
+from .clef_convert import ensure_backbone
+from .clef_format import CLEF_ARCH
 from .embedding import OutputEmbedding
 from .fit import gpu_layers_for
+from .gguf_file import read_gguf
 from .integrity import ModelRefused, Report, check_all, check_canaries
 from .mmproj import check_projector, projector_for, vision_bytes
+from .paths import cache_dir
 from .pipeline import ClefModel, Head
 from .provenance import canary_probabilities, canary_states
 from .registry import ModelSpec
@@ -75,21 +79,49 @@ def open_projector(spec: ModelSpec, backbone: Backbone) -> Projector | None:
     return Projector(path, backbone, options) if path is not None else None
 
 
-def open_model(spec: ModelSpec, head_path: Path, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:
-    """Load the backbone and head of an entry that passed its static checks; memory-plan warnings."""
-    config = load_config(config_path_for(head_path))
+def backbone_file(gguf: Path) -> Path:
+    """The qwen35 GGUF llama.cpp loads: the file itself, or a clef GGUF's backbone, written once into the cache."""
+    if read_gguf(gguf).architecture != CLEF_ARCH:
+        return gguf
+    path, done = ensure_backbone(gguf, cache_dir() / "backbones")
+    if done.action == "converted":
+        log.info("wrote the qwen35 backbone of %s to %s (%.2f GB in %.1f s; llama-cpp-python cannot load arch clef, "
+                 "so the backbone is kept apart; the head is read from the clef GGUF)", gguf.name, path,
+                 done.bytes / 1e9, done.seconds)
+        for old in done.superseded:
+            log.info("removed %s: its clef GGUF changed", old)
+    else:
+        log.info("using the qwen35 backbone of %s converted earlier: %s (%.2f GB)", gguf.name, path, done.bytes / 1e9)
+    return path
+
+
+def _head_weights(report: Report) -> tuple[HeadConfig, dict[str, np.ndarray], dict[str, float]]:
+    """The head's config, torch-named float32 weights and GGUF temperatures (a clef GGUF's own, or none)."""
+    if report.embedded is not None:
+        head = report.embedded
+        return head.config, head.state_dict, head.temperatures
+    config = load_config(config_path_for(report.head))
+    return config, load_state_dict(report.head, config), {}
+
+
+def open_model(spec: ModelSpec, report: Report, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:
+    """Load the backbone and head of an entry whose static checks passed (report); memory-plan warnings."""
+    config, flat, temperatures = _head_weights(report)
     xp = array_module_for(spec.head_device)
-    head = Head(config, load_params(head_path, config, xp), xp)
-    n_gpu_layers, warnings = gpu_layers_for(spec.gguf, spec.backbone, spec.head_device == "cuda", config.hidden_size,
+    head = Head(config, params_from(flat, xp), xp)
+    path = backbone_file(spec.gguf)
+    n_gpu_layers, warnings = gpu_layers_for(path, spec.backbone, spec.head_device == "cuda", config.hidden_size,
                                             vision_bytes(projector_for(spec.gguf, spec.mmproj)))
-    backbone = Backbone(spec.gguf, replace(spec.backbone, n_gpu_layers=n_gpu_layers))
+    backbone = Backbone(path, replace(spec.backbone, n_gpu_layers=n_gpu_layers))
     try:
         embedding = OutputEmbedding(spec.gguf)
         projector = open_projector(spec, backbone)
     except BaseException:
         backbone.close()
         raise
-    return ClefModel(spec.name, backbone, embedding, head, spec.encode, spec.answer, limits, projector), warnings
+    # models.toml's temperatures win over the GGUF's, key by key
+    answer = replace(spec.answer, temperature=temperatures | spec.answer.temperature)
+    return ClefModel(spec.name, backbone, embedding, head, spec.encode, answer, limits, projector), warnings
 
 
 def load_checked(spec: ModelSpec, limits: Limits = Limits()) -> Loaded:
@@ -97,7 +129,7 @@ def load_checked(spec: ModelSpec, limits: Limits = Limits()) -> Loaded:
     report = inspect_spec(spec)
     if not report.accepted:
         raise ModelRefused(spec.name, report)
-    model, warnings = open_model(spec, Path(report.head), limits)
+    model, warnings = open_model(spec, report, limits)
     if report.record is not None:
         try:
             check_canaries(report, report.record, canary_probabilities(model), canary_states(model))

@@ -198,13 +198,14 @@ def canary_difference(recorded: list[dict[str, list[float]]], current: list[dict
 
 
 def pair_record(gguf: str | Path, head: str | Path, model: Any) -> dict[str, Any]:
-    """What `clef-bridge pair` writes: enough to recognise this backbone and head later."""
-    from ..head.config import config_path_for, load_config
+    """What `clef-bridge pair` writes: enough to recognise this backbone and head later.
 
+    head: the safetensors head, or the clef GGUF itself when the head is embedded in it.
+    """
     return {
         "version": PAIR_VERSION,
         "head_sha256": sha256_file(head),
-        "head_config": vars(load_config(config_path_for(head))),
+        "head_config": vars(model.head.config),
         "gguf_name": Path(gguf).name,
         "gguf_sha256": sha256_file(gguf),
         "fingerprint": fingerprint(gguf),

@@ -15,7 +15,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Callable
 
-from ..head.answer import AnswerOptions
+from ..head.answer import BUCKETS, AnswerOptions
 from ..head.encoder import EncodeOptions
 from ..head.errors import ClefError
 from ..head.schema import QUESTION_TYPES, Limits
@@ -159,13 +159,17 @@ def _aliases(value: list) -> tuple[str, ...]:
     return tuple(value)
 
 
+TEMPERATURE_KEYS = tuple(QUESTION_TYPES) + tuple(f"{t}.{b}" for t in QUESTION_TYPES for b, _ in BUCKETS)
+
+
 def _temperature(value: Any) -> dict[str, float]:
     if not isinstance(value, dict):
         value = dict.fromkeys(QUESTION_TYPES, value)
-    unknown = sorted(set(value) - set(QUESTION_TYPES))
+    unknown = sorted(set(value) - set(TEMPERATURE_KEYS))
     if unknown:
-        raise _Bad(f"unknown question type(s) {unknown}; use noul, choice, score")
-    out = dict.fromkeys(QUESTION_TYPES, 1.0)
+        raise _Bad(f"unknown question type(s) {unknown}; use noul, choice, score (or TYPE.BUCKET with a bucket of "
+                   f"{', '.join(b for b, _ in BUCKETS)} options, as llama.cpp's clef GGUFs do)")
+    out = {}
     for key, t in value.items():
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 100:
             raise _Bad(f"{key} must be a number between 0.01 and 100, got {t!r}")

@@ -219,7 +219,7 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         worker = InferenceWorker(item.model, registry.server.max_queue, on_batch(name))
         worker.start()
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
-                                   _release_date(spec))
+                                   _release_date(spec), dict(item.report.facts))
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()}))
     install_sighup(app[KEYS])
     yield
@@ -239,6 +239,25 @@ def connection_options(registry: Registry) -> dict[str, float]:
     return {"keepalive_timeout": registry.server.body_timeout_s}
 
 
+def banner(app: web.Application, url: str) -> list[str]:
+    """What is running, said once at start: every model, its files, its names, its warnings; auth."""
+    lines = [f"clef-bridge serving on {url} (auth {'on' if app[KEYS].enabled else 'off'})"]
+    for name, served in app[SERVED].items():
+        spec, facts = served.spec, served.facts
+        others = [n for n, m in app[NAMES].items() if m == name and n != name]
+        head = "embedded in the GGUF" if facts.get("head_source") == "embedded" else str(spec.head or facts.get(
+            "head", "beside the GGUF"))
+        lines += [f"  model {name}" + (f" (also answers to {', '.join(others)})" if others else ""),
+                  f"    gguf  {spec.gguf} ({facts.get('architecture')}, hidden {facts.get('embedding_length')}, "
+                  f"{facts.get('block_count')} layers)",
+                  f"    head  {head}"]
+        if spec.builtin == "demo":
+            lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
+                         "`clef-bridge pull clef-flash` and a models.toml")
+        lines += [f"    warning: {w}" for w in served.warnings]
+    return lines
+
+
 def serve(registry: Registry, host: str, port: int) -> None:
     """Run the server until SIGINT/SIGTERM; in-flight requests finish before the exit."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -247,11 +266,10 @@ def serve(registry: Registry, host: str, port: int) -> None:
                     "on your hardware and read your model list; set api_keys_file in models.toml [server], or "
                     "bind 127.0.0.1", host)
     app = create_app(registry)
-    names = ", ".join(registry.models)
-    auth = "on" if registry.server.api_keys_file else "off"
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     web.run_app(app, host=host, port=port, **RUNNER_OPTIONS, **connection_options(registry),
                 shutdown_timeout=registry.server.request_timeout_s,
-                print=lambda _: log.info("clef-bridge serving %s on http://%s:%d (auth %s)", names, host, port, auth))
+                print=lambda _: log.info("\n".join(banner(app, url))))
 
 
 def create_app(registry: Registry, loader: Loader = load_models) -> web.Application:

@@ -25,8 +25,9 @@ from llama_cpp import mtmd_cpp as mt
 from ..head.encoder import IMAGE_PAD, VISION_END, VISION_START
 from ..head.errors import Problem, RequestInvalid
 from . import llama_log
-from .backbone import Backbone, Chunk
+from .backbone import Backbone
 from .images import ImageGeometry
+from .media_batch import MediaChunk
 from .mmproj import MAX_IMAGE_TOKENS, ProjectorError, pairing_problems, projector_info
 
 
@@ -148,7 +149,7 @@ class Projector:
                 and np.array_equal(got[:, 1], want[2]) and not got[:, 3].any()):
             raise ProjectorError("mtmd's image positions are not Qwen3.5's (t, row, column) grid")
 
-    def chunks(self, pieces: list[Piece]) -> list[Chunk]:
+    def chunks(self, pieces: list[Piece]) -> list[MediaChunk]:
         """The backbone chunks of a prompt, each at its M-RoPE positions."""
         out, pos = [], 0
         for i, piece in enumerate(pieces):
@@ -158,11 +159,11 @@ class Projector:
                 if not (isinstance(before, np.ndarray) and len(before) and before[-1] == self._start
                         and isinstance(after, np.ndarray) and len(after) and after[0] == self._end):
                     raise ValueError(f"image piece {i} must follow {VISION_START} and precede {VISION_END}")
-                out.append(Chunk(pos=image_positions(piece.rows, piece.cols, pos), embd=piece.embd))
+                out.append(MediaChunk(pos=image_positions(piece.rows, piece.cols, pos), embd=piece.embd))
                 pos += max(piece.rows, piece.cols)
             elif len(piece):
                 ids = np.asarray(piece, dtype=np.int32)
-                out.append(Chunk(pos=np.arange(pos, pos + len(ids), dtype=np.int32), tokens=ids))
+                out.append(MediaChunk(pos=np.arange(pos, pos + len(ids), dtype=np.int32), tokens=ids))
                 pos += len(ids)
         return out
 
@@ -187,7 +188,7 @@ class Projector:
     def prefill(self, input_ids: np.ndarray, images: list[EncodedImage]) -> np.ndarray:
         """float32 [t, n_embd] hidden states of every token (text and image) of a prompt whose images
         stand as runs of <|image_pad|> ids (see pieces)."""
-        return self.backbone.decode_chunks(self.chunks(self.pieces(input_ids, images)))
+        return self.backbone.decode_media(self.chunks(self.pieces(input_ids, images)))
 
 
 def _image_chunk(chunks):

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ClefError
-from .schema import QUESTION_TYPES, DecisionRequest, Question
+from .schema import DecisionRequest, Question
 
 
 class NonFiniteOutput(ClefError):
@@ -19,8 +19,18 @@ class NonFiniteOutput(ClefError):
 
 @dataclass(frozen=True)
 class AnswerOptions:
-    temperature: dict[str, float] = field(default_factory=lambda: dict.fromkeys(QUESTION_TYPES, 1.0))
+    # "<type>" or "<type>.<bucket>" -> T (llama.cpp's clef.decision.temperature.* keys); absent: 1.0
+    temperature: dict[str, float] = field(default_factory=dict)
     confidence: str = "reference"  # "reference": p of the chosen option; "jev": TypeSafe's normalised formula
+
+    def temperature_for(self, kind: str, n_options: int) -> float:
+        """The bucket's temperature, else the type's, else 1 (llama-server's lookup order)."""
+        bucket = next(name for name, most in BUCKETS if n_options <= most)
+        return self.temperature.get(f"{kind}.{bucket}", self.temperature.get(kind, 1.0))
+
+
+# llama-server's option-count buckets for temperatures: n <= 2, <= 5, <= 10, more
+BUCKETS = (("2", 2), ("3_5", 5), ("6_10", 10), ("11", float("inf")))
 
 
 def softmax64(logits: np.ndarray) -> np.ndarray:
@@ -74,6 +84,6 @@ def answers(request: DecisionRequest, logits: np.ndarray, offsets: np.ndarray,
     bounds = list(offsets) + [len(logits)]
     out = {}
     for q, start, end in zip(request.questions, bounds, bounds[1:]):
-        p = softmax64(logits[start:end] / options.temperature[q.type])
+        p = softmax64(logits[start:end] / options.temperature_for(q.type, end - start))
         out[q.id] = answer(q, p, options.confidence)
     return out

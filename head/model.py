@@ -7,6 +7,7 @@ unpacking of the nested state dict (see weights.unflatten), so names are the tor
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,12 +17,15 @@ LOG_100 = math.log(100.0)
 
 
 def array_module(x: Any) -> Any:
-    """numpy, or cupy when x lives on a GPU."""
-    if type(x).__module__.split(".")[0] == "cupy":
-        import cupy
+    """The array module x belongs to: numpy, CuPy, or any module whose arrays name it.
 
-        return cupy
-    return np
+    The array API's __array_namespace__ hook names it (numpy >= 2, CuPy >= 14, the tests' stand-in);
+    older numpy and CuPy lack the hook, and their arrays' types live in their own package.
+    """
+    hook = getattr(x, "__array_namespace__", None)
+    if hook is not None:
+        return hook()
+    return sys.modules[type(x).__module__.partition(".")[0]]
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ def layer_norm(x, weight, bias, eps=1e-5):
 
 
 def linear(x, weight, bias=None):
+    weight = weight.astype(x.dtype, copy=False)  # float16-stored matrices compute in float32
     # Few rows: BLAS streams the weight twice as fast as the left operand of a gemm.
     y = (weight @ x.T).T if x.ndim == 2 and x.shape[0] <= 32 else x @ weight.T  # [..., in] -> [..., out]
     return y if bias is None else y + bias
@@ -103,7 +108,7 @@ def multi_head_attention(x, memory, in_proj_weight, in_proj_bias, out_proj, n_he
     nq, w = x.shape
     t = memory.shape[0]
     hd = w // n_head
-    wq, wk, wv = in_proj_weight.reshape(3, w, w)
+    wq, wk, wv = in_proj_weight.astype(x.dtype, copy=False).reshape(3, w, w)
     bq, bk, bv = in_proj_bias.reshape(3, w)
     q = (linear(x, wq, bq) * np.float32(1 / math.sqrt(hd))).reshape(nq, n_head, hd)  # [nq, h, hd]
     q = q.transpose(1, 0, 2)  # [h, nq, hd]
@@ -137,8 +142,28 @@ def transformer_decoder_layer(x, memory, self_attn, multihead_attn, linear1, lin
 
 
 def span_means(x, spans):
-    """Means of x over [start, end) row spans: [n, 2] -> [n, d]."""
-    return array_module(x).stack([x[s:e].mean(axis=0) for s, e in spans.tolist()])
+    """Means of x over non-empty [start, end) row spans, in any order: [n, 2] -> [n, d].
+
+    One pooling matrix over the rows the spans cover (llama.cpp's Clef graph pools the same way):
+    one matmul, where a loop over spans would launch a reduction per span on a GPU.
+    """
+    xp = array_module(x)
+    lo, hi = int(spans[:, 0].min()), int(spans[:, 1].max())
+    s = xp.asarray(spans - lo)  # [n, 2] on x's device
+    rows = xp.arange(hi - lo)  # [r]
+    inside = ((rows >= s[:, :1]) & (rows < s[:, 1:])).astype(x.dtype)  # [n, r]
+    return (inside @ x[lo:hi]) / (s[:, 1:] - s[:, :1]).astype(x.dtype)  # [n, d]
+
+
+def option_summaries(options, base, option_question):
+    """Per question, its options weighted by the softmax of their routing scores: [n_o, w] -> [n_q, w].
+
+    All questions at once: each row of the [n_q, n_o] score matrix masks other questions' options out.
+    """
+    xp = array_module(options)
+    scores = (base @ options.T) / np.float32(math.sqrt(options.shape[-1]))  # [n_q, n_o]
+    mine = xp.arange(base.shape[0])[:, None] == option_question  # [n_q, n_o]
+    return softmax(xp.where(mine, scores, scores.dtype.type(-math.inf))) @ options  # [n_q, w]
 
 
 def joint_schema_head(hidden, option_rows, layout: Layout, n_head: int, *, hidden_norm, memory_projection,
@@ -153,16 +178,14 @@ def joint_schema_head(hidden, option_rows, layout: Layout, n_head: int, *, hidde
     """
     xp = array_module(hidden)
     oq = xp.asarray(layout.option_question)  # [n_o]
-    bounds = np.append(layout.option_offsets, len(layout.option_spans))  # [n_q + 1]
-    questions = np.stack([bounds[:-1], bounds[1:]], axis=1)  # [n_q, 2] option index ranges
-    ends = np.cumsum(layout.option_spans[:, 1] - layout.option_spans[:, 0])  # [n_o]
-    row_spans = np.stack([ends - (layout.option_spans[:, 1] - layout.option_spans[:, 0]), ends], axis=1)  # [n_o, 2]
+    lengths = layout.option_spans[:, 1] - layout.option_spans[:, 0]  # [n_o]
+    row_spans = np.stack([np.cumsum(lengths) - lengths, np.cumsum(lengths)], axis=1)  # [n_o, 2] in option_rows
 
     h = layer_norm(hidden, **hidden_norm)  # [t, H]
     memory = linear(h, **memory_projection)  # [t, w]
     g = h[-1]  # [H]
-    question = span_means(h, layout.question_spans)  # [n_q, H]
-    context = span_means(h, layout.option_spans)  # [n_o, H]
+    pooled = span_means(h, np.concatenate([layout.question_spans, layout.option_spans]))  # [n_q + n_o, H]
+    question, context = pooled[:len(layout.types)], pooled[len(layout.types):]  # [n_q, H], [n_o, H]
     lexical = span_means(option_rows, row_spans)  # [n_o, H]
 
     options = (linear(context, **option_context_projection) + linear(lexical, **option_lexical_projection)
@@ -171,8 +194,7 @@ def joint_schema_head(hidden, option_rows, layout: Layout, n_head: int, *, hidde
         options = evidence_routing_layer(options, memory, **layer, n_head=n_head)
 
     base = linear(question, **question_projection)  # [n_q, w]
-    route = (options * base[oq]).sum(-1) / np.float32(math.sqrt(options.shape[-1]))  # [n_o]
-    summaries = xp.stack([softmax(route[s:e]) @ options[s:e] for s, e in questions.tolist()])  # [n_q, w]
+    summaries = option_summaries(options, base, oq)  # [n_q, w]
     fields = (base + layer_norm(summaries, **option_summary_norm) + linear(g, **global_projection)
               + type_embedding["weight"][xp.asarray(layout.types)])  # [n_q, w]
     for layer in layers:

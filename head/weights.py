@@ -1,4 +1,4 @@
-"""Strict loading of joint_head.safetensors into float32 numpy arrays."""
+"""Strict loading of joint_head.safetensors into numpy arrays (float32, or float16 matrices)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .config import HeadConfig
-from .errors import HeadWeightsError
+from .errors import HeadConfigError, HeadWeightsError
 
 
 def _bf16(raw: np.ndarray) -> np.ndarray:
@@ -173,9 +173,59 @@ def _listify(node: Any) -> Any:
     return node
 
 
-def load_params(path: str | Path, cfg: HeadConfig, xp: Any = np) -> dict[str, Any]:
-    """The head's parameters as a nested dict of float32 arrays on the array module xp."""
-    flat = load_state_dict(path, cfg)
+# head_dtype -> how the weight matrices are stored. Vectors, scalars and the type embedding stay
+# float32 (as llama.cpp's Clef converter keeps them), and every matrix computes in float32
+# (model.linear): float16 halves the head's memory, and Cloudflare's bf16 weights convert to it
+# exactly inside float16's normal range (6.1e-5 to 65504; larger values are refused).
+STORAGE_DTYPES: dict[str, type[np.floating]] = {"float32": np.float32, "float16": np.float16}
+
+
+def is_matrix(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether head_dtype applies to this tensor: the 2-D weights but the 3-row type embedding."""
+    return len(shape) == 2 and name != "type_embedding.weight"
+
+
+def _storage(dtype: str) -> type[np.floating]:
+    if dtype not in STORAGE_DTYPES:
+        raise HeadConfigError(f"head_dtype {dtype!r} is not supported: use one of {', '.join(STORAGE_DTYPES)}")
+    return STORAGE_DTYPES[dtype]
+
+
+def stored_bytes(cfg: HeadConfig, dtype: str) -> int:
+    """Bytes the head's parameters take when loaded with this head_dtype (the memory plan's head)."""
+    size = np.dtype(_storage(dtype)).itemsize
+    return sum(int(np.prod(shape)) * (size if is_matrix(name, shape) else 4)
+               for name, shape in expected_shapes(cfg).items())
+
+
+def store_matrices(flat: dict[str, np.ndarray], dtype: str, path: str | Path = "") -> dict[str, np.ndarray]:
+    """The 2-D weight matrices in a head_dtype; one error lists every matrix that dtype cannot hold."""
+    target = _storage(dtype)
+    largest = float(np.finfo(target).max)
+    out, problems = {}, []
+    for name, value in flat.items():
+        if is_matrix(name, value.shape) and value.dtype != target:
+            peak = float(np.abs(value).max(initial=0.0))
+            if peak > largest:
+                problems.append(f"{name}: |value| up to {peak:g} overflows {dtype} (largest {largest:g}); "
+                                "use head_dtype = \"float32\"")
+                continue
+            value = value.astype(target)
+        out[name] = value
+    if problems:
+        raise HeadWeightsError(str(path), problems)
+    return out
+
+
+def load_params(path: str | Path, cfg: HeadConfig, xp: Any = np, dtype: str = "float32") -> dict[str, Any]:
+    """The head's parameters as a nested dict of arrays on the array module xp (matrices stored in dtype)."""
+    return params_from(load_state_dict(path, cfg), xp, dtype, path)
+
+
+def params_from(flat: dict[str, np.ndarray], xp: Any = np, dtype: str = "float32",
+                source: str | Path = "") -> dict[str, Any]:
+    """A flat torch-named state dict as the nested parameters the head's functions unpack, on xp."""
+    flat = store_matrices(flat, dtype, source)
     if xp is not np:
         flat = {k: xp.asarray(v) for k, v in flat.items()}
     return unflatten(flat)

@@ -23,7 +23,16 @@ class Hub:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/{owner}/{repo}/resolve/{revision}/{filename:.+}", self.resolve)
+        app.router.add_get("/api/models/{owner}/{repo}/tree/{revision}", self.tree)
         return app
+
+    async def tree(self, request: web.Request) -> web.Response:
+        repo = f"{request.match_info['owner']}/{request.match_info['repo']}"
+        files = [{"type": "file", "path": f, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                 for (r, f), data in sorted(self.files.items()) if r == repo]
+        if not files:
+            return web.Response(status=404, headers={"X-Error-Code": "RepoNotFound"})
+        return web.json_response(files)
 
     async def resolve(self, request: web.Request) -> web.StreamResponse:
         key = (f"{request.match_info['owner']}/{request.match_info['repo']}", request.match_info["filename"])
@@ -35,14 +44,15 @@ class Hub:
         headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{sha}"', "Accept-Ranges": "bytes"}
         if request.method == "HEAD":
             return web.Response(headers={**headers, "Content-Length": str(len(data))})
-        start = 0
+        start, end = 0, len(data) - 1
         rng = request.headers.get("Range")
         if rng:
-            start = int(rng.removeprefix("bytes=").split("-")[0])
-        body = data[start:]
+            first, _, last = rng.removeprefix("bytes=").partition("-")
+            start, end = int(first), min(int(last), len(data) - 1) if last else len(data) - 1
+        body = data[start:end + 1]
         status = 206 if rng else 200
         if rng:
-            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
         response = web.StreamResponse(status=status, headers={**headers, "Content-Length": str(len(body))})
         await response.prepare(request)
         cut = self.drop_after.pop(key, None)

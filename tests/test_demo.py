@@ -51,12 +51,22 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path):
         with urllib.request.urlopen(req, timeout=60) as r:
             answer = json.load(r)["answers"]["urgent"]
         assert answer["type"] == "noul" and 0 <= answer["noul"] <= 1
+        assert set(models[0]["x_aliases"]) == {"jev-latest", "jev-preview", "clef-flash", "clef"}
+        for name in ("clef-flash", "clef", "jev-preview"):  # what Cloudflare's and TypeSafe's clients send
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/systemone", headers={"Content-Type":
+                                         "application/json"}, data=body.replace(b"jev-latest", name.encode()))
+            with urllib.request.urlopen(req, timeout=60) as r:
+                assert json.load(r)["model"] == name
         assert (tmp_path / "cache" / "demo-v1" / "demo.gguf").is_file()
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert "no models.toml" in out and "meaningless" in out
+    banner = out[out.index("clef-bridge serving on"):]
+    assert f"http://127.0.0.1:{port} (auth off)" in banner and "model demo (also answers to jev-latest" in banner
+    assert "DEMO MODEL: RANDOM weights" in banner and "(qwen35, hidden 128, 4 layers)" in banner
+    assert "llama_" not in out and "load:" not in out  # llama.cpp's own chatter stays out of the way
 
 
 def test_the_demo_is_built_once(tmp_path):
@@ -65,3 +75,22 @@ def test_the_demo_is_built_once(tmp_path):
     time.sleep(0.01)
     make_demo(tmp_path / "demo")
     assert files.gguf.stat().st_mtime_ns == first
+
+
+def test_the_demo_takes_a_64_question_request(tmp_path, monkeypatch):
+    """Clients batch up to 64 questions; the demo's byte-level vocabulary needs ~19k tokens for that."""
+    from clef_bridge.bridge.loading import load_checked
+    from clef_bridge.bridge.registry import demo_registry
+
+    monkeypatch.setenv("CLEF_BRIDGE_CACHE", str(tmp_path / "cache"))
+    model = load_checked(demo_registry(tmp_path / "models.toml").models["demo"]).model
+    try:
+        questions = {f"q{i}": {"type": "choice", "instructions": f"Which team should handle part {i} of the ticket?",
+                               "criteria": {"billing": "payments and refunds", "tech": "bugs and outages",
+                                            "sales": "plans and pricing"}} for i in range(64)}
+        body = {"model": "demo", "state": "The printer is on fire and the invoice is wrong. " * 10,
+                "questions": questions}
+        tokens = len(model.prepare(body).encoded.input_ids)  # refused with 413 if it did not fit
+        assert 16384 < tokens <= model.encode_options.max_length <= model.backbone.n_ctx
+    finally:
+        model.close()

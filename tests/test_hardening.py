@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-import types
 from dataclasses import replace
 
 import aiohttp
@@ -25,6 +24,7 @@ from clef_bridge.head.errors import HeadConfigError
 
 from .conftest import open_spec, tiny_spec
 from .serverkit import RunningServer, WrappedModel, registry_for, strip_extensions
+from .strictcupy import StrictCuPy
 from .test_end_to_end import oracle, reference_probabilities  # noqa: F401 - the oracle fixture
 from .test_server_clients import _free_port
 
@@ -260,31 +260,15 @@ def test_binding_beyond_loopback_without_keys_warns(fx, tmp_path):
         proc.wait(60)
 
 
-class _ShimArray(np.ndarray):
-    """Stands in for a CuPy array: its type lives in a module named cupy."""
-
-
-_ShimArray.__module__ = "cupy._core.core"
-
-
-def _cupy_shim() -> types.ModuleType:
-    shim = types.ModuleType("cupy")
-    for name in ("exp", "abs", "where", "sqrt", "maximum", "minimum", "stack", "concatenate", "ascontiguousarray",
-                 "linalg", "float32"):
-        setattr(shim, name, getattr(np, name))
-    shim.asarray = lambda x, dtype=None: np.asarray(x, dtype=dtype).view(_ShimArray)
-    shim.asnumpy = lambda x: np.asarray(x).view(np.ndarray).copy()
-    return shim
-
-
 def test_the_cupy_path_runs_with_an_array_module_switch(fx, monkeypatch):
-    """No GPU here: a numpy-backed stand-in for CuPy proves the head takes its array module from its
-    inputs and converts at the edges (the GPU run is tools/gpu_check.sh)."""
-    monkeypatch.setitem(sys.modules, "cupy", _cupy_shim())
+    """No GPU here: a strict stand-in for CuPy (its arrays refuse to mix with numpy's) proves the head
+    takes its array module from its inputs and converts at the edges (the GPU run is tools/gpu_check.sh)."""
+    xp = StrictCuPy()
+    monkeypatch.setitem(sys.modules, "cupy", xp)
     on_device = open_spec(tiny_spec(fx, head_device="cuda"))
     on_host = open_spec(tiny_spec(fx))
     try:
-        assert type(on_device.head.params["hidden_norm"]["weight"]) is _ShimArray
+        assert type(on_device.head.params["hidden_norm"]["weight"]) is xp.ndarray
         request = {"model": "tiny", "state": "switch", "questions": {
             "c": {"type": "choice", "criteria": {"a": "x", "b": "y", "c": None}},
             "s": {"type": "score", "criteria": ["lo", "mid", "hi"]}, "n": {"type": "noul"}}}

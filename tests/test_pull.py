@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ GGUF_FILE = "clef-flash-Q8_0.gguf"
 def hub(fx):
     files = {(HEAD_REPO, "joint_head.safetensors"): fx.head.read_bytes(),
              (HEAD_REPO, "joint_head_config.json"): fx.head.with_name("joint_head_config.json").read_bytes(),
+             (HEAD_REPO, "model.safetensors"): (fx.hf_model / "model.safetensors").read_bytes(),  # what pull verifies
              (GGUF_REPO, GGUF_FILE): fx.gguf_q8_0.read_bytes()}
     return Hub(files)
 
@@ -85,3 +87,37 @@ def test_pull_without_a_gguf_says_what_to_pass(tmp_path):
     done = subprocess.run([sys.executable, "-m", "clef_bridge.tools.cli", "pull", "clef-flash"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--gguf-repo" in done.stderr
+
+
+def test_a_clef_repository_needs_no_head_and_brings_its_projector(fx, tmp_path):
+    from . import fixturegen_clef
+
+    clef = fixturegen_clef.build(fx)
+    repo, name = "ggml-org/Clef-Flash-GGUF", "clef-flash-Q8_0.gguf"
+    hub = Hub({(repo, name): clef.q8_0.read_bytes(), (repo, "mmproj-clef-flash-f16.gguf"): b"GGUF projector bytes",
+               (HEAD_REPO, "model.safetensors"): (fx.hf_model / "model.safetensors").read_bytes(),
+               (repo, "mmproj-clef-flash-bf16.gguf"): b"GGUF other projector", (repo, "README.md"): b"# Clef"})
+    with RunningHub(hub) as running:
+        done = subprocess.run([sys.executable, "-m", "clef_bridge.tools.cli", "pull", "clef-flash", "--gguf-repo",
+                               repo, "--gguf-file", name, "--models", str(tmp_path / "models.toml"), "--json"],
+                              capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, HF_ENDPOINT=running.url, HF_HOME=str(tmp_path / "hf"),
+                                       HF_HUB_DISABLE_XET="1", CLEF_BRIDGE_CACHE=str(tmp_path / "cache")))
+    assert done.returncode == 0, done.stderr
+    pulled = json.loads(done.stdout)
+    assert pulled["head"] is None and pulled["mmproj"].endswith("mmproj-clef-flash-f16.gguf")
+    assert not any(path.endswith("joint_head.safetensors") for _, path, _ in hub.requests)  # no separate head
+    entry = tomllib.loads((tmp_path / "models.toml").read_text())["models"]["clef-flash"]
+    assert "head" not in entry and entry["gguf"].endswith(name) and (tmp_path / "clef-flash.pair.json").is_file()
+
+
+def test_a_mislabelled_repository_is_refused(fx, tmp_path):
+    """Another model's GGUF under a Clef name: compared with the release, it is refused before any record."""
+    hub = Hub({(HEAD_REPO, "joint_head.safetensors"): fx.head.read_bytes(),
+               (HEAD_REPO, "joint_head_config.json"): fx.head.with_name("joint_head_config.json").read_bytes(),
+               (HEAD_REPO, "model.safetensors"): (fx.hf_model / "model.safetensors").read_bytes(),
+               (GGUF_REPO, GGUF_FILE): fx.gguf_other.read_bytes()})
+    with RunningHub(hub) as running:
+        done = run_pull(tmp_path, running.url, "--no-mmproj")
+    assert done.returncode == 1 and "provenance.release_mismatch" in done.stderr
+    assert not (tmp_path / "models.toml").exists() and not (tmp_path / "clef-flash.pair.json").exists()

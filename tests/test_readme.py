@@ -60,6 +60,12 @@ def test_there_are_runnable_blocks():
     assert len(RUNNABLE) >= 5
 
 
+def test_every_curl_in_a_runnable_block_fails_on_an_http_error():
+    """curl exits 0 on a 4xx/5xx unless told otherwise; then the block would pass on an error answer."""
+    curls = [line for _, body in RUNNABLE for line in body.splitlines() if line.lstrip().startswith("curl ")]
+    assert curls and all("--fail-with-body" in line or " -f" in line for line in curls), curls
+
+
 @pytest.mark.parametrize("index", range(len(RUNNABLE)))
 def test_runnable_block(demo_server, index):
     work, port, env = demo_server

@@ -91,6 +91,14 @@ def test_workers_ai_route(server, tiny_model):
     assert missing.json()["success"] is False and missing.json()["errors"][0]["code"] == 404
     bad = server.request("POST", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash", {"state": 1})
     assert bad.status == 422 and bad.json()["success"] is False
+    bogus = server.request("POST", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash", {**body, "model": "nope"})
+    assert bogus.status == 200 and bogus.json()["result"]["model"] == "clef-flash"  # the route names the model
+    for method, path in (("POST", "/accounts/abc123/ai/run/@cf/meta/llama"), ("GET", "/accounts/abc123/nothing"),
+                         ("GET", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash")):
+        unmatched = server.request(method, path)
+        assert unmatched.status in (404, 405)
+        assert unmatched.json() == {"success": False, "errors": [{"message": unmatched.json()["errors"][0]["message"],
+                                                                  "code": unmatched.status}]}
 
 
 def test_compressed_bodies(server, tiny_model):

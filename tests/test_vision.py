@@ -19,8 +19,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.backbone import Backbone, BackboneOptions, Chunk
+from clef_bridge.bridge.backbone import Backbone, BackboneOptions
 from clef_bridge.bridge.images import ImageGeometry, decode, sniff
+from clef_bridge.bridge.media_batch import MediaChunk
 from clef_bridge.bridge.mmproj import ProjectorError, ProjectorInfo, pairing_problems, projector_info
 from clef_bridge.bridge.vision import EncodedImage, Projector, ProjectorOptions, image_positions
 from clef_bridge.head.encoder import PREFIX
@@ -129,7 +130,7 @@ def our_run(clef, request, images, chunks=None):
         hidden = item.hidden
     else:  # another projector, or other positions
         pieces = clef.projector.pieces(enc.input_ids, [clef.projector.encode(p) for p in pixels])
-        hidden = clef.model.backbone.decode_chunks((chunks or clef.projector.chunks)(pieces))
+        hidden = clef.model.backbone.decode_media((chunks or clef.projector.chunks)(pieces))
     return enc, probabilities(enc, clef.model.logits(enc, hidden))
 
 
@@ -290,18 +291,18 @@ def test_a_chunk_longer_than_a_ubatch(clef):
     assert image.n_tokens == 1024
     start, end = (clef.model.backbone.tokenize(t, True) for t in ("<|vision_start|>", "<|vision_end|>"))
     pieces = [np.array(start, np.int32), image, np.array(end + [11], np.int32)]
-    hidden = clef.model.backbone.decode_chunks(clef.projector.chunks(pieces))
+    hidden = clef.model.backbone.decode_media(clef.projector.chunks(pieces))
     assert hidden.shape == (1027, 64) and np.isfinite(hidden).all()
     split = clef.projector.chunks(pieces)
-    halves = [split[0], Chunk(split[1].pos[:, :512], embd=image.embd[:512]),
-              Chunk(split[1].pos[:, 512:], embd=image.embd[512:]), split[2]]
-    assert rel(clef.model.backbone.decode_chunks(halves), hidden) < 1e-5
+    halves = [split[0], MediaChunk(split[1].pos[:, :512], embd=image.embd[:512]),
+              MediaChunk(split[1].pos[:, 512:], embd=image.embd[512:]), split[2]]
+    assert rel(clef.model.backbone.decode_media(halves), hidden) < 1e-5
 
 
 def test_backbone_context_is_checked(vfx):
     with Backbone(vfx.gguf_f32, BackboneOptions(n_ctx=256, n_seq_max=1)) as small:
         with pytest.raises(ValueError, match="do not fit"):
-            small.decode_chunks([Chunk(np.arange(300, dtype=np.int32), tokens=np.ones(300, np.int32))])
+            small.decode_media([MediaChunk(np.arange(300, dtype=np.int32), tokens=np.ones(300, np.int32))])
 
 
 def mtmd_own_preprocessing(backbone, mmproj, rgb: np.ndarray, encode: bool):

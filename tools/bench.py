@@ -141,10 +141,11 @@ def bare_prefill_floor(url: str, body: dict, headers: dict[str, str], gguf: Path
     shared and noisy) lands on both sides of the ratio.
     """
     from ..bridge.backbone import Backbone, BackboneOptions
+    from ..bridge.loading import backbone_file
     from ..head.encoder import encode
     from ..head.schema import parse_request
 
-    backbone = Backbone(gguf, BackboneOptions(n_ctx=4096))
+    backbone = Backbone(backbone_file(gguf), BackboneOptions(n_ctx=4096))  # a clef GGUF's backbone, converted once
     try:
         ids = encode(parse_request(body), backbone.tokenize).input_ids
         http, bare = asyncio.run(_alternate(url, body, headers, lambda: backbone.prefill(ids), repeats))

@@ -10,7 +10,10 @@ from typing import Any
 from ..bridge.integrity import ModelRefused, Report, check_pair
 from ..bridge.loading import inspect_spec, load_checked, open_model
 from ..bridge.provenance import default_pair_path, pair_record
-from ..bridge.registry import ModelSpec, Registry, model_spec
+from ..bridge.registry import CLOUDFLARE_NAMES, ModelSpec, Registry, model_spec
+from .verify import MIN_RELEASE_COSINE, Verification, VerifyError, verify_against
+
+RELEASE_BY_WIDTH = {width: f"Cloudflare/{name}" for width, name in CLOUDFLARE_NAMES.items()}
 
 IO_CODES = ("gguf.missing", "head.missing")
 CHECK_CONTEXT = 4096  # enough for the canaries; keeps a check's llama.cpp context small
@@ -73,22 +76,55 @@ def check_registry(registry: Registry) -> CheckResult:
     return CheckResult(tuple((name, check_spec(spec)) for name, spec in registry.models.items()))
 
 
-def check_files(gguf: Path, head: Path | None, pair: Path | None) -> CheckResult:
-    return CheckResult(((None, check_spec(file_spec(gguf, head, pair))),))
+def check_files(gguf: Path, head: Path | None, pair: Path | None, verify_repo: str | None = None) -> CheckResult:
+    report = check_spec(file_spec(gguf, head, pair))
+    if verify_repo is not None and report.accepted:
+        add_verification(report, verify_against(gguf, verify_repo or release_repo(report)))
+    return CheckResult(((None, report),))
 
 
-def pair_files(gguf: Path, head: Path, output: Path | None) -> PairResult:
-    """Write a pairing record for a GGUF and head that pass the static checks."""
+def release_repo(report: Report) -> str:
+    """The release repository of the head's model, by its width (Clef-flash 4096, Clef 5120)."""
+    width = report.facts.get("embedding_length")
+    if width not in RELEASE_BY_WIDTH:
+        raise VerifyError(f"no Clef release has hidden size {width}", fix="name the repository: --verify-against REPO")
+    return RELEASE_BY_WIDTH[width]
+
+
+def add_verification(report: Report, verification: Verification) -> None:
+    report.facts["verified_against"] = verification.to_dict()
+    if verification.ok:
+        report.add("info", "provenance.verified", f"sampled tensors equal {verification.repo}'s release (min row "
+                   f"cosine {verification.min_cosine:.4f}, {verification.bytes_read} bytes read)")
+    else:
+        worst = min(verification.samples, key=lambda s: s.min_cosine)
+        report.add("error", "provenance.release_mismatch", f"the GGUF is not {verification.repo}'s model: "
+                   f"{worst.gguf_tensor} rows have cosine {worst.min_cosine:.3f} with the release's "
+                   f"{worst.release_tensor} (at least {MIN_RELEASE_COSINE} expected from quantization)",
+                   "use a GGUF converted from the release (a mislabelled repository, another model or a "
+                   "fine-tune fails this)")
+
+
+def pair_files(gguf: Path, head: Path | None, output: Path | None, verify_repo: str | None = None) -> PairResult:
+    """Write a pairing record for a GGUF and head that pass the static checks (head None: embedded or beside).
+
+    verify_repo: first compare the GGUF with that release ('' = the head's release by its width) and
+    keep the result in the record; a mismatch writes no record.
+    """
     spec = file_spec(gguf, head)
     report = check_pair(gguf, head)  # an older record beside the GGUF is being replaced, not checked
+    if verify_repo is not None and report.accepted:
+        add_verification(report, verify_against(gguf, verify_repo or release_repo(report)))
     out = output or default_pair_path(gguf)
     if not report.accepted:
         return PairResult(out, "", 0, 0, report)
-    model, _ = open_model(spec, Path(report.head))
+    model, _ = open_model(spec, report)
     try:
-        record = pair_record(gguf, head, model)
+        record = pair_record(gguf, Path(report.head), model)
     finally:
         model.close()
+    if "verified_against" in report.facts:
+        record["verified_against"] = report.facts["verified_against"]
     out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return PairResult(out, record["head_sha256"], len(record["fingerprint"]["row_ids"]), len(record["canaries"]),
                       report)

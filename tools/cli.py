@@ -89,7 +89,10 @@ def _check(args: argparse.Namespace) -> int:
 
     if (args.gguf is None) == (args.models is None):
         raise UsageError("give a GGUF or --models models.toml (not both)")
-    result = check_registry(load_registry(args.models)) if args.models else check_files(args.gguf, args.head, args.pair)
+    if args.models and args.verify_against is not None:
+        raise UsageError("--verify-against checks one GGUF", fix="clef-bridge check GGUF --verify-against [REPO]")
+    result = check_registry(load_registry(args.models)) if args.models else \
+        check_files(args.gguf, args.head, args.pair, args.verify_against)
     code = emit(result, args.json)
     return EXIT_USAGE if result.io_error else code
 
@@ -97,7 +100,7 @@ def _check(args: argparse.Namespace) -> int:
 def _pair(args: argparse.Namespace) -> int:
     from .checks import IO_CODES, pair_files
 
-    result = pair_files(args.gguf, args.head, args.output)
+    result = pair_files(args.gguf, args.head, args.output, args.verify_against)
     code = emit(result, False)
     return EXIT_USAGE if any(f.code in IO_CODES for f in result.report.findings) else code
 
@@ -121,9 +124,11 @@ def _pull(args: argparse.Namespace) -> int:
 
     if not args.gguf_repo or not args.gguf_file:
         raise UsageError("community GGUF names vary: pass --gguf-repo OWNER/REPO and --gguf-file NAME.gguf",
-                         fix=f"pick a GGUF of {args.model}'s backbone, e.g. a Q8_0 for a 16 GB card (`clef-bridge fit "
-                             f"--arch {args.model}` compares them); the head always comes from the release repository")
-    return emit(pull(args.model, args.gguf_repo, args.gguf_file, args.models, args.name, args.revision), args.json)
+                         fix=f"pick a GGUF of {args.model}, e.g. a Q8_0 for a 16 GB card (`clef-bridge fit --arch "
+                             f"{args.model}` compares them): a clef GGUF (ggml-org/Clef-Flash-GGUF) carries its head; "
+                             "for a qwen35 backbone the head comes from the release repository")
+    return emit(pull(args.model, args.gguf_repo, args.gguf_file, args.models, args.name, args.revision,
+                     args.mmproj_file, not args.no_mmproj, None if args.no_verify else args.verify_against), args.json)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -152,7 +157,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     examples = load_examples(args.data)
     with checked_model(args.models, args.model) as model:
-        current = model.answer_options.temperature
+        current = {kind: model.answer_options.temperature.get(kind, 1.0) for kind in ("noul", "choice", "score")}
         calibrations = calibrate(model, examples, current)
         name = model.name
     temperatures = dict(current) | {c.kind: c.temperature for c in calibrations}
@@ -169,7 +174,7 @@ def _drift(args: argparse.Namespace) -> int:
 
     requests = [e.request for e in load_examples(args.data)] if args.data else probe_requests()
     keys = {"n_ctx": args.ctx, "max_length": args.ctx}
-    a = load_checked(model_spec("a", args.gguf_a, args.head, **keys)).model
+    a = load_checked(model_spec("a", args.gguf_a, args.head, **keys)).model  # clef GGUFs bring their own heads
     try:
         b = load_checked(model_spec("b", args.gguf_b, args.head, **keys)).model
         try:
@@ -180,6 +185,19 @@ def _drift(args: argparse.Namespace) -> int:
         a.close()
     source = f"from {args.data}" if args.data else "built-in probes"
     return emit(DriftResult(str(args.gguf_a), str(args.gguf_b), len(requests), source, by_type), args.json)
+
+
+def _split(args: argparse.Namespace) -> int:
+    from .convert import split_model
+
+    return emit(split_model(args.clef, args.output, args.head_dtype, args.overwrite), args.json)
+
+
+def _join(args: argparse.Namespace) -> int:
+    from .convert import join_model
+
+    return emit(join_model(args.backbone, args.head, args.output, args.head_type, args.temperature,
+                           args.from_calibration, args.overwrite), args.json)
 
 
 def _soak(args: argparse.Namespace) -> int:
@@ -226,10 +244,11 @@ def _bench(args: argparse.Namespace) -> int:
 def _bench_head(args: argparse.Namespace) -> int:
     from .bench_head import run
 
-    return emit(run(tokens=args.tokens, repeats=args.repeats), args.json)
+    return emit(run(args.tokens, args.repeats, args.options, args.weights, args.head_dtype), args.json)
 
 
 COMMANDS = {"serve": _serve, "fit": _fit, "pull": _pull, "make-demo": _make_demo, "check": _check, "pair": _pair,
+            "split": _split, "join": _join,
             "decide": _decide, "bench": _bench, "soak": _soak, "eval": _eval, "calibrate": _calibrate,
             "drift": _drift, "bench-head": _bench_head}
 

@@ -34,10 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "
                                     "check, pair, and add it to models.toml")
-    p.add_argument("model", choices=["clef-flash", "clef"], help="which Clef release the head comes from")
-    p.add_argument("--gguf-repo", help="hub repository holding the backbone GGUF")
+    p.add_argument("model", choices=["clef-flash", "clef"], help="which Clef release (a qwen35 GGUF's head comes "
+                                                                 "from its repository; a clef GGUF carries its own)")
+    p.add_argument("--gguf-repo", help="hub repository holding the GGUF (clef or qwen35)")
     p.add_argument("--gguf-file", help="the GGUF's file name in that repository")
     p.add_argument("--revision", help="revision of the release repository (default: main)")
+    p.add_argument("--mmproj-file", help="the vision projector's file name in the GGUF repository (default: its "
+                                         "mmproj-*.gguf, the f16 one when there are several)")
+    p.add_argument("--no-mmproj", action="store_true", help="do not download a vision projector")
+    p.add_argument("--verify-against", metavar="REPO", default="",
+                   help="compare sampled tensors of the GGUF with this release's safetensors (range requests, a few "
+                        "MB) before pairing (default: the model's release repository)")
+    p.add_argument("--no-verify", action="store_true", help="skip that comparison (the pairing record then rests "
+                                                            "on the downloaded files alone)")
     p.add_argument("--name", help="name of the models.toml entry (default: the model)")
     p.add_argument("--models", type=Path, default=Path("models.toml"), help="the registry to add the entry to "
                                                                             "(default: ./models.toml)")
@@ -50,17 +59,45 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="refuse a GGUF without its matching head (exit 0 accepted, 1 refused, "
                                      "2 usage or I/O error)")
-    p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF to check")
+    p.add_argument("gguf", nargs="?", type=Path, help="the GGUF to check (a qwen35 backbone or a clef GGUF)")
     p.add_argument("--head", type=Path, help="joint_head.safetensors (default: look beside the GGUF)")
     p.add_argument("--pair", type=Path, help="a pairing record from `clef-bridge pair` "
                                             "(default: <gguf stem>.pair.json beside the GGUF, if present)")
     p.add_argument("--models", type=Path, help="check every model of this registry instead of one GGUF")
+    p.add_argument("--verify-against", metavar="REPO", nargs="?", const="", default=None,
+                   help="also compare sampled tensors with a release's safetensors on the Hugging Face Hub (range "
+                        "requests, a few MB; default REPO: Cloudflare/clef-flash or Cloudflare/clef by width)")
     p.add_argument("--json", action="store_true", help="print one JSON document with every finding")
+
+    p = sub.add_parser("split", help="a llama.cpp clef GGUF -> <stem>.backbone.gguf + joint_head.safetensors + "
+                                     "joint_head_config.json + a pairing record")
+    p.add_argument("clef", type=Path, help="the clef GGUF (backbone and head in one file)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="folder to write the files to")
+    p.add_argument("--head-dtype", choices=["bf16", "f16", "f32"],
+                   help="safetensors dtype of the head (default: bf16 like the release; f32 when the GGUF's is)")
+    p.add_argument("--overwrite", action="store_true", help="replace files already in the folder")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("join", help="a backbone GGUF + a safetensors head -> a clef GGUF that llama-server loads")
+    p.add_argument("backbone", type=Path, help="the qwen35 backbone GGUF (any quantization; tensors are copied)")
+    p.add_argument("head", type=Path, help="joint_head.safetensors (joint_head_config.json beside it)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the clef GGUF to write")
+    p.add_argument("--head-type", choices=["f32", "f16", "bf16", "q8_0"],
+                   help="type of the head's matrices (default: the safetensors dtype; norms, biases, scales stay F32)")
+    p.add_argument("--temperature", help="write clef.decision.temperature.* keys: 0.7 for every type, or "
+                                         "choice=0.7,score=0.9 (TYPE.BUCKET=T for llama-server's option buckets)")
+    p.add_argument("--from-calibration", type=Path, metavar="JSON",
+                   help="take the temperatures `clef-bridge calibrate --json` printed (--temperature overrides)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("pair", help="write a pairing record: head sha256, backbone fingerprint, canary probes")
     p.add_argument("gguf", type=Path, help="the backbone GGUF")
-    p.add_argument("head", type=Path, help="its joint_head.safetensors")
+    p.add_argument("head", type=Path, nargs="?", help="its joint_head.safetensors (default: the clef GGUF's embedded "
+                                                      "head, or joint_head.safetensors beside the GGUF)")
     p.add_argument("-o", "--output", type=Path, help="where to write (default: <gguf stem>.pair.json beside the GGUF)")
+    p.add_argument("--verify-against", metavar="REPO", nargs="?", const="", default=None,
+                   help="first compare sampled tensors with a release's safetensors and keep the result in the record")
 
     p = sub.add_parser("decide", help="answer one System One request from a JSON file, printing the response")
     p.add_argument("--models", default="models.toml", help="the model registry (default: ./models.toml)")
@@ -110,13 +147,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("drift", help="how much a second backbone (e.g. a coarser quantization) moves answers")
     p.add_argument("gguf_a", type=Path, help="the reference backbone, e.g. F16")
     p.add_argument("gguf_b", type=Path, help="the backbone to compare, e.g. Q4_K_M")
-    p.add_argument("--head", type=Path, required=True, help="joint_head.safetensors used with both")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors used with both (default: each clef GGUF's own "
+                                             "head, or the one beside the GGUF)")
     p.add_argument("--data", type=Path, help="labelled or unlabelled requests (JSONL; default: built-in probes)")
     p.add_argument("--ctx", type=int, default=8192, help="n_ctx for both backbones (default: 8192)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("bench-head", help="time the numpy head against the reference torch head at Clef-flash shape")
-    p.add_argument("--tokens", type=int, default=750, help="prompt length in tokens (default: 750)")
+    p.add_argument("--tokens", type=int, default=750,
+                   help="prompt length; with --options, the state's length before the question (default: 750)")
+    p.add_argument("--options", type=int, help="one choice question with this many options (at most 255) instead of "
+                                               "the router schema (4 questions, 19 options)")
+    p.add_argument("--weights", choices=["F32", "BF16", "F16"], default="F32",
+                   help="round the random weights as a safetensors file of this dtype holds them; Cloudflare ships "
+                        "BF16 (default: F32)")
+    p.add_argument("--head-dtype", choices=["float32", "float16"], default="float32",
+                   help="also time our head with its matrices stored in this dtype, with its largest differences "
+                        "to float32 (default: float32, no extra side)")
     p.add_argument("--repeats", type=int, default=7, help="timed runs per side; medians are reported (default: 7)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser

@@ -1,6 +1,7 @@
 """Labelled data: JSONL lines of {"request": <System One request>, "labels": {question_id: gold}}.
 
 gold is the option name for a choice, the level index for a score, and true/false for a noul.
+"labels" may be left out (drift needs none; eval and calibrate score only the labelled questions).
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def load_examples(path: str | Path) -> list[Example]:
             problems.append(f"line {number}: not JSON: {exc}")
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("request"), dict) or \
-                not isinstance(obj.get("labels"), dict):
-            problems.append(f"line {number}: expected {{\"request\": {{...}}, \"labels\": {{question_id: gold}}}}")
+                not isinstance(obj.get("labels", {}), dict):
+            problems.append(f"line {number}: expected {{\"request\": {{...}}, \"labels\": {{question_id: gold}}}} "
+                            "(labels may be left out)")
             continue
         try:
             request = parse_request(obj["request"])
@@ -73,12 +75,13 @@ def load_examples(path: str | Path) -> list[Example]:
             problems.append(f"line {number}: invalid request: {exc}")
             continue
         questions = {q.id: q for q in request.questions}
-        for qid, gold in obj["labels"].items():
+        labels = obj.get("labels", {})
+        for qid, gold in labels.items():
             if qid not in questions:
                 problems.append(f"line {number}: label for {qid!r}, which the request does not ask")
             elif (why := _check_gold(questions[qid], gold)) is not None:
                 problems.append(f"line {number}: label {qid!r}: {why}")
-        examples.append(Example(number, obj["request"], questions, obj["labels"]))
+        examples.append(Example(number, obj["request"], questions, labels))
     if problems:
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
         raise DataError(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in shown))

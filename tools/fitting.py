@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..bridge.clef_format import CLEF_ARCH
 from ..bridge.fit import ARCHES, HEAD_BYTES_PER_PARAM, Arch, Plan, arch_from_gguf, arch_preset, head_params, plan
-from ..bridge.gguf_file import read_gguf
+from ..bridge.gguf_file import GGUFInfo, read_gguf
 from ..bridge.integrity import find_head
 from ..bridge.mmproj import compute_bytes, projector_for, projector_info
 from ..head.config import config_path_for, load_config
@@ -40,8 +41,22 @@ class FitReport:
                 "vision_source": self.vision_source or None}
 
 
-def _head_size(gguf: Path, hidden: int) -> tuple[int, str]:
-    """Parameters of the head beside the GGUF (its config), else the released head at this width."""
+def _embedded_params(info: GGUFInfo) -> int | None:
+    """Parameters of a clef GGUF's embedded head, from its keys and tensor shapes (nothing dequantized)."""
+    keys = ("clef.embedding_length", "clef.decision.routing_block_count", "clef.decision.block_count")
+    memory, up = info.tensors.get("decision.proj_memory.weight"), info.tensors.get("dec.blk.0.ffn_up.weight")
+    if info.architecture != CLEF_ARCH or memory is None or up is None or \
+            not all(isinstance(info.metadata.get(k), int) for k in keys):
+        return None
+    hidden, routing, layers = (info.metadata[k] for k in keys)
+    return head_params(hidden, memory.shape[1], routing, layers, up.shape[1])
+
+
+def _head_size(gguf: Path, info: GGUFInfo, hidden: int) -> tuple[int, str]:
+    """Parameters of the head embedded in a clef GGUF or lying beside the GGUF, else the released head's."""
+    embedded = _embedded_params(info)
+    if embedded is not None:
+        return embedded, f"the head embedded in {gguf.name}"
     head = find_head(gguf)
     if head is not None and config_path_for(head).is_file():
         cfg = load_config(config_path_for(head))
@@ -61,8 +76,9 @@ def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: in
             raise FitError(exc.args[0]) from None
         params, source = head_params(ARCHES[arch_name]["head_hidden"]), f"the released {arch_name} head"
     else:
-        arch = arch_from_gguf(read_gguf(gguf))
-        params, source = _head_size(gguf, arch.n_embd)
+        info = read_gguf(gguf)
+        arch = arch_from_gguf(info)
+        params, source = _head_size(gguf, info, arch.n_embd)
     head_bytes = params * HEAD_BYTES_PER_PARAM
     projector = mmproj if gguf is None else projector_for(gguf, mmproj)
     info = projector_info(projector) if projector is not None else None

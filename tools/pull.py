@@ -1,5 +1,9 @@
-"""pull: fetch a backbone GGUF and the matching head from the Hugging Face Hub, verify, check, pair,
-and add the model to models.toml."""
+"""pull: fetch a GGUF (and, for a plain qwen35 backbone, the matching head) from the Hugging Face Hub,
+verify, check, pair, and add the model to models.toml.
+
+A llama.cpp `clef` GGUF carries its head; a `qwen35` GGUF needs the release's joint_head.safetensors.
+A vision projector (mmproj-*.gguf) beside the GGUF in its repository is downloaded too.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bridge.clef_format import CLEF_ARCH
+from ..bridge.gguf_file import read_gguf
 from ..bridge.integrity import check_pair
 from ..bridge.provenance import sha256_file
 from ..bridge.registry_file import add_model, has_model
@@ -27,11 +33,31 @@ class PullError(ClefError):
 class Pulled:
     name: str
     gguf: Path
-    head: Path
+    head: Path | None  # None: embedded in the clef GGUF
     gguf_sha256: str
     head_sha256: str
     pair: Path
     models_toml: Path
+    mmproj: Path | None = None  # the vision projector found beside the GGUF in its repository
+
+
+def _projector_name(repo: str, revision: str | None, endpoint: str | None, wanted: str | None) -> str | None:
+    """The mmproj file to fetch: the one asked for, else the repository's only (or its f16) mmproj-*.gguf."""
+    if wanted:
+        return wanted
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        files = HfApi(endpoint=endpoint).list_repo_files(repo, revision=revision)
+    except HfHubHTTPError as exc:
+        raise PullError(f"{repo}: cannot list its files to look for a vision projector: {exc}",
+                        fix="pass --mmproj-file NAME, or --no-mmproj") from None
+    found = sorted(f for f in files if f.rsplit("/", 1)[-1].startswith("mmproj") and f.endswith(".gguf"))
+    if len(found) > 1:
+        f16 = [f for f in found if "f16" in f.lower() and "bf16" not in f.lower()]
+        found = f16[:1] or found[:1]
+    return found[0] if found else None
 
 
 def _download(repo: str, filename: str, revision: str | None, endpoint: str | None, cache_dir: str | None) -> Path:
@@ -62,8 +88,13 @@ def _download(repo: str, filename: str, revision: str | None, endpoint: str | No
 
 
 def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: str | None = None,
-         revision: str | None = None) -> Pulled:
-    """Download, verify, check and pair; then add the entry to models.toml."""
+         revision: str | None = None, mmproj: str | None = None, with_mmproj: bool = True,
+         verify_repo: str | None = "") -> Pulled:
+    """Download, verify, check and pair; then add the entry to models.toml.
+
+    verify_repo: compare sampled tensors with that release ('' = the model's release repository) before
+    pairing; None skips it (the record then rests on the downloaded files alone).
+    """
     if model not in RELEASES:
         raise PullError(f"unknown model {model!r}; pull knows {', '.join(RELEASES)}")
     name = name or model
@@ -71,22 +102,27 @@ def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: st
         raise PullError(f"{models_toml} already has [models.{name}]", fix="remove that table or pass --name")
     endpoint = os.environ.get("HF_ENDPOINT")
     cache_dir = os.environ.get("HF_HUB_CACHE")
-    head_repo = RELEASES[model]
-    head = None
-    for filename in HEAD_FILES:
-        path = _download(head_repo, filename, revision, endpoint, cache_dir)
-        head = path if filename.endswith(".safetensors") else head
     gguf = _download(gguf_repo, gguf_file, None, endpoint, cache_dir)
+    head, head_repo = None, RELEASES[model]
+    if read_gguf(gguf).architecture != CLEF_ARCH:  # a plain backbone: its head comes from the release
+        for filename in HEAD_FILES:
+            path = _download(head_repo, filename, revision, endpoint, cache_dir)
+            head = path if filename.endswith(".safetensors") else head
+    projector = _projector_name(gguf_repo, None, endpoint, mmproj) if with_mmproj else None
+    projector_path = _download(gguf_repo, projector, None, endpoint, cache_dir) if projector else None
     report = check_pair(gguf, head)
+    source = "its embedded head" if head is None else f"{head_repo}'s head"
     if not report.accepted:
         problems = "; ".join(f"{f.code}: {f.message}" for f in report.findings if f.level == "error")
-        raise PullError(f"{gguf_repo}/{gguf_file} and {head_repo}'s head do not belong together: {problems}")
+        raise PullError(f"{gguf_repo}/{gguf_file} and {source} do not belong together: {problems}")
     pair_path = models_toml.resolve().parent / f"{name}.pair.json"
-    paired = pair_files(gguf, head, pair_path)
-    record = {"gguf_sha256": sha256_file(gguf), "head_sha256": paired.head_sha256}
-    add_model(models_toml, name, {
-        "gguf": str(gguf), "head": str(head), "gguf_sha256": record["gguf_sha256"],
-        "head_sha256": record["head_sha256"], "pair": str(pair_path),
-        "description": f"{model} from {gguf_repo}/{gguf_file} with the head of {head_repo}",
-    })
-    return Pulled(name, gguf, head, record["gguf_sha256"], record["head_sha256"], pair_path, models_toml)
+    paired = pair_files(gguf, head, pair_path, None if verify_repo is None else verify_repo or head_repo)
+    if not paired.ok:
+        problems = "; ".join(f"{f.code}: {f.message}" for f in paired.report.findings if f.level == "error")
+        raise PullError(f"{gguf_repo}/{gguf_file} refused: {problems}", fix="use a GGUF of the release, or pass "
+                        "--no-verify if the release repository cannot be reached (nothing then proves provenance)")
+    entry = {"gguf": str(gguf), **({"head": str(head)} if head else {}), "gguf_sha256": sha256_file(gguf),
+             **({"head_sha256": paired.head_sha256} if head else {}), "pair": str(pair_path),
+             "description": f"{model} from {gguf_repo}/{gguf_file} with {source}"}
+    add_model(models_toml, name, entry)
+    return Pulled(name, gguf, head, entry["gguf_sha256"], paired.head_sha256, pair_path, models_toml, projector_path)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import statistics
 from functools import singledispatch
 from typing import Any
 
+from ..bridge.clef_convert import JoinResult
 from ..bridge.demo import DemoFiles
 from ..bridge.fit import GIB, MIB
 from ..bridge.integrity import Report
@@ -12,6 +14,7 @@ from .bench import BenchResult
 from .bench_head import LOGIT_TOLERANCE, HeadBench
 from .calibrate import SPLITS, CalibrateResult
 from .checks import CheckResult, PairResult
+from .convert import SplitReport
 from .drift import CONFIDENT, DriftResult
 from .evaluate import Report as EvalReport
 from .evaluate import markdown
@@ -148,13 +151,38 @@ def _(result: SoakVerdict) -> str:
 
 @text.register
 def _(result: HeadBench) -> str:
-    return "\n".join([
-        f"joint head at Clef-flash shape, {result.tokens} tokens, 4 questions / 19 options, "
-        f"{result.torch_threads} torch threads",
-        f"  numpy  median {result.numpy_ms:8.1f} ms",
-        f"  torch  median {result.torch_ms:8.1f} ms (Cloudflare's reference, float32)",
-        f"  ratio numpy/torch {result.ratio:.3f}   max |logit diff| {result.max_logit_diff:.2e} "
-        f"(tolerance {LOGIT_TOLERANCE:g})"])
+    lines = [f"joint head at Clef-flash shape, {result.tokens} tokens, {result.questions} questions / {result.options} "
+             f"options, {result.weights} weights, {result.torch_threads} torch threads, runs in turns"]
+    for label, ts in result.times_ms.items():
+        lines.append(f"  {label:14s} median {statistics.median(ts):8.1f} ms  (range {min(ts):.1f} to {max(ts):.1f})")
+    lines.append(f"  ratio numpy/torch {result.ratio:.3f}   max |logit diff| {result.max_logit_diff:.2e} "
+                 f"(tolerance {LOGIT_TOLERANCE:g}; torch is Cloudflare's reference in float32)")
+    if result.half:
+        d = result.half
+        lines.append(f"  {d['dtype']} matrices vs float32: max |logit diff| {d['max_abs_logit_diff_vs_float32']:.2e}, "
+                     f"max |probability diff| {d['max_abs_prob_diff_vs_float32']:.2e}")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: SplitReport) -> str:
+    s = result.split
+    lines = [f"wrote {s.backbone} (qwen35 backbone, tensors copied byte for byte)",
+             f"wrote {s.head} ({s.head_dtype}) and {s.config}",
+             f"  {s.bytes / 1e9:.2f} GB in {s.seconds:.1f} s"]
+    if s.temperatures:
+        lines.append(f"  the GGUF carried temperatures {s.temperatures}: put them in models.toml as "
+                     "temperature = {...} to keep them")
+    return "\n".join(lines + [text(result.pair)])
+
+
+@text.register
+def _(result: JoinResult) -> str:
+    lines = [f"wrote {result.path}: a clef GGUF with head matrices in {result.head_type} "
+             f"({result.bytes / 1e9:.2f} GB in {result.seconds:.1f} s); llama-server loads it as it is"]
+    if result.dropped:
+        lines.append(f"  left out (MTP/nextn, which llama-server's clef loader refuses): {', '.join(result.dropped)}")
+    return "\n".join(lines)
 
 
 @text.register
@@ -166,5 +194,8 @@ def _(result: DemoFiles) -> str:
 
 @text.register
 def _(result: Pulled) -> str:
-    return (f"added [models.{result.name}] to {result.models_toml}\n  gguf {result.gguf}\n  head {result.head}\n"
-            f"  pair {result.pair}")
+    lines = [f"added [models.{result.name}] to {result.models_toml}", f"  gguf {result.gguf}",
+             f"  head {result.head or '(embedded in the clef GGUF)'}", f"  pair {result.pair}"]
+    if result.mmproj:
+        lines.append(f"  vision projector downloaded: {result.mmproj}")
+    return "\n".join(lines)

@@ -1,0 +1,46 @@
+"""llama_batch for one sequence's chunks of token ids or input embeddings (an image's), at explicit positions."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import llama_cpp as lc
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MediaChunk:
+    """Part of one sequence for Backbone.decode_media: token ids, or input embeddings (an image's)."""
+
+    pos: np.ndarray  # int32: [n] for tokens; [n_pos_per_embd, n] (M-RoPE sections, section-major) for embd
+    tokens: np.ndarray | None = None  # int32 [n]
+    embd: np.ndarray | None = None  # float32 [n, n_embd]
+
+    def __len__(self) -> int:
+        return self.pos.shape[-1]
+
+
+class MediaBatch:
+    """A llama_batch over one chunk's numpy buffers (kept alive here while llama_decode reads them)."""
+
+    def __init__(self, chunk: MediaChunk):
+        n = len(chunk)
+        self.pos = np.ascontiguousarray(chunk.pos, dtype=np.int32)
+        self.n_seq_id = np.ones(n, dtype=np.int32)
+        self.seq = np.zeros(n, dtype=np.int32)
+        self.seq_ptr = (self.seq.ctypes.data + 4 * np.arange(n, dtype=np.uint64)).astype(np.uint64)
+        self.logits = np.zeros(n, dtype=np.int8)
+        self.logits[-1] = 1  # one output per decode; the hidden states come from the unmasked nextn rows
+        self.struct = lc.llama_batch()
+        self.struct.n_tokens = n
+        if chunk.embd is not None:
+            self.embd = np.ascontiguousarray(chunk.embd, dtype=np.float32)
+            self.struct.embd = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        else:
+            self.token = np.ascontiguousarray(chunk.tokens, dtype=np.int32)
+            self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(lc.llama_token))
+        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(lc.llama_pos))
+        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.seq_id = self.seq_ptr.ctypes.data_as(ctypes.POINTER(ctypes.POINTER(lc.llama_seq_id)))
+        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))

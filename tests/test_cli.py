@@ -1,0 +1,60 @@
+"""Bad input to every command ends in one line that names the cause and a fix, never a traceback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from clef_bridge.tools.cli import main
+from gguf import GGMLQuantizationType, GGUFWriter
+
+
+@pytest.fixture
+def keyless_gguf(tmp_path):
+    """A qwen35 GGUF whose metadata lacks block_count and the layer pattern."""
+    path = tmp_path / "keyless.gguf"
+    writer = GGUFWriter(str(path), "qwen35")
+    writer.add_uint32("qwen35.embedding_length", 64)
+    writer.add_tensor("output.weight", np.zeros((8, 64), np.float32), raw_dtype=GGMLQuantizationType.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    """Exit code and everything printed (reports go to stdout, errors to stderr)."""
+    code = main(list(argv))
+    printed = capsys.readouterr()
+    return code, printed.out + printed.err
+
+
+def test_fit_on_a_gguf_missing_keys(capsys, keyless_gguf):
+    code, err = run(capsys, "fit", str(keyless_gguf), "--vram", "8GiB")
+    assert code == 2 and "qwen35.block_count" in err and "fix:" in err and "Traceback" not in err
+
+
+def test_calibrate_with_a_malformed_file(capsys, tmp_path, fx):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"request": {"model": "m"}}\nnot json\n')
+    toml = tmp_path / "models.toml"
+    toml.write_text(f'[models.tiny]\ngguf = "{fx.gguf_f32}"\nhead = "{fx.head}"\n')
+    code, err = run(capsys, "calibrate", "--data", str(data), "--models", str(toml), "--model", "tiny")
+    assert code == 2 and "line 1: invalid request" in err and "line 2: not JSON" in err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["check", "{tmp}/nothing.gguf"], "gguf.missing"),
+    (["decide", "--models", "{tmp}/none.toml", "{tmp}/request.json"], "cannot read"),
+    (["eval", "--data", "{tmp}/none.jsonl", "--url", "http://127.0.0.1:9"], "cannot read"),
+    (["split", "{gguf}", "-o", "{tmp}/out"], "split takes a clef GGUF"),
+    (["join", "{gguf}", "{tmp}/joint_head.safetensors", "-o", "{tmp}/x.gguf"], "joint_head_config.json"),
+    (["drift", "{tmp}/a.gguf", "{gguf}"], "a.gguf"),
+    (["serve", "--models", "{tmp}/none.toml"], "not found"),
+    (["fit", "--arch", "clef-flash", "--vram", "lots"], "cannot read the size"),
+])
+def test_commands_explain_their_failures(capsys, tmp_path, fx, argv, fragment):
+    argv = [a.format(tmp=tmp_path, gguf=fx.gguf_f32) for a in argv]
+    code, err = run(capsys, *argv)
+    assert code in (1, 2) and fragment in err and "Traceback" not in err, err
+    assert "pair.headless" not in err  # a missing or foreign file is not called headless
