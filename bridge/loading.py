@@ -25,7 +25,7 @@ from .embedding import OutputEmbedding
 from .fit import gpu_layers_for
 from .gguf_file import read_gguf
 from .integrity import ModelRefused, Report, check_all, check_canaries
-from .mmproj import check_projector, projector_for, vision_bytes
+from .mmproj import check_projector, vision_bytes
 from .paths import cache_dir
 from .pipeline import ClefModel, Head
 from .provenance import canary_probabilities, canary_states
@@ -72,9 +72,15 @@ def inspect_spec(spec: ModelSpec) -> Report:
     return report
 
 
-def open_projector(spec: ModelSpec, backbone: Backbone) -> Projector | None:
-    """The entry's vision projector on the backbone's device, or None when it has none."""
-    path = projector_for(spec.gguf, spec.mmproj)
+def checked_projector(report: Report) -> Path | None:
+    """The projector inspect_spec checked for this entry (None: none, or a report without projector checks)."""
+    path = report.facts.get("mmproj")
+    return Path(path) if path else None
+
+
+def open_projector(spec: ModelSpec, report: Report, backbone: Backbone) -> Projector | None:
+    """The entry's checked vision projector on the backbone's device, or None when it has none."""
+    path = checked_projector(report)
     options = ProjectorOptions(n_threads=spec.backbone.n_threads, verbose=spec.backbone.verbose)
     return Projector(path, backbone, options) if path is not None else None
 
@@ -111,11 +117,11 @@ def open_model(spec: ModelSpec, report: Report, limits: Limits = Limits()) -> tu
     head = Head(config, params_from(flat, xp), xp)
     path = backbone_file(spec.gguf)
     n_gpu_layers, warnings = gpu_layers_for(path, spec.backbone, spec.head_device == "cuda", config.hidden_size,
-                                            vision_bytes(projector_for(spec.gguf, spec.mmproj)))
+                                            vision_bytes(checked_projector(report)))
     backbone = Backbone(path, replace(spec.backbone, n_gpu_layers=n_gpu_layers))
     try:
         embedding = OutputEmbedding(spec.gguf)
-        projector = open_projector(spec, backbone)
+        projector = open_projector(spec, report, backbone)
     except BaseException:
         backbone.close()
         raise

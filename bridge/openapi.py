@@ -30,7 +30,18 @@ def _schemas(names: list[str]) -> dict[str, Any]:
                 "state": {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]},
                 "questions": {"type": "object", "minProperties": 1,
                               "additionalProperties": {"$ref": "#/components/schemas/Question"}},
+                "assets": {"type": "object", "description": "placeholder -> image; each placeholder inside a string "
+                                                            "of the state, instructions or criteria reads [image N]",
+                           "additionalProperties": {"$ref": "#/components/schemas/Asset"}},
+                "images": {"type": "array", "items": {"type": "string"},
+                           "description": "data: URLs or base64 (the reference's and Workers AI's shape)"},
             },
+        },
+        "Asset": {
+            "type": "object",
+            "properties": {"type": {"const": "image"}, "format": {"enum": ["png", "jpg", "jpeg", "webp"]},
+                           "data_base64": {"type": "string"},
+                           "part": {"type": "string", "description": "multipart/form-data: the image part's name"}},
         },
         "NoulAnswer": {"type": "object", "required": ["type", "noul"],
                        "properties": {"type": {"const": "noul"}, "noul": PROBABILITY}},
@@ -92,8 +103,11 @@ def _errors(*statuses: int) -> dict[str, Any]:
 def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
     """The API description; with auth on it is public, so it names no served model (GET /v1/models does)."""
     decision_errors = _errors(400, 401, 404, 413, 415, 422, 429, 503)
-    json_body = {"required": True, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}}
+    json_body = {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}},
+        "multipart/form-data": {"schema": {"type": "object", "required": ["request"], "properties": {
+            "request": {"$ref": "#/components/schemas/SystemOneRequest"}},
+            "additionalProperties": {"type": "string", "format": "binary"}}}}}
     ok = {"description": "the decision", "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/SystemOneResponse"}}}}
     security = [{"bearer": []}] if registry.server.api_keys_file else []

@@ -109,6 +109,7 @@ def test_a_clef_repository_needs_no_head_and_brings_its_projector(fx, tmp_path):
     assert not any(path.endswith("joint_head.safetensors") for _, path, _ in hub.requests)  # no separate head
     entry = tomllib.loads((tmp_path / "models.toml").read_text())["models"]["clef-flash"]
     assert "head" not in entry and entry["gguf"].endswith(name) and (tmp_path / "clef-flash.pair.json").is_file()
+    assert entry["mmproj"] == pulled["mmproj"]  # named, so a second projector beside it cannot make it ambiguous
 
 
 def test_a_mislabelled_repository_is_refused(fx, tmp_path):

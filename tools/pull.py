@@ -123,6 +123,7 @@ def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: st
                         "--no-verify if the release repository cannot be reached (nothing then proves provenance)")
     entry = {"gguf": str(gguf), **({"head": str(head)} if head else {}), "gguf_sha256": sha256_file(gguf),
              **({"head_sha256": paired.head_sha256} if head else {}), "pair": str(pair_path),
+             **({"mmproj": str(projector_path)} if projector_path else {}),
              "description": f"{model} from {gguf_repo}/{gguf_file} with {source}"}
     add_model(models_toml, name, entry)
     return Pulled(name, gguf, head, entry["gguf_sha256"], paired.head_sha256, pair_path, models_toml, projector_path)
