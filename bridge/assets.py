@@ -298,8 +298,9 @@ async def find_images(body: RequestBody, max_body_bytes: int, limits: ImageLimit
     def run() -> Media:
         media = extract(body.data, body.parts, limits, text_limits)
         if body.json_bytes - media.inline_chars > max_body_bytes:
-            raise BodyTooLarge(f"the request's JSON exceeds {max_body_bytes} bytes without its images "
-                               "(max_body_bytes in models.toml [server])")
+            raise BodyTooLarge(f"the request's JSON exceeds {max_body_bytes} bytes"
+                               f"{' without its images' if media.inline_chars else ''} (max_body_bytes in "
+                               "models.toml [server])")
         return media
 
     if body.parts is None and body.json_bytes <= INLINE_BYTES:

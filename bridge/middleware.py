@@ -19,6 +19,7 @@ from .auth import Unauthorized
 from .backbone import BackboneError, DecodeFailed
 from .httpbody import BadEncoding, BodyTooLarge, UnsupportedMediaType
 from .images import ImageTooLarge
+from .mmproj import ProjectorError
 from .registry import UnknownModel
 from .worker import Overloaded, WorkerStopped
 
@@ -41,7 +42,7 @@ STATUS: dict[type[BaseException], int] = {
     RequestInvalid: 422, ContextLengthExceeded: 413, BodyTooLarge: 413, UnknownModel: 404, Unauthorized: 401,
     Overloaded: 429, DeadlineExceeded: 503, WorkerStopped: 503, DecodeFailed: 503, NonFiniteOutput: 503,
     BackboneError: 503, MemoryError: 503, BadEncoding: 400, UnsupportedMediaType: 415, BodyTimeout: 408,
-    ImageTooLarge: 413,
+    ImageTooLarge: 413, ProjectorError: 503,
 }
 RETRY_STATUSES = (429, 503)
 

@@ -328,3 +328,19 @@ def test_waiting_image_requests_are_bounded(served):
         assert server.post({"model": "tiny", "state": "text", "questions": QUESTIONS}).status == 200
     finally:
         worker.max_image_jobs = MAX_IMAGE_JOBS
+
+
+def test_a_failing_vision_tower_is_a_503_for_that_request_only(served, monkeypatch):
+    from clef_bridge.bridge.mmproj import ProjectorError
+
+    server, model = served
+
+    def fail(pixels):
+        raise ProjectorError("the vision tower failed on a 256x256 image (out of memory?)")
+
+    monkeypatch.setattr(model._model.projector, "encode", fail)
+    reply = server.post({"model": "tiny", "state": "oom", "questions": QUESTIONS, "images": [b64(PNG)]})
+    assert reply.status == 503 and "retry-after" in reply.headers
+    assert reply.json()["detail"]["error_type"] == "projector_error"
+    monkeypatch.undo()
+    assert server.post({"model": "tiny", "state": "after", "questions": QUESTIONS, "images": [b64(PNG)]}).status == 200
