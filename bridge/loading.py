@@ -25,10 +25,10 @@ from .embedding import OutputEmbedding
 from .fit import gpu_layers_for
 from .gguf_file import read_gguf
 from .integrity import ModelRefused, Report, check_all, check_canaries
-from .mmproj import check_projector, vision_bytes
+from .mmproj import check_image_canary, check_projector, vision_bytes
 from .paths import cache_dir
 from .pipeline import ClefModel, Head
-from .provenance import canary_probabilities, canary_states
+from .provenance import canary_probabilities, canary_states, image_canary
 from .registry import ModelSpec
 from .vision import Projector, ProjectorOptions
 
@@ -139,6 +139,7 @@ def load_checked(spec: ModelSpec, limits: Limits = Limits()) -> Loaded:
     if report.record is not None:
         try:
             check_canaries(report, report.record, canary_probabilities(model), canary_states(model))
+            check_image_canary(report, report.record, image_canary(model))
         except BaseException:
             model.close()
             raise

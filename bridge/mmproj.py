@@ -14,6 +14,7 @@ import numpy as np
 
 from ..head.errors import ClefError
 from .gguf_file import GGUFError, read_gguf
+from .provenance import MAX_STATE_DRIFT, WARN_STATE_DRIFT, state_drift
 
 if TYPE_CHECKING:
     from .integrity import Report
@@ -138,3 +139,24 @@ def check_projector(report: Report, gguf: Path, configured: Path | None) -> None
     for problem in pairing_problems(info, n_embd) if isinstance(n_embd, int) else []:
         report.add("error", "mmproj.pairing", f"{path.name} does not fit this backbone: {problem}",
                    "use the mmproj GGUF converted from the same Qwen3.5 model as the backbone")
+
+
+def check_image_canary(report: Report, record: dict, current: dict | None) -> None:
+    """Compare a pairing record's image canary (hidden states of a fixed picture through the projector) with
+    the loaded model's: a projector of the right width from another model or a fine-tune moves them."""
+    recorded = record.get("image_canary")
+    if recorded is None or current is None:
+        if current is not None:
+            report.add("info", "mmproj.no_canary", "the pairing record predates this projector: nothing proves it "
+                       "is the backbone's own beyond its type and width", "write the record again with `clef-bridge "
+                       "pair` once you trust the projector")
+        return
+    drift = state_drift([recorded], [current])
+    report.facts["image_canary_drift"] = round(drift, 5)
+    if drift > MAX_STATE_DRIFT:
+        report.add("error", "mmproj.canary_mismatch", f"the image canary's hidden states moved by {drift:.4f} (mean "
+                   f"1 - cosine; at most {MAX_STATE_DRIFT} expected from quantization): the projector is not the one "
+                   "the pair was recorded with", "use the mmproj GGUF of this model, or pair again with it")
+    elif drift > WARN_STATE_DRIFT:
+        report.add("warning", "mmproj.canary_drift", f"the image canary's hidden states moved by {drift:.4f}: a "
+                   "coarser projector or backbone quantization than the recorded one")

@@ -164,17 +164,33 @@ def canary_probabilities(model: Any) -> list[dict[str, list[float]]]:
     return out
 
 
+def _sampled(hidden: np.ndarray) -> dict[str, Any]:
+    """Hidden states [t, H] at evenly spaced tokens and dims, as a record keeps them."""
+    tokens = np.unique(np.linspace(0, len(hidden) - 1, min(STATE_TOKENS, len(hidden))).astype(int))
+    dims = np.unique(np.linspace(0, hidden.shape[1] - 1, min(STATE_DIMS, hidden.shape[1])).astype(int))
+    return {"tokens": tokens.tolist(), "dims": dims.tolist(),
+            "rows": np.round(hidden[np.ix_(tokens, dims)], 6).tolist()}
+
+
 def canary_states(model: Any) -> list[dict[str, Any]]:
     """The canary requests' last-layer hidden states at sampled tokens and dims, through a loaded ClefModel."""
-    out = []
-    for request in CANARY_REQUESTS:
-        ids = model.prepare(request).encoded.input_ids
-        hidden = model.backbone.prefill(ids)  # [t, H]
-        tokens = np.unique(np.linspace(0, len(ids) - 1, min(STATE_TOKENS, len(ids))).astype(int))
-        dims = np.unique(np.linspace(0, hidden.shape[1] - 1, min(STATE_DIMS, hidden.shape[1])).astype(int))
-        out.append({"tokens": tokens.tolist(), "dims": dims.tolist(),
-                    "rows": np.round(hidden[np.ix_(tokens, dims)], 6).tolist()})
-    return out
+    return [_sampled(model.backbone.prefill(model.prepare(request).encoded.input_ids)) for request in CANARY_REQUESTS]
+
+
+def canary_picture(factor: int) -> np.ndarray:
+    """uint8 [8f, 8f, 3]: a fixed synthetic picture already at a processor size (no decoder, no resize)."""
+    y, x = np.mgrid[0:8 * factor, 0:8 * factor]
+    return np.stack([x * 255 // (8 * factor - 1), y * 255 // (8 * factor - 1), (x ^ y) & 255], -1).astype(np.uint8)
+
+
+def image_canary(model: Any) -> dict[str, Any] | None:
+    """The first canary request with canary_picture(), through the loaded projector, sampled hidden states of
+    every token (the image's included); None for a model without a projector."""
+    if model.projector is None:
+        return None
+    prepared = model.prepare(CANARY_REQUESTS[0], [canary_picture(model.projector.geometry.factor)])
+    [item] = model.prefill_batch([prepared])
+    return _sampled(item.hidden)
 
 
 def state_drift(recorded: list[dict[str, Any]], current: list[dict[str, Any]]) -> float:
@@ -211,6 +227,7 @@ def pair_record(gguf: str | Path, head: str | Path, model: Any) -> dict[str, Any
         "fingerprint": fingerprint(gguf),
         "canaries": canary_probabilities(model),
         "canary_states": canary_states(model),
+        **({"image_canary": canary} if (canary := image_canary(model)) is not None else {}),
         "tolerances": {"min_row_cosine": MIN_ROW_COSINE, "max_norm_diff": MAX_NORM_DIFF,
                        "max_canary_diff": MAX_CANARY_DIFF, "warn_canary_diff": WARN_CANARY_DIFF,
                        "max_state_drift": MAX_STATE_DRIFT, "warn_state_drift": WARN_STATE_DRIFT},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from clef_bridge.bridge.fit import MIB
 from clef_bridge.bridge.integrity import ModelRefused
 from clef_bridge.bridge.loading import load_checked
 from clef_bridge.bridge.mmproj import compute_bytes, projector_info
+from clef_bridge.bridge.provenance import MAX_STATE_DRIFT
 from clef_bridge.bridge.registry import model_spec
 from clef_bridge.head.errors import RequestInvalid
 from clef_bridge.tools.cli import main
@@ -149,3 +151,47 @@ def test_compute_estimate_matches_llama_cpps_report(vfx):
     ours = compute_bytes(projector_info(vfx.mmproj_f32), (side // 32) ** 2)
     print(f"warm-up {side}x{side}: llama.cpp {reported / MIB:.1f} MiB, estimate {ours / MIB:.1f} MiB")
     assert abs(ours - reported) <= 0.10 * reported
+
+
+def perturbed(src, dst, seed: int = 0):
+    """A copy of a projector GGUF whose tensor data (after the header) is partly overwritten with noise."""
+    from clef_bridge.bridge.gguf_file import read_gguf
+
+    info = read_gguf(src)
+    data = bytearray(src.read_bytes())
+    start = info.data_start
+    noise = np.random.default_rng(seed).normal(0, 0.05, (len(data) - start) // 8).astype(np.float32).tobytes()
+    data[start:start + len(noise)] = noise
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def test_pairing_record_carries_an_image_canary(vl_dir, vfx, capsys):
+    (vl_dir / "mmproj-F32.gguf").symlink_to(vfx.mmproj_f32)
+    assert main(["pair", str(vl_dir / "model.gguf")]) == 0
+    capsys.readouterr()
+    record = json.loads((vl_dir / "model.pair.json").read_text())
+    assert len(record["image_canary"]["rows"]) == len(record["image_canary"]["tokens"]) > 0
+    code, doc = run_check(capsys, vl_dir / "model.gguf")
+    assert code == 0 and doc["reports"][0]["facts"]["image_canary_drift"] < 1e-5
+    (vl_dir / "mmproj-F32.gguf").unlink()
+    (vl_dir / "mmproj-F16.gguf").symlink_to(vfx.mmproj_f16)  # the same projector, quantized: accepted
+    code, doc = run_check(capsys, vl_dir / "model.gguf")
+    drift = doc["reports"][0]["facts"]["image_canary_drift"]
+    print(f"image canary drift, f16 projector against the f32 record: {drift}", file=sys.stderr)
+    assert code == 0 and doc["reports"][0]["facts"]["image_canary_drift"] < MAX_STATE_DRIFT / 10
+    (vl_dir / "mmproj-F16.gguf").unlink()
+    perturbed(vfx.mmproj_f32, vl_dir / "mmproj-F32.gguf")  # same type and width, other weights
+    code, doc = run_check(capsys, vl_dir / "model.gguf")
+    assert code == 1 and codes(doc) == {"mmproj.canary_mismatch"}, doc
+    drift = doc["reports"][0]["facts"]["image_canary_drift"]
+    print(f"image canary drift with another projector's weights: {drift}", file=sys.stderr)
+
+
+def test_a_record_without_image_canary_says_so(vl_dir, vfx, capsys):
+    assert main(["pair", str(vl_dir / "model.gguf")]) == 0  # text only: no image canary
+    capsys.readouterr()
+    assert "image_canary" not in json.loads((vl_dir / "model.pair.json").read_text())
+    (vl_dir / "mmproj-F32.gguf").symlink_to(vfx.mmproj_f32)
+    code, doc = run_check(capsys, vl_dir / "model.gguf")
+    assert code == 0 and "mmproj.no_canary" in [f["code"] for f in doc["reports"][0]["findings"]]

@@ -90,11 +90,12 @@ def test_pull_without_a_gguf_says_what_to_pass(tmp_path):
 
 
 def test_a_clef_repository_needs_no_head_and_brings_its_projector(fx, tmp_path):
-    from . import fixturegen_clef
+    from . import fixturegen_clef, fixturegen_vision
 
     clef = fixturegen_clef.build(fx)
+    projector = fixturegen_vision.build().mmproj_f16.read_bytes()  # width 64, as the tiny clef backbone
     repo, name = "ggml-org/Clef-Flash-GGUF", "clef-flash-Q8_0.gguf"
-    hub = Hub({(repo, name): clef.q8_0.read_bytes(), (repo, "mmproj-clef-flash-f16.gguf"): b"GGUF projector bytes",
+    hub = Hub({(repo, name): clef.q8_0.read_bytes(), (repo, "mmproj-clef-flash-f16.gguf"): projector,
                (HEAD_REPO, "model.safetensors"): (fx.hf_model / "model.safetensors").read_bytes(),
                (repo, "mmproj-clef-flash-bf16.gguf"): b"GGUF other projector", (repo, "README.md"): b"# Clef"})
     with RunningHub(hub) as running:
@@ -110,6 +111,7 @@ def test_a_clef_repository_needs_no_head_and_brings_its_projector(fx, tmp_path):
     entry = tomllib.loads((tmp_path / "models.toml").read_text())["models"]["clef-flash"]
     assert "head" not in entry and entry["gguf"].endswith(name) and (tmp_path / "clef-flash.pair.json").is_file()
     assert entry["mmproj"] == pulled["mmproj"]  # named, so a second projector beside it cannot make it ambiguous
+    assert "image_canary" in json.loads((tmp_path / "clef-flash.pair.json").read_text())
 
 
 def test_a_mislabelled_repository_is_refused(fx, tmp_path):

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..bridge.integrity import ModelRefused, Report, check_pair
 from ..bridge.loading import inspect_spec, load_checked, open_model
+from ..bridge.mmproj import check_projector
 from ..bridge.provenance import default_pair_path, pair_record
 from ..bridge.registry import CLOUDFLARE_NAMES, ModelSpec, Registry, model_spec
 from .verify import MIN_RELEASE_COSINE, Verification, VerifyError, verify_against
@@ -105,7 +106,8 @@ def add_verification(report: Report, verification: Verification) -> None:
                    "fine-tune fails this)")
 
 
-def pair_files(gguf: Path, head: Path | None, output: Path | None, verify_repo: str | None = None) -> PairResult:
+def pair_files(gguf: Path, head: Path | None, output: Path | None, verify_repo: str | None = None,
+               mmproj: Path | None = None) -> PairResult:
     """Write a pairing record for a GGUF and head that pass the static checks (head None: embedded or beside).
 
     verify_repo: first compare the GGUF with that release ('' = the head's release by its width) and
@@ -113,6 +115,7 @@ def pair_files(gguf: Path, head: Path | None, output: Path | None, verify_repo: 
     """
     spec = file_spec(gguf, head)
     report = check_pair(gguf, head)  # an older record beside the GGUF is being replaced, not checked
+    check_projector(report, gguf, mmproj)  # a projector is loaded too, for the record's image canary
     if verify_repo is not None and report.accepted:
         add_verification(report, verify_against(gguf, verify_repo or release_repo(report)))
     out = output or default_pair_path(gguf)

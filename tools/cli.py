@@ -100,7 +100,7 @@ def _check(args: argparse.Namespace) -> int:
 def _pair(args: argparse.Namespace) -> int:
     from .checks import IO_CODES, pair_files
 
-    result = pair_files(args.gguf, args.head, args.output, args.verify_against)
+    result = pair_files(args.gguf, args.head, args.output, args.verify_against, args.mmproj)
     code = emit(result, False)
     return EXIT_USAGE if any(f.code in IO_CODES for f in result.report.findings) else code
 

@@ -116,7 +116,8 @@ def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: st
         problems = "; ".join(f"{f.code}: {f.message}" for f in report.findings if f.level == "error")
         raise PullError(f"{gguf_repo}/{gguf_file} and {source} do not belong together: {problems}")
     pair_path = models_toml.resolve().parent / f"{name}.pair.json"
-    paired = pair_files(gguf, head, pair_path, None if verify_repo is None else verify_repo or head_repo)
+    paired = pair_files(gguf, head, pair_path, None if verify_repo is None else verify_repo or head_repo,
+                        projector_path)
     if not paired.ok:
         problems = "; ".join(f"{f.code}: {f.message}" for f in paired.report.findings if f.level == "error")
         raise PullError(f"{gguf_repo}/{gguf_file} refused: {problems}", fix="use a GGUF of the release, or pass "
