@@ -20,6 +20,7 @@ from ..head.encoder import EncodeOptions
 from ..head.errors import ClefError
 from ..head.schema import QUESTION_TYPES, Limits
 from .backbone import BackboneOptions
+from .prefix_cache import PrefixCacheOptions
 
 LATEST = "jev-latest"
 DEFAULT_NAMES = (LATEST, "jev-preview")  # the names that mean the registry's default model
@@ -200,6 +201,10 @@ MODEL_KEYS: dict[str, Key] = {
     "truncate_state": Key("encode", "truncate_state", bool),
     "parse_special_in_user_text": Key("encode", "parse_special_in_user_text", bool),
     "question_ids": Key("encode", "blind_ids", str, lambda v: _one_of("prompt", "blind")(v) == "blind"),
+    "prefix_cache_mb": Key("prefix", "max_mb", (int, float), _non_negative),
+    "prefix_cache_every": Key("prefix", "every", int, _positive),
+    "prefix_cache_sequences": Key("prefix", "sequences", int, _positive),
+    "prefix_cache_cells": Key("prefix", "extra_cells", int, _non_negative),
     "temperature": Key("answer", "temperature", (int, float, dict), _temperature),
     "confidence": Key("answer", "confidence", str, _one_of("reference", "jev")),
 }
@@ -266,7 +271,9 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     for key in ("gguf", "head", "pair"):
         if key in top:
             top[key] = _absolute(base / top[key])
-    spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {})),
+    # the prefix cache is on unless prefix_cache_mb = 0; it keeps the head's memory rows with its checkpoints
+    cache = PrefixCacheOptions(**groups.get("prefix", {}), payloads=True)
+    spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {}), prefix_cache=cache),
                      encode=EncodeOptions(**groups.get("encode", {})), answer=AnswerOptions(**groups.get("answer", {})))
     if spec.encode.max_length > spec.backbone.n_ctx:
         problems.append(f"{where}: max_length ({spec.encode.max_length}) exceeds n_ctx ({spec.backbone.n_ctx}); a "
@@ -305,6 +312,8 @@ def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
     if problems:
         raise RegistryError("\n".join(problems))
     top = groups.pop("", {})
+    if "prefix" in groups:
+        groups.setdefault("backbone", {})["prefix_cache"] = replace(spec.backbone.prefix_cache, **groups.pop("prefix"))
     nested = {g: replace(getattr(spec, g), **values) for g, values in groups.items()}
     return replace(spec, **top, **nested)
 

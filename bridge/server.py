@@ -23,7 +23,7 @@ from .coalesce import Coalescer
 from .httpbody import check_content_type, decode, parse_json, read_capped
 from .integrity import ModelRefused
 from .loading import Loaded, load_checked
-from .metrics import create_metrics
+from .metrics import PrefixCacheCollector, create_metrics
 from .middleware import INFO, BodyTimeout, DeadlineExceeded, context_middleware, json_response
 from .openapi import openapi_spec
 from .pipeline import Decision
@@ -74,6 +74,7 @@ async def decide(request: web.Request, body: Any, model_name: Any) -> Decision:
     info.input_tokens, info.batch_size = decision.input_tokens, t.batch_size
     stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
     info.timings = {f"{stage}_ms": round(seconds * 1e3, 3) for stage, seconds in stages.items()}
+    info.timings["reused_tokens"] = t.reused_tokens  # prompt tokens restored from the prefix cache
     for stage, seconds in stages.items():
         metrics.latency.labels(served.spec.name, stage).observe(seconds)
     metrics.tokens.labels(served.spec.name).inc(decision.input_tokens)
@@ -204,6 +205,9 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
                                    _release_date(spec), dict(item.report.facts))
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()}))
+    caches = {name: item.model.backbone.prefix_cache for name, item in loaded.items()
+              if item.model.backbone.prefix_cache is not None}
+    metrics.registry.register(PrefixCacheCollector(lambda: {name: c.stats() for name, c in caches.items()}))
     install_sighup(app[KEYS])
     yield
     for served in app[SERVED].values():

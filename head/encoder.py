@@ -41,6 +41,7 @@ class Encoded:
     layout: Layout
     option_token_ids: np.ndarray  # [s] int32, the ids inside every option span, concatenated
     state_tokens_dropped: int  # > 0 only with truncate_state
+    state_span: tuple[int, int] = (0, 0)  # [start, end) of the state's tokens: what a prefix cache may reuse
 
 
 def _user_tokens(tokenize: Tokenize, value: Any, parse_special: bool, loc: tuple) -> list[int]:
@@ -101,4 +102,4 @@ def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions 
         types=np.asarray([q.type_id for q in request.questions], dtype=np.int64),
     )
     option_token_ids = np.concatenate([ids[s:e] for s, e in o_spans])  # [s]
-    return Encoded(ids, layout, option_token_ids, dropped)
+    return Encoded(ids, layout, option_token_ids, dropped, (len(prefix), shift))

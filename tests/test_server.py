@@ -44,7 +44,7 @@ def test_response_extensions_and_headers(server):
     assert all(k in ("model", "answers", "usage") or k.startswith("x_") for k in body)
     assert isinstance(body["usage"]["input_tokens"], int) and body["usage"]["output_tokens"] == 0
     assert body["x_latency_ms"] > 0
-    assert set(body["x_timings"]) == {"queue_ms", "tokenize_ms", "backbone_ms", "head_ms", "total_ms"}
+    assert set(body["x_timings"]) == {"queue_ms", "tokenize_ms", "backbone_ms", "head_ms", "total_ms", "reused_tokens"}
     assert "NaN" not in reply.body.decode() and "Infinity" not in reply.body.decode()
     echoed = server.post(NOUL, headers={"x-typesafe-request-id": "abc-123"})
     assert echoed.headers["x-typesafe-request-id"] == "abc-123"

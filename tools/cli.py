@@ -233,6 +233,14 @@ def _make_demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run
 
+    if args.agent_loop:
+        from .bench_agent import agent_loop
+
+        if args.gguf is None or args.url:
+            raise UsageError("--agent-loop runs in this process on --gguf GGUF (and --head HEAD); no --url")
+        return emit(agent_loop(args.gguf, args.head), args.json)
+    if not args.url:
+        raise UsageError("bench needs --url URL of a running server (or --agent-loop --gguf GGUF)")
     try:
         levels = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
