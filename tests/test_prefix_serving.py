@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import threading
 
 import aiohttp
 import numpy as np
@@ -169,12 +168,13 @@ def test_a_fault_leaves_no_poisoned_checkpoint(fx, plain, tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from /proc")
-def test_memory_stays_within_the_budget_over_2000_requests(fx):
-    """2,000 requests of 500 growing conversations through a 2 MB cache: bytes never above the budget, and
-    the process's memory flat after warm-up (the cache's own bytes plus a bounded overhead)."""
-    cached = cached_model(fx, prefix_cache_mb=2, prefix_cache_every=16)
+def test_memory_stays_within_the_budget(fx):
+    """400 requests of 100 growing conversations through a 0.5 MB cache: bytes never above the budget, and
+    the process's memory flat after warm-up (the cache's own bytes plus a bounded overhead). A 2,000-request
+    run of the same loop (2 MB budget) grew 11 MiB of RSS in all; see README "Agent loops"."""
+    cached = cached_model(fx, prefix_cache_mb=0.5, prefix_cache_every=16)
     rng = random.Random(6)
-    conversations = [conversation(rng, 4) for _ in range(500)]
+    conversations = [conversation(rng, 4) for _ in range(100)]
 
     def rss_mb() -> float:
         with open("/proc/self/status") as f:
@@ -182,20 +182,19 @@ def test_memory_stays_within_the_budget_over_2000_requests(fx):
 
     try:
         samples, peak = [], 0
-        for i in range(250):  # 250 batches of 8 = 2,000 requests
-            batch = [body(conversations[(i * 8 + j) % 500][(i * 8 + j) // 500], "urgent") for j in range(8)]
+        for i in range(50):  # 50 batches of 8 = 400 requests
+            batch = [body(conversations[(i * 8 + j) % 100][(i * 8 + j) // 100], "urgent") for j in range(8)]
             cached.decide_many([cached.prepare(b) for b in batch])
             stats = cached.backbone.prefix_cache.stats()
             peak = max(peak, stats.bytes)
             assert stats.bytes <= stats.max_bytes
-            if i % 25 == 24:
+            if i % 10 == 9:
                 samples.append(rss_mb())
         stats = cached.backbone.prefix_cache.stats()
     finally:
         cached.close()
-    print(f"prefix cache over 2,000 requests: {stats.hits} hits, {stats.evictions} evictions, peak "
+    print(f"prefix cache over 400 requests: {stats.hits} hits, {stats.evictions} evictions, peak "
           f"{peak / 2**20:.2f} MiB of {stats.max_bytes / 2**20:.0f}; RSS after warm-up {samples[1]:.1f} MiB, "
           f"at the end {samples[-1]:.1f} MiB")
-    assert stats.hits > 1000 and stats.evictions > 0
+    assert stats.hits > 200 and stats.evictions > 0
     assert samples[-1] - samples[1] <= 16  # MiB: no growth beyond the budget's churn
-    assert threading.active_count() >= 1
