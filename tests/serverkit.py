@@ -15,7 +15,7 @@ from aiohttp import web
 from clef_bridge.bridge.appstate import Loader
 from clef_bridge.bridge.loading import Loaded
 from clef_bridge.bridge.registry import ModelSpec, Registry, ServerSpec
-from clef_bridge.bridge.server import RUNNER_OPTIONS, connection_options, create_app, load_models
+from clef_bridge.bridge.server import RUNNER_OPTIONS, create_app, load_models
 from clef_bridge.head.schema import Limits
 
 LIMIT_KEYS = {f.name for f in fields(Limits)}
@@ -50,7 +50,7 @@ class RunningServer:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        self.runner = web.AppRunner(self.app, **RUNNER_OPTIONS, **connection_options(self.registry))
+        self.runner = web.AppRunner(self.app, **RUNNER_OPTIONS)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
