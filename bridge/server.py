@@ -24,7 +24,7 @@ from .httpbody import check_content_type, decode, header, media_type, parse_json
 from .integrity import ModelRefused
 from .loading import Loaded, load_checked
 from .metrics import Metrics, create_metrics
-from .middleware import INFO, BodyTimeout, DeadlineExceeded, ProtocolLog, context_middleware, json_response
+from .middleware import INFO, UNMATCHED, BodyTimeout, DeadlineExceeded, ProtocolLog, context_middleware, json_response
 from .openapi import openapi_spec
 from .pipeline import Decision
 from .registry import ModelSpec, Registry, name_table, resolve
@@ -144,20 +144,44 @@ async def openapi_handler(request: web.Request) -> web.Response:
     return json_response(openapi_spec(request.app[REGISTRY], request.app[NAMES]))
 
 
+async def unmatched_handler(request: web.Request) -> web.Response:
+    """Any path no route serves: 404, or 405 with Allow where the path exists under other methods.
+
+    A route of ours rather than aiohttp's system route, so that every request takes our path (our
+    Expect handling above all: aiohttp's own answers a non-UTF-8 Expect with a 500).
+    """
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is not request.match_info.route.resource:
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, allowed)
+    raise web.HTTPNotFound()
+
+
 async def defer_expect(request: web.Request) -> None:
     """Expect: 100-continue is answered by httpbody.read_capped, after auth and the size check, so a
     client announcing 10 MB gets its 413 (or 401) at once instead of an invitation to send them."""
 
 
+ROUTES = [  # method, path, handler, name
+    ("POST", "/v1/systemone", systemone_handler, "systemone"),
+    ("GET", "/v1/models", models_handler, "models"),
+    ("POST", "/accounts/{account_id}/ai/run/@cf/cloudflare/{model}", workers_ai_handler, "workers_ai"),
+    ("GET", "/health", health_handler, "health"),
+    ("GET", "/ready", ready_handler, "ready"),
+    ("GET", "/metrics", metrics_handler, "metrics"),
+    ("GET", "/openapi.json", openapi_handler, "openapi"),
+    ("*", "/{path:.*}", unmatched_handler, UNMATCHED),  # last: the router tries it after every other
+]
+
+
 def setup_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/systemone", systemone_handler, name="systemone", expect_handler=defer_expect)
-    app.router.add_get("/v1/models", models_handler, name="models")
-    app.router.add_post("/accounts/{account_id}/ai/run/@cf/cloudflare/{model}", workers_ai_handler, name="workers_ai",
-                        expect_handler=defer_expect)
-    app.router.add_get("/health", health_handler, name="health")
-    app.router.add_get("/ready", ready_handler, name="ready")
-    app.router.add_get("/metrics", metrics_handler, name="metrics")
-    app.router.add_get("/openapi.json", openapi_handler, name="openapi")
+    for method, path, handler, name in ROUTES:
+        if method == "GET":
+            app.router.add_get(path, handler, name=name, expect_handler=defer_expect)
+        else:
+            app.router.add_route(method, path, handler, name=name, expect_handler=defer_expect)
 
 
 # --- resources ---------------------------------------------------------------------------------
