@@ -3,10 +3,12 @@ access-log line and counter, and /health answering afterwards."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import socket
 import time
+import types
 from typing import Any, Callable
 
 import pytest
@@ -220,6 +222,27 @@ def test_an_oversized_request_is_refused_before_it_is_tokenized(server):
         del backbone.tokenize
     assert "needs at least" in detail["message"] and "8192" in detail["message"]
     assert sum(tokenized) < 1000  # the prompt's own markup only: no option text was tokenized
+
+
+def test_refusals_leave_no_reference_cycles(server):
+    """A handled error's traceback would tie the frames it passed (holding the body and its rendered
+    texts) to the future holding the error: a cycle only the GC's rare full passes free, which let
+    RSS climb by hundreds of MB under big refusals (tests/bench_refusals.py measures the RSS)."""
+    bodies = [{**NOUL, "state": "x " * 40_000}, {**NOUL, "questions": {"\ud800": {"type": "noul"}}},
+              {**NOUL, "model": "nope"}, {"model": "tiny"}]
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        statuses = [server.post(body).status for body in bodies * 3]
+        gc.collect()
+        cycles = [o for o in gc.garbage if isinstance(o, (types.FrameType, types.TracebackType, BaseException))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert statuses == [413, 422, 404, 422] * 3
+    assert not cycles
 
 
 # --- the lesser items --------------------------------------------------------------------------
