@@ -158,6 +158,10 @@ async def _send(request: web.Request, response: web.StreamResponse, info: Reques
     if client_gone(request):
         info.status, info.error_type = CLIENT_CLOSED, info.error_type or "client_closed_request"
         return
+    # Written means handed to the kernel: with no user-space buffer allowed, the final drain waits for
+    # all of it, within the timeout. Otherwise up to 64 KiB could stay buffered, and the idle close
+    # that comes later would wait, with no timeout, for a client that never reads.
+    request.transport.set_write_buffer_limits(high=0)
     try:
         await asyncio.wait_for(_write(request, response), timeout)
     except asyncio.TimeoutError:

@@ -167,13 +167,18 @@ def test_public_routes_under_auth_name_no_model(secured):
 
 # --- slow readers ------------------------------------------------------------------------------
 
+def _non_reader(srv: RunningServer) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window fills the server's buffers soon
+    sock.connect(("127.0.0.1", srv.port))
+    sock.setblocking(False)
+    return sock
+
+
 def test_a_client_that_pipelines_and_never_reads_is_cut_off(fx, tmp_path):
     registry = registry_for(tiny_spec(fx), tmp_path / "m.toml", write_timeout_s=1.0)
     with RunningServer(registry) as srv:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window fills the server's buffers soon
-        sock.connect(("127.0.0.1", srv.port))
-        sock.setblocking(False)
+        sock = _non_reader(srv)
         pipelined = http("GET", "/openapi.json") * 4000
         started = time.monotonic()
         sent = 0
@@ -192,6 +197,32 @@ def test_a_client_that_pipelines_and_never_reads_is_cut_off(fx, tmp_path):
         assert line["status"] == 499 and line["route"] == "/openapi.json"
         assert srv.metric("clef_requests_total", route="/openapi.json", status="499") == 1
         assert srv.request("GET", "/health").status == 200
+
+
+def test_a_client_that_stops_reading_with_a_little_left_to_send_is_cut_off(fx, tmp_path):
+    """Answers that fill the kernel's buffers and leave less than asyncio's high-water mark in the
+    transport: no drain blocks, and the idle close later would wait forever to flush them."""
+    registry = registry_for(tiny_spec(fx), tmp_path / "m.toml", write_timeout_s=1.0, body_timeout_s=1.0)
+    with RunningServer(registry) as srv:
+        sock = _non_reader(srv)
+        sock.settimeout(5)
+        five = http("GET", "/openapi.json") * 5  # 31 KB of answers: under the 64 KiB high-water mark
+
+        def buffered() -> int:
+            return sum(c.transport.get_write_buffer_size() for c in srv.runner.server.connections if c.transport)
+
+        for _ in range(400):  # until some of an answer waits in user space (the kernel's buffers are full)
+            sock.sendall(five)
+            time.sleep(0.03)
+            if buffered() or not srv.runner.server.connections:
+                break
+        deadline = time.monotonic() + 10
+        while srv.runner.server.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sock.close()
+        assert not srv.runner.server.connections
+        line = srv.access_line(lambda e: e.get("error_type") == "write_timeout")
+        assert line["status"] == 499 and srv.request("GET", "/health").status == 200
 
 
 # --- expensive refusals ------------------------------------------------------------------------
