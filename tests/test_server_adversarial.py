@@ -222,7 +222,9 @@ def test_a_client_that_stops_reading_with_a_little_left_to_send_is_cut_off(fx, t
         sock.close()
         assert not srv.runner.server.connections
         line = srv.access_line(lambda e: e.get("error_type") == "write_timeout")
-        assert line["status"] == 499 and srv.request("GET", "/health").status == 200
+        assert line["status"] == 499 and line["route"] == "/openapi.json"
+        assert srv.metric("clef_requests_total", route="/openapi.json", status="499") == 1
+        assert srv.request("GET", "/health").status == 200
 
 
 # --- expensive refusals ------------------------------------------------------------------------
@@ -298,10 +300,14 @@ def _first_bytes(srv: RunningServer, request: bytes, then: bytes = b"") -> bytes
 def test_expect_100_continue_is_answered_after_the_checks(server, secured):
     announce = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n")
+    before = counted(server, "/v1/systemone", 413)
     too_large = _first_bytes(server, announce % 10_000_000)
     assert too_large.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in too_large
+    detail = json.loads(too_large.split(b"\r\n\r\n", 1)[1])["detail"]
+    assert detail["error_type"] == "request_too_large" and "max_body_bytes" in detail["message"]
     rid = too_large.split(b"x-typesafe-request-id: ")[1].split(b"\r\n")[0].decode()
     assert server.access_line(lambda e: e["request_id"] == rid)["error_type"] == "request_too_large"
+    assert counted(server, "/v1/systemone", 413) == before + 1
     no_key = _first_bytes(secured, announce % 100)
     assert no_key.startswith(b"HTTP/1.1 401 ") and b"100 Continue" not in no_key
     body = json.dumps(NOUL).encode()
