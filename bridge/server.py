@@ -164,7 +164,7 @@ async def defer_expect(request: web.Request) -> None:
     client announcing 10 MB gets its 413 (or 401) at once instead of an invitation to send them."""
 
 
-ROUTES = [  # method, path, handler, name
+ROUTES = (  # method, path, handler, name
     ("POST", "/v1/systemone", systemone_handler, "systemone"),
     ("GET", "/v1/models", models_handler, "models"),
     ("POST", "/accounts/{account_id}/ai/run/@cf/cloudflare/{model}", workers_ai_handler, "workers_ai"),
@@ -173,7 +173,7 @@ ROUTES = [  # method, path, handler, name
     ("GET", "/metrics", metrics_handler, "metrics"),
     ("GET", "/openapi.json", openapi_handler, "openapi"),
     ("*", "/{path:.*}", unmatched_handler, UNMATCHED),  # last: the router tries it after every other
-]
+)
 
 
 def setup_routes(app: web.Application) -> None:
