@@ -108,7 +108,7 @@ class ClefModel:
         """Validate and encode (no llama.cpp decode): raises RequestInvalid or ContextLengthExceeded."""
         t0 = time.perf_counter()
         request = parse_request(body, self.limits)
-        encoded = encode(request, self.backbone.tokenize, self.encode_options)
+        encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens)
         return Prepared(request, encoded, time.perf_counter() - t0)
 
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:

@@ -65,6 +65,7 @@ class ServerSpec:
     request_timeout_s: float = 60.0  # per request, queue included; beyond it, 503
     retry_after_s: int = 1  # the Retry-After sent with 429 and 503
     body_timeout_s: float = 30.0  # a client must deliver its body within this; slower ones get 408
+    write_timeout_s: float = 30.0  # a client must take its answer within this; one that does not read is cut off
     cache_size: int = 0  # answers kept for exact repeats (identical in-flight requests always share one run)
     limits: Limits = Limits()
 
@@ -216,6 +217,7 @@ SERVER_KEYS: dict[str, Key] = {
     "request_timeout_s": Key("", "request_timeout_s", (int, float), _positive),
     "retry_after_s": Key("", "retry_after_s", int, _positive),
     "body_timeout_s": Key("", "body_timeout_s", (int, float), _positive),
+    "write_timeout_s": Key("", "write_timeout_s", (int, float), _positive),
     "cache_size": Key("", "cache_size", int, _non_negative),
     **{f.name: Key("limits", f.name, int, _positive) for f in fields(Limits)},
 }
