@@ -23,7 +23,7 @@ from aiohttp import web
 from ray import serve
 
 from .ray_plan import ReplicaPlan, plan_replicas
-from .registry import Registry, load_registry
+from .registry import Registry, RegistryError, load_registry
 from .server import RUNNER_OPTIONS, banner, connection_options, create_app
 
 log = logging.getLogger("clef_bridge.ray")
@@ -49,7 +49,7 @@ class Forward:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":  # the aiohttp app has its own start and stop (ClefReplica)
-            while (message := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
@@ -127,7 +127,12 @@ def app(args: dict[str, str]) -> Any:
     """Application builder for Serve config files and `serve run`: import_path clef_bridge.bridge.ray_serve:app,
     args {models: PATH to models.toml}."""
     registry = load_registry(args.get("models", "models.toml"))
-    return build_app(plan_replicas(registry, ray.cluster_resources().get("GPU", 0)), args.get("sockets"))
+    if registry.ray.num_gpus == "auto" and not ray.is_initialized():
+        raise RegistryError(f"{registry.path}: [ray] num_gpus = \"auto\" looks at the Ray cluster, and `serve run "
+                            "IMPORT_PATH` builds the app before it connects; set num_gpus (0: CPU replicas), or "
+                            "serve run / serve deploy a Serve config file, or run clef-bridge serve --ray")
+    gpus = ray.cluster_resources().get("GPU", 0) if registry.ray.num_gpus == "auto" else 0
+    return build_app(plan_replicas(registry, gpus), args.get("sockets"))
 
 
 def replica_states() -> dict[str, int]:
