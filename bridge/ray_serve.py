@@ -53,6 +53,8 @@ class Forward:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
+        if scope["type"] != "http":  # a websocket: no route of the API takes one, and Serve closes it
+            return
         query = scope.get("query_string", b"")
         target = (scope.get("raw_path") or scope["path"].encode()) + (b"?" + query if query else b"")
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in REQUEST_DROP]
@@ -131,7 +133,7 @@ def app(args: dict[str, str]) -> Any:
         raise RegistryError(f"{registry.path}: [ray] num_gpus = \"auto\" looks at the Ray cluster, and `serve run "
                             "IMPORT_PATH` builds the app before it connects; set num_gpus (0: CPU replicas), or "
                             "serve run / serve deploy a Serve config file, or run clef-bridge serve --ray")
-    gpus = ray.cluster_resources().get("GPU", 0) if registry.ray.num_gpus == "auto" else 0
+    gpus = ray.cluster_resources().get("GPU", 0) if registry.ray.num_gpus == "auto" else 0.0  # else: unused
     return build_app(plan_replicas(registry, gpus), args.get("sockets"))
 
 
@@ -146,13 +148,18 @@ def replica_states() -> dict[str, int]:
 def run(registry: Registry, host: str, port: int, address: str | None) -> None:
     """`clef-bridge serve --ray`: the replicas on a Ray cluster (a local one without address) until SIGINT/SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if host not in ("127.0.0.1", "localhost", "::1") and not registry.server.api_keys_file:
+        log.warning("WARNING: Serve's proxy binds %s and models.toml [server] sets no api_keys_file: anyone who can "
+                    "reach it can run decisions on your GPUs", host)
     ray.init(address=address)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
+    started = False
     try:
         plan = plan_replicas(registry, ray.cluster_resources().get("GPU", 0))
-        serve.start(http_options={"host": host, "port": port})
+        serve.start(http_options={"host": host, "port": port})  # a joined cluster's running Serve keeps its own
+        started = True
         log.info("clef-bridge on Ray Serve: starting %s", plan.describe())
         serve.run(build_app(plan), name=APP_NAME, route_prefix="/")
         url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
@@ -160,5 +167,8 @@ def run(registry: Registry, host: str, port: int, address: str | None) -> None:
                  plan.describe(), socket_dir())
         stop.wait()
     finally:
-        serve.shutdown()  # each replica finishes its requests in flight (graceful_shutdown_timeout_s)
+        # only this app: each replica finishes its requests in flight (graceful_shutdown_timeout_s), and the
+        # other apps of a joined cluster, its Serve and its proxies stay; a Ray this command started stops
+        if started and serve.status().applications.get(APP_NAME) is not None:
+            serve.delete(APP_NAME)
         ray.shutdown()

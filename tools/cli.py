@@ -236,7 +236,11 @@ def _serve_ray(registry: Any, args: argparse.Namespace) -> None:
         if (exc.name or "").split(".")[0] != "ray":
             raise
         raise UsageError(f"--ray needs Ray Serve ({exc})", fix="pip install 'clef-bridge[ray]'") from None
-    run(registry, args.host, args.port, args.ray_address)
+    try:
+        run(registry, args.host, args.port, args.ray_address)
+    except ConnectionError as exc:  # ray.init found no cluster at the address
+        raise UsageError(f"cannot join the Ray cluster {args.ray_address or '(RAY_ADDRESS)'}: {exc}",
+                         fix="start one (ray start --head), or drop --ray-address for a Ray on this machine") from None
 
 
 def _make_demo(args: argparse.Namespace) -> int:
