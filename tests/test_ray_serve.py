@@ -8,6 +8,7 @@ installs (README, "Scaling out with Ray Serve"), and skip without it.
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import os
@@ -247,6 +248,28 @@ def test_two_replicas_pass_jevcompat_and_share_200_mixed_requests(two_replicas, 
     checks = {rid: metric_sum(page, "clef_requests_total", route="/ready", status="200")
               for rid, page in replica_pages(sockets).items()}
     assert min(checks.values()) >= 3, checks  # Serve's health checks ask each replica's own /ready
+
+
+def test_bodies_pass_through_as_sent(two_replicas):
+    """Chunked, gzip-encoded and oversized bodies reach the app as the client sent them, and get its answers."""
+    port = two_replicas[0]
+    body = json.dumps(decision(7)).encode()
+
+    def post(data, headers: dict, **kw) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/v1/systemone", body=data, headers={"Content-Type": "application/json", **AUTH,
+                                                                  **headers}, **kw)
+        resp = conn.getresponse()
+        answer = (resp.status, json.loads(resp.read()))
+        conn.close()
+        return answer
+
+    status, chunked = post(iter([body[:10], body[10:]]), {}, encode_chunked=True)
+    assert status == 200 and chunked["answers"]["q"]["type"] == "noul"
+    status, zipped = post(gzip.compress(body), {"Content-Encoding": "gzip"})
+    assert status == 200 and zipped["answers"] == chunked["answers"]
+    status, big = post(b"{" + b" " * (5 * 2**20) + b"}", {})  # past max_body_bytes (4 MiB)
+    assert status == 413 and big["detail"]["error_type"] == "request_too_large", big
 
 
 def test_a_replica_killed_under_load_is_replaced_and_no_request_is_lost_silently(two_replicas):
