@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8792, help="port to listen on (default: 8792)")
     p.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve's proxy, as models.toml [ray] "
                                                       "says (needs pip install 'clef-bridge[ray]')")
-    p.add_argument("--ray-address", help="with --ray: the Ray cluster to join, e.g. auto or ray://HEAD:10001 "
+    p.add_argument("--ray-address", help="with --ray: the Ray cluster to join, e.g. auto or HEAD_IP:6379 "
                                          "(default: RAY_ADDRESS, else a Ray started on this machine)")
 
     p = sub.add_parser("fit", help="GPU memory plan for a GGUF and its head (exit 0 fits, 1 does not)")
