@@ -71,11 +71,28 @@ class ServerSpec:
 
 
 @dataclass(frozen=True)
+class RaySpec:
+    """[ray]: the replicas of `serve --ray` (bridge/ray_plan.py); 0 derives a value, as n_threads = 0 does."""
+
+    min_replicas: int = 1
+    max_replicas: int = 1  # above min_replicas: Serve autoscales on ongoing requests
+    num_gpus: float | str = "auto"  # per replica; "auto": 1 where the cluster has GPUs, else 0
+    num_cpus: float = 1.0  # per replica; a CPU replica's llama.cpp runs this many threads unless n_threads is set
+    target_ongoing_requests: int = 0  # 0: the default model's n_seq_max, one full batch per replica
+    max_ongoing_requests: int = 0  # 0: twice the target, a batch decoding while the next one forms
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    look_back_period_s: float = 30.0
+    health_check_period_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class Registry:
     path: Path
     default: str
     models: dict[str, ModelSpec]
     server: ServerSpec = ServerSpec()
+    ray: RaySpec = RaySpec()
 
 
 # --- names -------------------------------------------------------------------------------------
@@ -129,6 +146,18 @@ def _one_of(*choices: str) -> Callable[[Any], Any]:
             raise _Bad(f"must be one of {list(choices)}, got {value!r}")
         return value
     return check
+
+
+def _above_zero(value: Any) -> Any:
+    if value <= 0:
+        raise _Bad(f"must be above 0, got {value}")
+    return value
+
+
+def _gpus(value: Any) -> Any:
+    if value != "auto" and (isinstance(value, str) or value < 0):
+        raise _Bad(f"a number of GPUs (0 or more) or \"auto\", got {value!r}")
+    return value
 
 
 def _gpu_layers(value: Any) -> Any:
@@ -222,6 +251,16 @@ SERVER_KEYS: dict[str, Key] = {
     **{f.name: Key("limits", f.name, int, _positive) for f in fields(Limits)},
 }
 
+RAY_KEYS: dict[str, Key] = {
+    "min_replicas": Key("", "min_replicas", int, _positive), "max_replicas": Key("", "max_replicas", int, _positive),
+    "num_gpus": Key("", "num_gpus", (int, float, str), _gpus),
+    "num_cpus": Key("", "num_cpus", (int, float), _above_zero),
+    "target_ongoing_requests": Key("", "target_ongoing_requests", int, _non_negative),
+    "max_ongoing_requests": Key("", "max_ongoing_requests", int, _non_negative),
+    **{k: Key("", k, (int, float), _non_negative) for k in ("upscale_delay_s", "downscale_delay_s")},
+    **{k: Key("", k, (int, float), _above_zero) for k in ("look_back_period_s", "health_check_period_s")},
+}
+
 
 def _typed(value: Any, types: Any) -> bool:
     wanted = types if isinstance(types, tuple) else (types,)
@@ -294,6 +333,17 @@ def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec
     return ServerSpec(**top, limits=Limits(**groups.get("limits", {})))
 
 
+def _ray(raw: Any, where: str, problems: list[str]) -> RaySpec:
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a table")
+        return RaySpec()
+    count = len(problems)
+    spec = RaySpec(**_values(raw, RAY_KEYS, where, problems).get("", {}))
+    if len(problems) == count and spec.min_replicas > spec.max_replicas:
+        problems.append(f"{where}: min_replicas ({spec.min_replicas}) exceeds max_replicas ({spec.max_replicas})")
+    return spec
+
+
 def model_spec(name: str, gguf: str | Path, head: str | Path | None = None, base: Path = Path("."),
                **keys: Any) -> ModelSpec:
     """A ModelSpec from models.toml keys (validated exactly as the file is), for commands and tests."""
@@ -327,9 +377,9 @@ def demo_registry(path: Path) -> Registry:
 
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
     problems: list[str] = []
-    unknown = sorted(set(raw) - {"default", "models", "server"})
+    unknown = sorted(set(raw) - {"default", "models", "server", "ray"})
     if unknown:
-        problems.append(f"unknown top-level key(s) {unknown}; known: default, models, server")
+        problems.append(f"unknown top-level key(s) {unknown}; known: default, models, server, ray")
     models_raw = raw.get("models")
     if not isinstance(models_raw, dict) or not models_raw:
         raise RegistryError(f"{path}: no models; add a [models.NAME] table with at least gguf = \"...\"")
@@ -344,9 +394,10 @@ def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
                 problems.append(f"the name {n!r} is used twice (models.{seen.get(n, spec.name)})")
             seen[n] = spec.name
     server = _server(raw.get("server", {}), path.parent, "server", problems)
+    ray = _ray(raw.get("ray", {}), "ray", problems)
     if problems:
         raise RegistryError(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
-    return Registry(path=path, default=default, models={n: s for n, s in specs.items() if s}, server=server)
+    return Registry(path=path, default=default, models={n: s for n, s in specs.items() if s}, server=server, ray=ray)
 
 
 def load_registry(path: str | Path) -> Registry:

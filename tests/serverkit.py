@@ -136,14 +136,18 @@ class RunningServer:
     def metric(self, name: str, **labels: str) -> float:
         """Sum of a metric's samples whose labels include these."""
         key = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        text = self.request("GET", "/metrics", headers=key).body.decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and not line.startswith("#"):
-                head, value = line.rsplit(" ", 1)
-                if all(f'{k}="{v}"' in head for k, v in labels.items()) and head.split("{")[0] == name:
-                    total += float(value)
-        return total
+        return metric_sum(self.request("GET", "/metrics", headers=key).body.decode(), name, **labels)
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of a metric in a /metrics page whose labels include these."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            head, value = line.rsplit(" ", 1)
+            if all(f'{k}="{v}"' in head for k, v in labels.items()) and head.split("{")[0] == name:
+                total += float(value)
+    return total
 
 
 @dataclass

@@ -17,6 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
                                               "built-in demo model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8792, help="port to listen on (default: 8792)")
+    p.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve's proxy, as models.toml [ray] "
+                                                      "says (needs pip install 'clef-bridge[ray]')")
+    p.add_argument("--ray-address", help="with --ray: the Ray cluster to join, e.g. auto or HEAD_IP:6379 "
+                                         "(default: RAY_ADDRESS, else a Ray started on this machine)")
 
     p = sub.add_parser("fit", help="GPU memory plan for a GGUF and its head (exit 0 fits, 1 does not)")
     p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF")
