@@ -24,7 +24,7 @@ from ray import serve
 
 from .ray_plan import ReplicaPlan, plan_replicas
 from .registry import Registry, RegistryError, load_registry
-from .server import RUNNER_OPTIONS, banner, connection_options, create_app
+from .server import RUNNER_OPTIONS, banner, create_app
 
 log = logging.getLogger("clef_bridge.ray")
 
@@ -92,7 +92,7 @@ class ClefReplica:
         self.socket = folder / f"{self.replica}.sock"
         self.socket.unlink(missing_ok=True)
         self.web_app = create_app(registry)  # not self.app: Serve's ingress wrapper has that name
-        self.runner = web.AppRunner(self.web_app, **RUNNER_OPTIONS, **connection_options(registry),
+        self.runner = web.AppRunner(self.web_app, **RUNNER_OPTIONS,  # the app holds its connection options
                                     shutdown_timeout=registry.server.request_timeout_s)
         await self.runner.setup()  # loads and checks every model; a failure fails the replica's start
         await web.UnixSite(self.runner, str(self.socket)).start()
