@@ -15,13 +15,16 @@ import numpy as np
 from ..head.answer import AnswerOptions, answers
 from ..head.config import HeadConfig
 from ..head.encoder import Encoded, EncodeOptions, encode
-from ..head.model import joint_schema_head
+from ..head.model import Layout, decide, hidden_memory
 from ..head.schema import DecisionRequest, Limits, Question, parse_request
 from .assets import decode_all, extract, no_projector
 from .backbone import Backbone
 from .embedding import OutputEmbedding
 from .images import ImageGeometry, ImageLimits
+from .prefix_cache import PrefillRequest
 from .vision import Projector
+
+MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; decide takes the rest
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,16 @@ class Head:
     params: dict[str, Any]
     xp: Any
 
+    def memory(self, hidden: np.ndarray) -> tuple[Any, Any]:
+        """Normed states and memory rows of hidden states, on the head's device: [t, H] -> [t, H], [t, w]."""
+        return hidden_memory(self.xp.asarray(hidden), self.params["hidden_norm"], self.params["memory_projection"])
+
+    def decide(self, h: Any, memory: Any, rows: np.ndarray, layout: Layout) -> np.ndarray:
+        """Flat option logits on the host (see head.model.decide)."""
+        rest = {k: v for k, v in self.params.items() if k not in MEMORY_PARAMS}
+        out = decide(h, memory, self.xp.asarray(rows), layout, self.config.heads, **rest)
+        return out if self.xp is np else self.xp.asnumpy(out)
+
 
 @dataclass
 class Timings:
@@ -41,6 +54,7 @@ class Timings:
     backbone: float = 0.0
     head: float = 0.0
     batch_size: int = 1
+    reused_tokens: int = 0  # prompt tokens the prefix cache spared the backbone
     vision: float = 0.0  # the vision tower, for image requests
 
 
@@ -66,9 +80,13 @@ class Prefilled:
     """A request whose backbone has run: the hidden states wait for the head."""
 
     prepared: Prepared
-    hidden: np.ndarray  # [t, H]
+    hidden: np.ndarray  # [t - reused, H]: the rows after the cached prefix
     backbone_s: float
     batch_size: int
+    reused: int = 0  # prompt tokens restored from the prefix cache
+    prefix_memory: tuple[np.ndarray, ...] = ()  # the head's memory rows of those tokens, in order (host)
+    new_segments: tuple[tuple[int, int], ...] = ()  # [start, end) whose memory rows the cache waits for
+    ticket: int = 0
     vision_s: float = 0.0
 
 
@@ -111,27 +129,52 @@ class ClefModel:
             raise no_projector(self.name)
         factor = self.projector.geometry.factor if images else 1
         counts = [(p.shape[0] // factor) * (p.shape[1] // factor) for p in images]
-        encoded = encode(request, self.backbone.tokenize, self.encode_options, counts)
+        encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts)
         return Prepared(request, encoded, time.perf_counter() - t0, tuple(images))
 
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
-        """The head's flat option logits for one prefilled request, on the host."""
-        xp = self.head.xp
-        rows = self.embedding.rows(encoded.option_token_ids)  # [s, H]
-        out = joint_schema_head(xp.asarray(hidden), xp.asarray(rows), encoded.layout, self.head.config.heads,
-                                **self.head.params)
-        return out if xp is np else xp.asnumpy(out)
+        """The head's flat option logits for one request prefilled in full, on the host."""
+        h, memory = self.head.memory(hidden)
+        return self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids), encoded.layout)
+
+    def cached_logits(self, item: Prefilled) -> np.ndarray:
+        """Logits from the new rows only: the cached prefix's memory rows come with the item.
+
+        The layout's spans and the last token lie after the cached prefix (it ends inside the state),
+        so the head's pooling reads only new rows; its attention reads the whole prompt's memory. The
+        new rows' memory goes to the cache only once the logits are known finite: a fault never
+        leaves a poisoned checkpoint behind.
+        """
+        xp, encoded, cache = self.head.xp, item.prepared.encoded, self.backbone.prefix_cache
+        try:
+            h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
+            memory = xp.concatenate([xp.asarray(m) for m in item.prefix_memory] + [new]) if item.reused else new
+            logits = self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids),
+                                      encoded.layout.shifted(item.reused))
+            if item.ticket and np.isfinite(logits).all() and bool(xp.isfinite(new).all()):
+                # host copies: the cache's budget is host memory, and views would pin whole arrays
+                rows = [new[s - item.reused:e - item.reused] for s, e in item.new_segments]
+                cache.attach(item.ticket, [r.copy() if xp is np else xp.asnumpy(r) for r in rows])
+            elif item.ticket:
+                cache.discard(item.ticket)
+            return logits
+        except BaseException:
+            if item.ticket:
+                cache.discard(item.ticket)
+            raise
 
     def prefill_batch(self, batch: list[Prepared]) -> list[Prefilled]:
-        """Text requests through ONE batched llama_decode; a request with images decodes alone (llama.cpp
-        takes token ids or embeddings in a batch, not both)."""
+        """Text requests through ONE batched llama_decode, each from its longest cached prefix; a request with
+        images decodes alone and in full (llama.cpp takes token ids or embeddings in a batch, not both)."""
         if any(p.images for p in batch):
             return [item for p in batch for item in
                     (self._prefill_images(p) if p.images else self.prefill_batch([p]))]
         t0 = time.perf_counter()
-        hidden = self.backbone.prefill_many([p.encoded.input_ids for p in batch])
+        done = self.backbone.prefill_cached([PrefillRequest(p.encoded.input_ids, p.encoded.state_span)
+                                             for p in batch])
         backbone_s = time.perf_counter() - t0
-        return [Prefilled(p, h, backbone_s, len(batch)) for p, h in zip(batch, hidden)]
+        return [Prefilled(p, d.hidden, backbone_s, len(batch), d.reused, d.prefix_payloads, d.new_segments, d.ticket)
+                for p, d in zip(batch, done)]
 
     def _prefill_images(self, prepared: Prepared) -> list[Prefilled]:
         """The vision tower over each image, then the prompt chunk by chunk (text, image embeddings, text)."""
@@ -139,19 +182,19 @@ class ClefModel:
         images = [self.projector.encode(pixels) for pixels in prepared.images]
         t1 = time.perf_counter()
         hidden = self.projector.prefill(prepared.encoded.input_ids, images)
-        return [Prefilled(prepared, hidden, time.perf_counter() - t1, 1, t1 - t0)]
+        return [Prefilled(prepared, hidden, time.perf_counter() - t1, 1, vision_s=t1 - t0)]
 
     def finish(self, item: Prefilled) -> Decision:
         """The head and the answers for one prefilled request."""
         t0 = time.perf_counter()
         prepared = item.prepared
-        logits = self.logits(prepared.encoded, item.hidden)
+        logits = self.cached_logits(item)
         body = {
             "model": prepared.request.model,
             "answers": answers(prepared.request, logits, prepared.encoded.layout.option_offsets, self.answer_options),
             "usage": {"input_tokens": int(len(prepared.encoded.input_ids)), "output_tokens": 0},
         }
-        timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size,
+        timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused,
                           item.vision_s)
         return Decision(body, len(prepared.encoded.input_ids), timings)
 
