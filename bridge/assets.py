@@ -65,8 +65,11 @@ class Media:
     inline_chars: int = 0  # characters of base64 taken out of the JSON (its text is what max_body_bytes caps)
 
 
-def body_limit(max_body_bytes: int, limits: ImageLimits) -> int:
-    """The most a request body may hold: the text's max_body_bytes plus its images, base64-inflated."""
+def body_limit(max_body_bytes: int, limits: ImageLimits, takes_images: bool = True) -> int:
+    """The most a request body may hold: the text's max_body_bytes, plus its images (base64-inflated) where
+    a served model takes images."""
+    if not takes_images:
+        return max_body_bytes
     return max_body_bytes + -(-limits.max_total_bytes * 4 // 3) + 4096 * limits.max_images
 
 

@@ -43,7 +43,8 @@ INLINE_BYTES = 64 * 1024  # bigger bodies are decompressed and parsed off the ev
 async def read_json(request: web.Request) -> RequestBody:
     """The body: JSON, or multipart/form-data (a `request` part and image parts), capped for text and images."""
     server = request.app[REGISTRY].server
-    limit = body_limit(server.max_body_bytes, server.images)
+    takes_images = any(served.worker.model.projector is not None for served in request.app[SERVED].values())
+    limit = body_limit(server.max_body_bytes, server.images, takes_images)
     content_type = media_type(request) if request.body_exists else ""
     form = (header(request, hdrs.CONTENT_TYPE) or "") if is_form(content_type) else ""
     if not form:

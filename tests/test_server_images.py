@@ -38,6 +38,7 @@ QUESTIONS = {"legible": {"type": "noul", "instructions": "Is the receipt legible
                       "criteria": {"receipt": "a receipt", "screenshot": "a screen", "photo": None}}}
 # Small enough to test every limit with small pictures; the defaults are Cloudflare's (4 MiB, 16 MP, 8 MiB)
 LIMITS = ImageLimits(max_images=4, max_bytes=200_000, max_total_bytes=300_000, max_pixels=4_000_000)
+MAX_TEXT_BYTES = 100_000  # max_body_bytes: the JSON text; images come on top
 
 
 def b64(data: bytes) -> str:
@@ -87,7 +88,8 @@ def served(spec, tmp_path_factory):
         recorded.update({n: RecordingModel(item.model) for n, item in loaded.items()})
         return {n: replace(item, model=recorded[n]) for n, item in loaded.items()}
 
-    registry = registry_for(spec, tmp_path_factory.mktemp("img") / "models.toml", images=LIMITS)
+    registry = registry_for(spec, tmp_path_factory.mktemp("img") / "models.toml", images=LIMITS,
+                            max_body_bytes=MAX_TEXT_BYTES)
     with RunningServer(registry, loader) as srv:
         yield srv, recorded["tiny"]
 
@@ -150,9 +152,12 @@ def test_jev_assets_in_json(server, direct):
     body = {"model": "tiny", "state": "first <b>, then <a>", "questions": QUESTIONS,
             "assets": {"<a>": {"type": "image", "format": "png", "data_base64": b64(PNG)},
                        "<b>": {"type": "image", "format": "jpg", "data_base64": b64(JPEG)}}}
+    assert len(json.dumps(body)) > MAX_TEXT_BYTES
     reply = server.post(body)
     assert reply.status == 200, reply.body
     assert strip_extensions(reply.json()) == expected(direct, "first [image 1], then [image 2]", [JPEG, PNG])
+    too_long = server.post({**body, "state": "first <b>, then <a> " + "x" * MAX_TEXT_BYTES})
+    assert too_long.status == 413 and "without its images" in too_long.json()["detail"]["message"]
     renamed = json.loads(json.dumps(body).replace("<a>", "uuid-7f3a").replace("<b>", "uuid-09c1"))
     assert strip_extensions(server.post(renamed).json()) == strip_extensions(reply.json())  # markers are stable
 
@@ -177,13 +182,14 @@ def image_asset(data: bytes) -> dict:
 
 
 TALL = encoded(picture(1, 300), "PNG")
+SMALL = encoded(picture(64, 64), "PNG")
 BAD = [  # (name, (body, headers), status, loc of the first problem for a 422)
     ("corrupt PNG", bad_json(**image_asset(PNG[:len(PNG) // 2])), 422, ["body", "assets", "img"]),
     ("not an image", bad_json(images=[b64(b"%PDF-1.7" + bytes(64))]), 422, ["body", "images", 0]),
     ("bad base64", bad_json(images=["data:image/png;base64,@@@@"]), 422, ["body", "images", 0]),
     ("a URL", bad_json(images=["https://example.com/receipt.png"]), 422, ["body", "images", 0]),
     ("aspect 300:1", bad_json(images=[b64(TALL)]), 422, ["body", "images", 0]),
-    ("five images", bad_json(images=[b64(PNG)] * 5), 422, ["body", "images"]),
+    ("five images", bad_json(images=[b64(SMALL)] * 5), 422, ["body", "images"]),
     ("a video", bad_json(videos=["data:video/mp4;base64,AAAA"]), 422, ["body", "videos"]),
     ("asset without format", bad_json(assets={"i": {"data_base64": b64(PNG)}}), 422, ["body", "assets", "i", "format"]),
     ("pixel bomb 20000x20000", bad_json(images=[b64(png_bomb(20000))]), 413, None),
@@ -279,13 +285,17 @@ def test_text_requests_batch_while_image_requests_decode_alone(served):
 
 
 def test_no_projector_is_a_422_that_says_how_to_add_one(vfx, tmp_path):
-    registry = registry_for(tiny_spec(vfx.base, gguf=vfx.gguf_f32, head=vfx.head), tmp_path / "models.toml")
+    registry = registry_for(tiny_spec(vfx.base, gguf=vfx.gguf_f32, head=vfx.head), tmp_path / "models.toml",
+                            max_body_bytes=MAX_TEXT_BYTES)
     with RunningServer(registry) as srv:
-        reply = srv.post({"model": "tiny", "state": "s", "questions": QUESTIONS, "images": [b64(PNG)]})
+        reply = srv.post({"model": "tiny", "state": "s", "questions": QUESTIONS, "images": [b64(SMALL)]})
         assert reply.status == 422
         [problem] = reply.json()["detail"]
         assert problem["type"] == "images_not_supported" and "mmproj" in problem["msg"]
         assert srv.post({"model": "tiny", "state": "s", "questions": QUESTIONS}).status == 200
+        # a server whose models take no images caps bodies at max_body_bytes alone
+        big = srv.post({"model": "tiny", "state": "s", "questions": QUESTIONS, "images": [b64(PNG)]})
+        assert big.status == 413 and big.json()["detail"]["error_type"] == "request_too_large"
 
 
 def rss_mib() -> float:
