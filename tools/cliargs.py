@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, help="where to write (default: <gguf stem>.pair.json beside the GGUF)")
     p.add_argument("--verify-against", metavar="REPO", nargs="?", const="", default=None,
                    help="first compare sampled tensors with a release's safetensors and keep the result in the record")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("decide", help="answer one System One request from a JSON file, printing the response")
     p.add_argument("--models", default="models.toml", help="the model registry (default: ./models.toml)")
