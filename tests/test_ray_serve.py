@@ -82,7 +82,7 @@ def replica_pages(sockets: Path, path: str = "/metrics") -> dict[str, str]:
     for sock in sorted(sockets.glob("*.sock")):
         conn = UnixHTTPConnection(sock)
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers={"Authorization": f"Bearer {KEY}"})  # /metrics needs a key
             resp = conn.getresponse()
             if resp.status == 200:
                 pages[sock.stem] = resp.read().decode()

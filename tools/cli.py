@@ -101,7 +101,7 @@ def _pair(args: argparse.Namespace) -> int:
     from .checks import IO_CODES, pair_files
 
     result = pair_files(args.gguf, args.head, args.output, args.verify_against, args.mmproj)
-    code = emit(result, False)
+    code = emit(result, args.json)
     return EXIT_USAGE if any(f.code in IO_CODES for f in result.report.findings) else code
 
 

@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first compare sampled tensors with a release's safetensors and keep the result in the record")
     p.add_argument("--mmproj", type=Path, help="the vision projector to record an image canary with (default: "
                                               "mmproj*.gguf beside the GGUF, if any)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("decide", help="answer one System One request from a JSON file, printing the response")
     p.add_argument("--models", default="models.toml", help="the model registry (default: ./models.toml)")
