@@ -17,6 +17,7 @@ from ..head.errors import ClefError, ContextLengthExceeded, RequestInvalid
 from .appstate import METRICS, REGISTRY
 from .auth import Unauthorized
 from .backbone import BackboneError, DecodeFailed
+from .gpu import DeviceOutOfMemory
 from .httpbody import BadEncoding, BodyTooLarge, UnsupportedMediaType
 from .registry import UnknownModel
 from .worker import Overloaded, WorkerStopped
@@ -39,7 +40,8 @@ class BodyTimeout(ClefError):
 STATUS: dict[type[BaseException], int] = {
     RequestInvalid: 422, ContextLengthExceeded: 413, BodyTooLarge: 413, UnknownModel: 404, Unauthorized: 401,
     Overloaded: 429, DeadlineExceeded: 503, WorkerStopped: 503, DecodeFailed: 503, NonFiniteOutput: 503,
-    BackboneError: 503, MemoryError: 503, BadEncoding: 400, UnsupportedMediaType: 415, BodyTimeout: 408,
+    BackboneError: 503, MemoryError: 503, DeviceOutOfMemory: 503, BadEncoding: 400, UnsupportedMediaType: 415,
+    BodyTimeout: 408,
 }
 RETRY_STATUSES = (429, 503)
 

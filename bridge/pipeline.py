@@ -7,6 +7,7 @@ it owns them and closes the backbone.
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from ..head.model import joint_schema_head
 from ..head.schema import DecisionRequest, Limits, Question, parse_request
 from .backbone import Backbone
 from .embedding import OutputEmbedding
+from .gpu import DeviceOutOfMemory, release_cached, to_device
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,26 @@ class ClefModel:
         return Prepared(request, encoded, time.perf_counter() - t0)
 
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
-        """The head's flat option logits for one prefilled request, on the host."""
+        """The head's flat option logits for one prefilled request, on the host.
+
+        Out of GPU memory, the arrays of the failed run are dropped and CuPy's pool hands its blocks
+        back to the driver (llama.cpp allocates there too): DeviceOutOfMemory, HTTP 503.
+        """
         xp = self.head.xp
         rows = self.embedding.rows(encoded.option_token_ids)  # [s, H]
-        out = joint_schema_head(xp.asarray(hidden), xp.asarray(rows), encoded.layout, self.head.config.heads,
-                                **self.head.params)
-        return out if xp is np else xp.asnumpy(out)
+        try:
+            out = joint_schema_head(to_device(xp, hidden), to_device(xp, rows), encoded.layout,
+                                    self.head.config.heads, **self.head.params)
+            return out if xp is np else xp.asnumpy(out)
+        except MemoryError as exc:
+            if xp is np:
+                raise
+            traceback.clear_frames(exc.__traceback__)  # the failed run's device arrays die with its frames
+            release_cached(xp)
+            raise DeviceOutOfMemory(f"the GPU ran out of memory for the head ({exc}); its cached blocks are "
+                                    "released, retry shortly", fix="if it recurs: fewer concurrent requests, "
+                                    "head_dtype = \"float16\", or a lower n_ctx to leave the head more memory"
+                                    ) from exc
 
     def prefill_batch(self, batch: list[Prepared]) -> list[Prefilled]:
         """Several prepared requests through ONE batched llama_decode."""

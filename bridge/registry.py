@@ -19,6 +19,7 @@ from ..head.answer import BUCKETS, AnswerOptions
 from ..head.encoder import EncodeOptions
 from ..head.errors import ClefError
 from ..head.schema import QUESTION_TYPES, Limits
+from ..head.weights import STORAGE_DTYPES
 from .backbone import BackboneOptions
 
 LATEST = "jev-latest"
@@ -47,6 +48,7 @@ class ModelSpec:
     encode: EncodeOptions = EncodeOptions()
     answer: AnswerOptions = AnswerOptions()
     head_device: str = "cpu"  # "cuda": the head runs on CuPy
+    head_dtype: str = "float32"  # "float16": the head's matrices stored in half the GPU memory (head_device cuda)
     aliases: tuple[str, ...] = ()
     description: str = ""
     release_date: str = ""
@@ -188,6 +190,7 @@ MODEL_KEYS: dict[str, Key] = {
     "gguf": Key("", "gguf", str), "head": Key("", "head", str), "pair": Key("", "pair", str),
     "builtin": Key("", "builtin", str, _one_of("demo")),
     "head_device": Key("", "head_device", str, _one_of("cpu", "cuda")),
+    "head_dtype": Key("", "head_dtype", str, _one_of(*STORAGE_DTYPES)),
     "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
     "release_date": Key("", "release_date", str, _date),
     "gguf_sha256": Key("", "gguf_sha256", str, _sha256), "head_sha256": Key("", "head_sha256", str, _sha256),
@@ -245,6 +248,19 @@ def _absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
+def _combinations(spec: ModelSpec, where: str) -> list[str]:
+    """Problems of keys that are valid alone but not together."""
+    problems = []
+    if spec.head_dtype != "float32" and spec.head_device != "cuda":
+        problems.append(f"{where}.head_dtype: \"{spec.head_dtype}\" needs head_device = \"cuda\": on the CPU numpy "
+                        "converts every matrix back to float32 on each request (the head runs about 2x slower); "
+                        "drop head_dtype or set head_device = \"cuda\"")
+    if spec.encode.max_length > spec.backbone.n_ctx:
+        problems.append(f"{where}: max_length ({spec.encode.max_length}) exceeds n_ctx ({spec.backbone.n_ctx}); a "
+                        "prompt that long could not be decoded: raise n_ctx or lower max_length")
+    return problems
+
+
 def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> ModelSpec | None:
     if not isinstance(raw, dict):
         problems.append(f"{where}: must be a table")
@@ -268,9 +284,7 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
             top[key] = _absolute(base / top[key])
     spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {})),
                      encode=EncodeOptions(**groups.get("encode", {})), answer=AnswerOptions(**groups.get("answer", {})))
-    if spec.encode.max_length > spec.backbone.n_ctx:
-        problems.append(f"{where}: max_length ({spec.encode.max_length}) exceeds n_ctx ({spec.backbone.n_ctx}); a "
-                        "prompt that long could not be decoded: raise n_ctx or lower max_length")
+    problems += _combinations(spec, where)
     return spec
 
 
@@ -306,7 +320,11 @@ def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
         raise RegistryError("\n".join(problems))
     top = groups.pop("", {})
     nested = {g: replace(getattr(spec, g), **values) for g, values in groups.items()}
-    return replace(spec, **top, **nested)
+    changed = replace(spec, **top, **nested)
+    problems = _combinations(changed, f"models.{spec.name}")
+    if problems:
+        raise RegistryError("\n".join(problems))
+    return changed
 
 
 def demo_registry(path: Path) -> Registry:
