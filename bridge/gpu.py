@@ -51,9 +51,16 @@ class DeviceOutOfMemory(ClefError):
     error_type = "out_of_memory"
 
 
-def release_cached(xp: Any) -> None:
-    """Hand the blocks CuPy's pool caches back to the driver, where llama.cpp allocates too."""
+def release_cached(xp: Any, drain: bool = False) -> None:
+    """Hand the blocks CuPy's pool caches back to the driver, where llama.cpp allocates too.
+
+    drain: wait for the GPU first (after a failed head: an upload still in flight reads pinned rows
+    that go back to the pinned pool, and to the next decode, once their request is dropped). Not at
+    load, where it would create the CUDA context before NVML's free memory is read.
+    """
     if xp is not np:
+        if drain:
+            xp.cuda.Device().synchronize()
         xp.get_default_memory_pool().free_all_blocks()
 
 

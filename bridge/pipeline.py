@@ -111,7 +111,7 @@ class ClefModel:
             if xp is np:
                 raise
             traceback.clear_frames(exc.__traceback__)  # the failed run's device arrays die with its frames
-            release_cached(xp)
+            release_cached(xp, drain=True)
             raise DeviceOutOfMemory(f"the GPU ran out of memory for the head ({exc}); its cached blocks are "
                                     "released, retry shortly", fix="if it recurs: fewer concurrent requests, "
                                     "head_dtype = \"float16\", or a lower n_ctx to leave the head more memory"

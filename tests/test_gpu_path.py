@@ -127,11 +127,12 @@ def test_cupy_out_of_memory_is_a_503_the_pool_is_released_and_the_next_request_i
         assert peaks["big"] > 1.5 * peaks["small"]
         weights = pool.used_bytes()
         pool.set_limit(size=(peaks["small"] + peaks["big"]) // 2)
-        frees = pool.frees
+        frees, syncs = pool.frees, xp.synchronizations
         reply = server.post({**big, "state": big["state"] + "!"})  # not an answer the server holds
         assert reply.status == 503 and reply.headers["retry-after"] == "1"
         detail = reply.json()["detail"]
         assert detail["error_type"] == "out_of_memory" and "retry shortly" in detail["message"]
+        assert xp.synchronizations == syncs + 1  # nothing in flight reads the failed request's pinned rows
         assert pool.frees == frees + 1  # the pool's blocks went back to the driver...
         assert pool.total_bytes() == pool.used_bytes() == weights  # ...all of them: only the head's weights stay
         assert server.post({**small, "state": "short again"}).status == 200  # the next request is fine
