@@ -28,7 +28,7 @@ import numpy as np
 
 from ..bridge.backbone import Backbone, BackboneOptions
 from ..bridge.demo import random_head
-from ..bridge.gpu import read_gpu, to_device
+from ..bridge.gpu import read_gpu, release_cached, to_device
 from ..head.answer import softmax64
 from ..head.config import HeadConfig
 from ..head.model import Layout, joint_schema_head
@@ -177,13 +177,15 @@ def run(folder: Path, smoke: bool, vocab: Path, out: Path | None = None, repeats
     head_device = "cuda" if xp is not None else "cpu"
     steps: list[Step] = [Step("models", True, models.seconds, models.to_dict())]
     plans: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-        ("build", lambda: build_step(smoke) | ({"build_seconds": build_seconds} if build_seconds else {})),
+        ("build", lambda: build_step(smoke) | ({} if build_seconds is None else {"build_seconds": build_seconds})),
         ("head", (lambda: head_step(models, xp, repeats)) if xp is not None else None),
         ("backbone", lambda: backbone_step(models, smoke)),
         *[(f"serve-{q}", lambda q=q: serve_step(models.ggufs[q], models.head, head_device, models.shape.router_tokens,
                                                  models.shape.requests)) for q in ("Q8_0", "Q4_K_M")],
     ]
     for name, fn in plans:
+        if xp is not None:
+            release_cached(xp)  # what an earlier step left in CuPy's cache would hide in the next one's peak
         t0 = time.perf_counter()
         if fn is None:
             steps.append(Step(name, None, 0.0, {"skipped": "CuPy is not installed (pip install 'clef-bridge[cuda]')"}))

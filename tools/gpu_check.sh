@@ -10,6 +10,7 @@
 # source and the wheels a bare CUDA image lacks); otherwise pip fetches them.
 # Needs: a Python with CuPy and nvidia-ml-py (PYTHON, default python3), nvcc, cmake, ninja, a driver;
 # with the bundle also scikit-build-core in that Python (the build runs without isolation).
+# GPU_CHECK_ARGS: more gpu-check flags (--smoke rehearses the steps at small shapes).
 set -eu
 cd "$(dirname "$0")/.."
 REPORT=$(realpath -m "${1:-gpu_check.json}")
@@ -22,6 +23,7 @@ mkdir -p "$SITE/clef_bridge" "$WORK" "$LOGS"
 for part in bridge head tools; do ln -sfn "$PWD/$part" "$SITE/clef_bridge/$part"; done
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+command -v nvcc > /dev/null || export PATH="$PATH:/usr/local/cuda/bin"
 if [ -d "$BUNDLE" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$BUNDLE"/wheels/*.whl
   SDIST=$(ls "$BUNDLE"/llama_cpp_python-*.tar.gz)
@@ -35,8 +37,9 @@ fi
 VOCAB=$WORK/ggml-vocab-qwen35.gguf
 tar -xzf "$SDIST" -O --wildcards '*/vendor/llama.cpp/models/ggml-vocab-qwen35.gguf' > "$VOCAB"
 # the random models are written while nvcc compiles (one core and the disk, against 16 cores compiling)
+# shellcheck disable=SC2086 - GPU_CHECK_ARGS holds flags
 "$PY" -m clef_bridge.tools.cli gpu-check --prepare --vocab "$VOCAB" --folder "$WORK/models" --json \
-  > "$LOGS/gpu_check_models.log" 2>&1 &
+  ${GPU_CHECK_ARGS:-} > "$LOGS/gpu_check_models.log" 2>&1 &
 MODELS=$!
 START=$(date +%s)
 if ! "$PY" -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())' 2>/dev/null; then
@@ -48,5 +51,6 @@ fi
 BUILD=$(( $(date +%s) - START ))
 echo "llama-cpp-python with CUDA: ${BUILD} s"
 wait $MODELS || { cat "$LOGS/gpu_check_models.log"; exit 2; }
+# shellcheck disable=SC2086 - GPU_CHECK_ARGS holds flags
 "$PY" -m clef_bridge.tools.cli gpu-check --vocab "$VOCAB" --folder "$WORK/models" --out "$REPORT" \
-  --build-seconds "$BUILD"
+  --build-seconds "$BUILD" ${GPU_CHECK_ARGS:-}
