@@ -42,8 +42,8 @@ class BackboneOptions:
     # rounds through f16 (batched results then differ from one-at-a-time by ~1e-4) and saves little.
     flash_attn: bool | None = None
     cpu_repack: bool = False  # llama.cpp's repacked/AMX weight buffers on the CPU (see Backbone.__init__)
-    # llama.cpp runs big batches' ops on CPU-resident weights on the GPU; False: a pure-CPU backbone in a
-    # CUDA build (with n_gpu_layers 0), the reference tools/gpu_check.py compares the GPU with
+    # llama.cpp runs big batches' ops on CPU-resident weights on the GPU; False with n_gpu_layers 0 keeps a
+    # CUDA build's backbone wholly on the CPU (the reference gpu-check compares the GPU with)
     op_offload: bool = True
     verbose: bool = False
     prefix_cache: PrefixCacheOptions | None = None  # None or max_mb 0: off, each decode starts from empty memory

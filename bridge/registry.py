@@ -253,7 +253,7 @@ def _combinations(spec: ModelSpec, where: str) -> list[str]:
     problems = []
     if spec.head_dtype != "float32" and spec.head_device != "cuda":
         problems.append(f"{where}.head_dtype: \"{spec.head_dtype}\" needs head_device = \"cuda\": on the CPU numpy "
-                        "converts every matrix back to float32 on each request (the head runs about 2x slower); "
+                        "converts every matrix back to float32 on each request (the head runs up to 2x slower); "
                         "drop head_dtype or set head_device = \"cuda\"")
     if spec.encode.max_length > spec.backbone.n_ctx:
         problems.append(f"{where}: max_length ({spec.encode.max_length}) exceeds n_ctx ({spec.backbone.n_ctx}); a "
