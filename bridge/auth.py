@@ -9,13 +9,18 @@ import signal
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from ..head.errors import ClefError
+from .httpbody import BadHeader, header
 
 log = logging.getLogger("clef_bridge.auth")
 
-PUBLIC = ("/health", "/ready", "/metrics", "/openapi.json")
+# With auth on, only these answer without a key, and none of them names a served model: liveness,
+# readiness (counts only) and the API description (no model enum). /metrics labels carry model names,
+# so it needs a key like /v1/models (Prometheus sends one with `authorization: {credentials_file: ..}`).
+PUBLIC = ("/health", "/ready", "/openapi.json")
+CHALLENGE = 'Bearer realm="clef-bridge"'  # the WWW-Authenticate of every 401 (RFC 9110 section 11.6.1)
 
 
 class Unauthorized(ClefError):
@@ -46,12 +51,13 @@ class ApiKeys:
             raise ClefError(f"{self.path}: no API keys in the file; add one per line or remove api_keys_file")
         self.keys = keys
 
-    def check(self, header: str | None) -> None:
+    def check(self, authorization: str | None) -> None:
         if not self.enabled:
             return
-        if not header or not header.startswith("Bearer ") or not header[7:].strip():
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():  # the scheme is case-insensitive (RFC 9110 11.1)
             raise Unauthorized("missing API key: send Authorization: Bearer YOUR_KEY")
-        given = header[7:].strip().encode()
+        given = token.strip().encode()
         ok = False
         for key in self.keys:  # compare with every key, in constant time each
             ok |= hmac.compare_digest(given, key)
@@ -63,8 +69,13 @@ def auth_middleware(keys_key: web.AppKey) -> Callable:
     """Middleware checking every non-public route against the ApiKeys stored under keys_key."""
     @web.middleware
     async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-        if request.path not in PUBLIC:
-            request.app[keys_key].check(request.headers.get("Authorization"))
+        keys = request.app[keys_key]
+        if keys.enabled and request.path not in PUBLIC:
+            try:
+                authorization = header(request, hdrs.AUTHORIZATION)
+            except BadHeader:
+                raise Unauthorized("invalid API key: the Authorization header is not valid UTF-8") from None
+            keys.check(authorization)
         return await handler(request)
     return middleware
 

@@ -114,25 +114,35 @@ class Tokenizer:
         self._vocab = vocab
         self.normalization = normalization
         self._buf = (lc.llama_token * 4096)()
-        self.user_defined = self._user_defined_texts()
+        self.user_defined, self.max_token_bytes = self._scan_vocab()
 
-    def _user_defined_texts(self) -> tuple[str, ...]:
-        texts = []
+    def _scan_vocab(self) -> tuple[tuple[str, ...], int]:
+        """The user-defined tokens' texts (longest first) and the most bytes any token's piece spans."""
+        texts, longest = [], 1
         buf = ctypes.create_string_buffer(256)
         for token in range(lc.llama_vocab_n_tokens(self._vocab)):
-            if lc.llama_vocab_get_attr(self._vocab, token) & lc.LLAMA_TOKEN_ATTR_USER_DEFINED:
-                n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-                if n > 1:
-                    texts.append(buf.raw[:n].decode("utf-8", "replace"))
-        return tuple(sorted(set(texts), key=len, reverse=True))
+            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            longest = max(longest, abs(n))  # a negative n is the size a longer piece needs
+            if n > 1 and lc.llama_vocab_get_attr(self._vocab, token) & lc.LLAMA_TOKEN_ATTR_USER_DEFINED:
+                texts.append(buf.raw[:n].decode("utf-8", "replace"))
+        return tuple(sorted(set(texts), key=len, reverse=True)), longest
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(tokenize(text)) from the text's size alone: no token spans more than
+        max_token_bytes, and NFC shrinks text to a third at most (three jamo into one syllable)."""
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        if self.normalization and not text.isascii() and not unicodedata.is_normalized(self.normalization, text):
+            size //= 3
+        return -(-size // self.max_token_bytes)
 
     def _raw(self, text: str, parse_special: bool) -> list[int]:
         raw = text.encode("utf-8")
-        n = lc.llama_tokenize(self._vocab, raw, len(raw), self._buf, len(self._buf), False, parse_special)
-        if n < 0:
-            self._buf = (lc.llama_token * (-n))()
-            n = lc.llama_tokenize(self._vocab, raw, len(raw), self._buf, len(self._buf), False, parse_special)
-        return np.ctypeslib.as_array(self._buf)[:n].tolist()
+        buf = self._buf
+        n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, len(buf), False, parse_special)
+        if n < 0:  # a one-off buffer: a long text must not pin its size in memory for the model's life
+            buf = (lc.llama_token * (-n))()
+            n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, len(buf), False, parse_special)
+        return np.ctypeslib.as_array(buf)[:n].tolist()
 
     def tokenize(self, text: str, parse_special: bool) -> list[int]:
         if self.normalization:
@@ -276,6 +286,10 @@ class Backbone:
     def tokenize(self, text: str, parse_special: bool) -> list[int]:
         """llama.cpp's tokenization of one piece, with no BOS/EOS added."""
         return self._tokenizer.tokenize(text, parse_special)
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on the tokens of text, from its size (see Tokenizer.min_tokens)."""
+        return self._tokenizer.min_tokens(text)
 
     def prefill(self, token_ids: np.ndarray) -> np.ndarray:
         """float32 [n_tokens, n_embd] last-layer hidden states (after the final norm)."""

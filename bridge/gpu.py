@@ -8,6 +8,7 @@ strict stand-in), so a CPU-only install never touches CUDA.
 from __future__ import annotations
 
 import os
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -62,6 +63,16 @@ def release_cached(xp: Any, drain: bool = False) -> None:
         if drain:
             xp.cuda.Device().synchronize()
         xp.get_default_memory_pool().free_all_blocks()
+
+
+def device_out_of_memory(xp: Any, exc: MemoryError) -> DeviceOutOfMemory:
+    """After CuPy ran out of memory: the failed run's device arrays dropped (they live on in its
+    traceback's frames), the GPU drained, the pool's blocks released; the error to raise instead."""
+    traceback.clear_frames(exc.__traceback__)
+    release_cached(xp, drain=True)
+    return DeviceOutOfMemory(f"the GPU ran out of memory for the head ({exc}); its cached blocks are released, "
+                             "retry shortly", fix="if it recurs: fewer concurrent requests, head_dtype = "
+                             "\"float16\", or a lower n_ctx to leave the head more memory")
 
 
 def visible_device(env: Mapping[str, str] = os.environ) -> int | str | None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .prefix_cache import CacheStats
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -40,3 +44,32 @@ def create_metrics() -> Metrics:
                           ["model", "source"], registry=reg),
         queue_depth=Gauge("clef_queue_depth", "Requests waiting for a worker", ["model"], registry=reg),
     )
+
+
+PREFIX_COUNTERS = {"hits": "Requests that restored a cached prompt prefix",
+                   "misses": "Requests that found no cached prefix",
+                   "tokens_reused": "Prompt tokens the backbone did not decode thanks to the prefix cache",
+                   "evictions": "Prefix-cache checkpoints dropped for room",
+                   "faults": "Failed decodes or restores (each emptied the prefix cache) and non-finite requests"}
+PREFIX_GAUGES = {"bytes": "Host bytes the prefix cache holds (recurrent states and memory rows)",
+                 "max_bytes": "The prefix cache's budget (prefix_cache_mb)", "checkpoints": "Checkpoints made so far"}
+
+
+class PrefixCacheCollector:
+    """Each model's prefix-cache counters, read from the caches themselves at scrape time."""
+
+    def __init__(self, stats: Callable[[], dict[str, CacheStats]]):
+        self._stats = stats
+
+    def collect(self):
+        stats = self._stats()
+        for field, help_text in PREFIX_COUNTERS.items():
+            family = CounterMetricFamily(f"clef_prefix_cache_{field}", help_text, labels=["model"])
+            for model, s in stats.items():
+                family.add_metric([model], getattr(s, field))
+            yield family
+        for field, help_text in PREFIX_GAUGES.items():
+            family = GaugeMetricFamily(f"clef_prefix_cache_{field}", help_text, labels=["model"])
+            for model, s in stats.items():
+                family.add_metric([model], getattr(s, field))
+            yield family

@@ -90,7 +90,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
 
 
 def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
-    """The API description; with auth on it is public, so it names no served model (GET /v1/models does)."""
+    """The API description; with auth on it is public, so it names no served model (GET /v1/models does,
+    with a key), and the routes that need one carry `security`."""
     decision_errors = _errors(400, 401, 404, 413, 415, 422, 429, 503)
     json_body = {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}}
@@ -118,8 +119,9 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
             "/health": {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
             "/ready": {"get": {"operationId": "ready", "responses": {"200": {"description": "every model loaded"},
                                                                      "503": {"description": "not ready"}}}},
-            "/metrics": {"get": {"operationId": "metrics", "responses": {
-                "200": {"description": "Prometheus text format", "content": {"text/plain": {}}}}}},
+            "/metrics": {"get": {"operationId": "metrics", "security": security, "responses": {
+                "200": {"description": "Prometheus text format (labels name the models)",
+                        "content": {"text/plain": {}}}, **_errors(401)}}},
         },
         "components": {
             "schemas": _schemas([] if registry.server.api_keys_file else list(names)),

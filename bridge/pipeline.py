@@ -6,8 +6,8 @@ it owns them and closes the backbone.
 
 from __future__ import annotations
 
+import functools
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,11 +16,14 @@ import numpy as np
 from ..head.answer import AnswerOptions, answers
 from ..head.config import HeadConfig
 from ..head.encoder import Encoded, EncodeOptions, encode
-from ..head.model import joint_schema_head
+from ..head.model import Layout, decide, hidden_memory
 from ..head.schema import DecisionRequest, Limits, Question, parse_request
 from .backbone import Backbone
 from .embedding import OutputEmbedding
-from .gpu import DeviceOutOfMemory, release_cached, to_device
+from .gpu import device_out_of_memory, to_device
+from .prefix_cache import PrefillRequest
+
+MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; decide takes the rest
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,16 @@ class Head:
     params: dict[str, Any]
     xp: Any
 
+    def memory(self, hidden: np.ndarray) -> tuple[Any, Any]:
+        """Normed states and memory rows of hidden states, on the head's device: [t, H] -> [t, H], [t, w]."""
+        return hidden_memory(to_device(self.xp, hidden), self.params["hidden_norm"], self.params["memory_projection"])
+
+    def decide(self, h: Any, memory: Any, rows: np.ndarray, layout: Layout) -> np.ndarray:
+        """Flat option logits on the host (see head.model.decide)."""
+        rest = {k: v for k, v in self.params.items() if k not in MEMORY_PARAMS}
+        out = decide(h, memory, to_device(self.xp, rows), layout, self.config.heads, **rest)
+        return out if self.xp is np else self.xp.asnumpy(out)
+
 
 @dataclass
 class Timings:
@@ -40,6 +53,7 @@ class Timings:
     backbone: float = 0.0
     head: float = 0.0
     batch_size: int = 1
+    reused_tokens: int = 0  # prompt tokens the prefix cache spared the backbone
 
 
 @dataclass(frozen=True)
@@ -63,9 +77,28 @@ class Prefilled:
     """A request whose backbone has run: the hidden states wait for the head."""
 
     prepared: Prepared
-    hidden: np.ndarray  # [t, H]
+    hidden: np.ndarray  # [t - reused, H]: the rows after the cached prefix
     backbone_s: float
     batch_size: int
+    reused: int = 0  # prompt tokens restored from the prefix cache
+    prefix_memory: tuple[np.ndarray, ...] = ()  # the head's memory rows of those tokens, in order (host)
+    new_segments: tuple[tuple[int, int], ...] = ()  # [start, end) whose memory rows the cache waits for
+    ticket: int = 0
+
+
+def _device_memory_errors(method):
+    """A CuPy out-of-memory in the head becomes DeviceOutOfMemory (HTTP 503), its arrays dropped and
+    CuPy's pool handed back to the driver, where llama.cpp allocates too."""
+    @functools.wraps(method)
+    def run(self, *args):
+        try:
+            return method(self, *args)
+        except MemoryError as exc:
+            if self.head.xp is np:
+                raise
+            raise device_out_of_memory(self.head.xp, exc) from exc
+
+    return run
 
 
 class ClefModel:
@@ -92,49 +125,62 @@ class ClefModel:
         """Validate and encode (no llama.cpp decode): raises RequestInvalid or ContextLengthExceeded."""
         t0 = time.perf_counter()
         request = parse_request(body, self.limits)
-        encoded = encode(request, self.backbone.tokenize, self.encode_options)
+        encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens)
         return Prepared(request, encoded, time.perf_counter() - t0)
 
+    @_device_memory_errors
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
-        """The head's flat option logits for one prefilled request, on the host.
+        """The head's flat option logits for one request prefilled in full, on the host."""
+        h, memory = self.head.memory(hidden)
+        return self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids), encoded.layout)
 
-        Out of GPU memory, the arrays of the failed run are dropped and CuPy's pool hands its blocks
-        back to the driver (llama.cpp allocates there too): DeviceOutOfMemory, HTTP 503.
+    @_device_memory_errors
+    def cached_logits(self, item: Prefilled) -> np.ndarray:
+        """Logits from the new rows only: the cached prefix's memory rows come with the item.
+
+        The layout's spans and the last token lie after the cached prefix (it ends inside the state),
+        so the head's pooling reads only new rows; its attention reads the whole prompt's memory. The
+        new rows' memory goes to the cache only once the logits are known finite: a fault never
+        leaves a poisoned checkpoint behind.
         """
-        xp = self.head.xp
-        rows = self.embedding.rows(encoded.option_token_ids)  # [s, H]
+        xp, encoded, cache = self.head.xp, item.prepared.encoded, self.backbone.prefix_cache
         try:
-            out = joint_schema_head(to_device(xp, hidden), to_device(xp, rows), encoded.layout,
-                                    self.head.config.heads, **self.head.params)
-            return out if xp is np else xp.asnumpy(out)
-        except MemoryError as exc:
-            if xp is np:
-                raise
-            traceback.clear_frames(exc.__traceback__)  # the failed run's device arrays die with its frames
-            release_cached(xp, drain=True)
-            raise DeviceOutOfMemory(f"the GPU ran out of memory for the head ({exc}); its cached blocks are "
-                                    "released, retry shortly", fix="if it recurs: fewer concurrent requests, "
-                                    "head_dtype = \"float16\", or a lower n_ctx to leave the head more memory"
-                                    ) from exc
+            h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
+            memory = xp.concatenate([to_device(xp, m) for m in item.prefix_memory] + [new]) if item.reused else new
+            logits = self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids),
+                                      encoded.layout.shifted(item.reused))
+            if item.ticket and np.isfinite(logits).all() and bool(xp.isfinite(new).all()):
+                # host copies: the cache's budget is host memory, and views would pin whole arrays
+                rows = [new[s - item.reused:e - item.reused] for s, e in item.new_segments]
+                cache.attach(item.ticket, [r.copy() if xp is np else xp.asnumpy(r) for r in rows])
+            elif item.ticket:
+                cache.discard(item.ticket)
+            return logits
+        except BaseException:
+            if item.ticket:
+                cache.discard(item.ticket)
+            raise
 
     def prefill_batch(self, batch: list[Prepared]) -> list[Prefilled]:
-        """Several prepared requests through ONE batched llama_decode."""
+        """Several prepared requests through ONE batched llama_decode, each from its longest cached prefix."""
         t0 = time.perf_counter()
-        hidden = self.backbone.prefill_many([p.encoded.input_ids for p in batch])
+        done = self.backbone.prefill_cached([PrefillRequest(p.encoded.input_ids, p.encoded.state_span)
+                                             for p in batch])
         backbone_s = time.perf_counter() - t0
-        return [Prefilled(p, h, backbone_s, len(batch)) for p, h in zip(batch, hidden)]
+        return [Prefilled(p, d.hidden, backbone_s, len(batch), d.reused, d.prefix_payloads, d.new_segments, d.ticket)
+                for p, d in zip(batch, done)]
 
     def finish(self, item: Prefilled) -> Decision:
         """The head and the answers for one prefilled request."""
         t0 = time.perf_counter()
         prepared = item.prepared
-        logits = self.logits(prepared.encoded, item.hidden)
+        logits = self.cached_logits(item)
         body = {
             "model": prepared.request.model,
             "answers": answers(prepared.request, logits, prepared.encoded.layout.option_offsets, self.answer_options),
             "usage": {"input_tokens": int(len(prepared.encoded.input_ids)), "output_tokens": 0},
         }
-        timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size)
+        timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused)
         return Decision(body, len(prepared.encoded.input_ids), timings)
 
     def decide_many(self, batch: list[Prepared]) -> list[Decision]:

@@ -45,7 +45,7 @@ class PrefixCacheOptions:
     max_mb: float = 1024  # host memory for checkpoints: recurrent states plus payloads; 0 turns the cache off
     every: int = 1024  # a checkpoint at every multiple of this position inside a request's cache span
     margin: int = 4  # and one this many tokens before the span's end: a grown state re-tokenizes its tail
-    sequences: int = 8  # spare llama.cpp sequence ids that keep cached prefixes' KV cells
+    sequences: int = 4  # spare llama.cpp sequence ids that keep cached prefixes' KV cells (a recurrent slot each)
     extra_cells: int = 0  # KV cells the context adds for cached prefixes, beyond the decode budget n_ctx
     payloads: bool = False  # new checkpoints serve hits only once attach() gave them their payloads
 

@@ -8,19 +8,18 @@ collects every problem of the file and raises one RegistryError listing them wit
 from __future__ import annotations
 
 import os
-import re
 import tomllib
-from dataclasses import dataclass, fields, replace
-from datetime import date
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ..head.answer import BUCKETS, AnswerOptions
+from ..head.answer import AnswerOptions
 from ..head.encoder import EncodeOptions
 from ..head.errors import ClefError
-from ..head.schema import QUESTION_TYPES, Limits
-from ..head.weights import STORAGE_DTYPES
+from ..head.schema import Limits
 from .backbone import BackboneOptions
+from .prefix_cache import PrefixCacheOptions
+from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
 
 LATEST = "jev-latest"
 DEFAULT_NAMES = (LATEST, "jev-preview")  # the names that mean the registry's default model
@@ -66,8 +65,25 @@ class ServerSpec:
     request_timeout_s: float = 60.0  # per request, queue included; beyond it, 503
     retry_after_s: int = 1  # the Retry-After sent with 429 and 503
     body_timeout_s: float = 30.0  # a client must deliver its body within this; slower ones get 408
+    write_timeout_s: float = 30.0  # a client must take its answer within this; one that does not read is cut off
     cache_size: int = 0  # answers kept for exact repeats (identical in-flight requests always share one run)
     limits: Limits = Limits()
+
+
+@dataclass(frozen=True)
+class RaySpec:
+    """[ray]: the replicas of `serve --ray` (bridge/ray_plan.py); 0 derives a value, as n_threads = 0 does."""
+
+    min_replicas: int = 1
+    max_replicas: int = 1  # above min_replicas: Serve autoscales on ongoing requests
+    num_gpus: float | str = "auto"  # per replica; "auto": 1 where the cluster has GPUs, else 0
+    num_cpus: float = 1.0  # per replica; a CPU replica's llama.cpp runs this many threads unless n_threads is set
+    target_ongoing_requests: int = 0  # 0: the default model's n_seq_max, one full batch per replica
+    max_ongoing_requests: int = 0  # 0: twice the target, a batch decoding while the next one forms
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    look_back_period_s: float = 30.0
+    health_check_period_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,7 @@ class Registry:
     default: str
     models: dict[str, ModelSpec]
     server: ServerSpec = ServerSpec()
+    ray: RaySpec = RaySpec()
 
 
 # --- names -------------------------------------------------------------------------------------
@@ -106,141 +123,6 @@ def resolve(table: dict[str, str], name: str) -> str:
 
 
 # --- keys ----------------------------------------------------------------------------------------
-
-class _Bad(Exception):
-    """One problem with one key's value (collected, then reported together)."""
-
-
-def _positive(value: Any) -> Any:
-    if value < 1:
-        raise _Bad(f"must be positive, got {value}")
-    return value
-
-
-def _non_negative(value: Any) -> Any:
-    if value < 0:
-        raise _Bad(f"must be 0 or more, got {value}")
-    return value
-
-
-def _one_of(*choices: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value not in choices:
-            raise _Bad(f"must be one of {list(choices)}, got {value!r}")
-        return value
-    return check
-
-
-def _gpu_layers(value: Any) -> Any:
-    if isinstance(value, str) and value != "auto":
-        raise _Bad(f"a number or \"auto\", got {value!r}")
-    return value
-
-
-def _sha256(value: str) -> str:
-    if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
-        raise _Bad("must be 64 hex digits")
-    return value.lower()
-
-
-def _date(value: str) -> str:
-    try:
-        if date.fromisoformat(value).isoformat() == value:
-            return value
-    except ValueError:
-        pass
-    raise _Bad(f"must be YYYY-MM-DD, got {value!r}")
-
-
-def _aliases(value: list) -> tuple[str, ...]:
-    if not all(isinstance(a, str) and a for a in value):
-        raise _Bad("must be a list of non-empty strings")
-    return tuple(value)
-
-
-TEMPERATURE_KEYS = tuple(QUESTION_TYPES) + tuple(f"{t}.{b}" for t in QUESTION_TYPES for b, _ in BUCKETS)
-
-
-def _temperature(value: Any) -> dict[str, float]:
-    if not isinstance(value, dict):
-        value = dict.fromkeys(QUESTION_TYPES, value)
-    unknown = sorted(set(value) - set(TEMPERATURE_KEYS))
-    if unknown:
-        raise _Bad(f"unknown question type(s) {unknown}; use noul, choice, score (or TYPE.BUCKET with a bucket of "
-                   f"{', '.join(b for b, _ in BUCKETS)} options, as llama.cpp's clef GGUFs do)")
-    out = {}
-    for key, t in value.items():
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 100:
-            raise _Bad(f"{key} must be a number between 0.01 and 100, got {t!r}")
-        out[key] = float(t)
-    return out
-
-
-@dataclass(frozen=True)
-class Key:
-    """One models.toml key: the dataclass field it sets ('' group = ModelSpec itself), its type, a check."""
-
-    group: str
-    field: str
-    types: Any
-    check: Callable[[Any], Any] | None = None
-
-
-MODEL_KEYS: dict[str, Key] = {
-    "gguf": Key("", "gguf", str), "head": Key("", "head", str), "pair": Key("", "pair", str),
-    "builtin": Key("", "builtin", str, _one_of("demo")),
-    "head_device": Key("", "head_device", str, _one_of("cpu", "cuda")),
-    "head_dtype": Key("", "head_dtype", str, _one_of(*STORAGE_DTYPES)),
-    "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
-    "release_date": Key("", "release_date", str, _date),
-    "gguf_sha256": Key("", "gguf_sha256", str, _sha256), "head_sha256": Key("", "head_sha256", str, _sha256),
-    "n_ctx": Key("backbone", "n_ctx", int, _positive),
-    "n_gpu_layers": Key("backbone", "n_gpu_layers", (int, str), _gpu_layers),
-    "n_ubatch": Key("backbone", "n_ubatch", int, _positive),
-    "n_seq_max": Key("backbone", "n_seq_max", int, _positive),
-    "n_threads": Key("backbone", "n_threads", int, _non_negative),
-    "max_length": Key("encode", "max_length", int, _positive),
-    "truncate_state": Key("encode", "truncate_state", bool),
-    "parse_special_in_user_text": Key("encode", "parse_special_in_user_text", bool),
-    "question_ids": Key("encode", "blind_ids", str, lambda v: _one_of("prompt", "blind")(v) == "blind"),
-    "temperature": Key("answer", "temperature", (int, float, dict), _temperature),
-    "confidence": Key("answer", "confidence", str, _one_of("reference", "jev")),
-}
-
-SERVER_KEYS: dict[str, Key] = {
-    "api_keys_file": Key("", "api_keys_file", str),
-    "max_body_bytes": Key("", "max_body_bytes", int, _positive),
-    "max_queue": Key("", "max_queue", int, _positive),
-    "request_timeout_s": Key("", "request_timeout_s", (int, float), _positive),
-    "retry_after_s": Key("", "retry_after_s", int, _positive),
-    "body_timeout_s": Key("", "body_timeout_s", (int, float), _positive),
-    "cache_size": Key("", "cache_size", int, _non_negative),
-    **{f.name: Key("limits", f.name, int, _positive) for f in fields(Limits)},
-}
-
-
-def _typed(value: Any, types: Any) -> bool:
-    wanted = types if isinstance(types, tuple) else (types,)
-    return isinstance(value, wanted) and not (isinstance(value, bool) and bool not in wanted)
-
-
-def _values(raw: dict[str, Any], keys: dict[str, Key], where: str, problems: list[str]) -> dict[str, dict]:
-    """Checked values grouped by the dataclass they go to; problems appended, not raised."""
-    groups: dict[str, dict] = {}
-    for name, value in raw.items():
-        key = keys.get(name)
-        if key is None:
-            problems.append(f"{where}.{name}: unknown key; known keys: {', '.join(sorted(keys))}")
-            continue
-        if not _typed(value, key.types):
-            problems.append(f"{where}.{name}: wrong type {type(value).__name__}")
-            continue
-        try:
-            groups.setdefault(key.group, {})[key.field] = key.check(value) if key.check else value
-        except _Bad as exc:
-            problems.append(f"{where}.{name}: {exc}")
-    return groups
-
 
 def _absolute(path: Path) -> Path:
     # abspath, not resolve(): a Hugging Face cache file is a symlink into blobs/, and its
@@ -275,14 +157,16 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
         problems.append(f"{where}.gguf: missing: the backbone GGUF file (a path relative to models.toml) is "
                         "required; `clef-bridge pull` writes complete entries")
     count = len(problems)
-    groups = _values(raw, MODEL_KEYS, where, problems)
+    groups = values_by_group(raw, MODEL_KEYS, where, problems)
     if len(problems) > count or "gguf" not in raw:
         return None
     top = groups.pop("", {})
     for key in ("gguf", "head", "pair"):
         if key in top:
             top[key] = _absolute(base / top[key])
-    spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {})),
+    # the prefix cache is on unless prefix_cache_mb = 0; it keeps the head's memory rows with its checkpoints
+    cache = PrefixCacheOptions(**groups.get("prefix", {}), payloads=True)
+    spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {}), prefix_cache=cache),
                      encode=EncodeOptions(**groups.get("encode", {})), answer=AnswerOptions(**groups.get("answer", {})))
     problems += _combinations(spec, where)
     return spec
@@ -292,11 +176,22 @@ def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec
     if not isinstance(raw, dict):
         problems.append(f"{where}: must be a table")
         return ServerSpec()
-    groups = _values(raw, SERVER_KEYS, where, problems)
+    groups = values_by_group(raw, SERVER_KEYS, where, problems)
     top = groups.get("", {})
     if "api_keys_file" in top:
         top["api_keys_file"] = _absolute(base / top["api_keys_file"])
     return ServerSpec(**top, limits=Limits(**groups.get("limits", {})))
+
+
+def _ray(raw: Any, where: str, problems: list[str]) -> RaySpec:
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a table")
+        return RaySpec()
+    count = len(problems)
+    spec = RaySpec(**values_by_group(raw, RAY_KEYS, where, problems).get("", {}))
+    if len(problems) == count and spec.min_replicas > spec.max_replicas:
+        problems.append(f"{where}: min_replicas ({spec.min_replicas}) exceeds max_replicas ({spec.max_replicas})")
+    return spec
 
 
 def model_spec(name: str, gguf: str | Path, head: str | Path | None = None, base: Path = Path("."),
@@ -315,10 +210,12 @@ def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
     """spec with some models.toml keys changed (validated like the file)."""
     problems: list[str] = []
     keys = {k: str(v) if isinstance(v, Path) else v for k, v in keys.items()}
-    groups = _values(keys, MODEL_KEYS, f"models.{spec.name}", problems)
+    groups = values_by_group(keys, MODEL_KEYS, f"models.{spec.name}", problems)
     if problems:
         raise RegistryError("\n".join(problems))
     top = groups.pop("", {})
+    if "prefix" in groups:
+        groups.setdefault("backbone", {})["prefix_cache"] = replace(spec.backbone.prefix_cache, **groups.pop("prefix"))
     nested = {g: replace(getattr(spec, g), **values) for g, values in groups.items()}
     changed = replace(spec, **top, **nested)
     problems = _combinations(changed, f"models.{spec.name}")
@@ -334,9 +231,9 @@ def demo_registry(path: Path) -> Registry:
 
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
     problems: list[str] = []
-    unknown = sorted(set(raw) - {"default", "models", "server"})
+    unknown = sorted(set(raw) - {"default", "models", "server", "ray"})
     if unknown:
-        problems.append(f"unknown top-level key(s) {unknown}; known: default, models, server")
+        problems.append(f"unknown top-level key(s) {unknown}; known: default, models, server, ray")
     models_raw = raw.get("models")
     if not isinstance(models_raw, dict) or not models_raw:
         raise RegistryError(f"{path}: no models; add a [models.NAME] table with at least gguf = \"...\"")
@@ -351,9 +248,10 @@ def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
                 problems.append(f"the name {n!r} is used twice (models.{seen.get(n, spec.name)})")
             seen[n] = spec.name
     server = _server(raw.get("server", {}), path.parent, "server", problems)
+    ray = _ray(raw.get("ray", {}), "ray", problems)
     if problems:
         raise RegistryError(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
-    return Registry(path=path, default=default, models={n: s for n, s in specs.items() if s}, server=server)
+    return Registry(path=path, default=default, models={n: s for n, s in specs.items() if s}, server=server, ray=ray)
 
 
 def load_registry(path: str | Path) -> Registry:

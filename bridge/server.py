@@ -13,18 +13,18 @@ import time
 from datetime import date
 from typing import Any, AsyncIterator
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from ..head.errors import ClefError
-from ..head.schema import parse_request
+from ..head.schema import is_unicode, parse_request
 from .appstate import COALESCER, KEYS, LOADER, METRICS, NAMES, REGISTRY, SERVED, Loader, Served
 from .auth import ApiKeys, auth_middleware, install_sighup
 from .coalesce import Coalescer
-from .httpbody import check_content_type, decode, parse_json, read_capped
+from .httpbody import check_content_type, decode, header, media_type, parse_json, read_capped
 from .integrity import ModelRefused
 from .loading import Loaded, load_checked
-from .metrics import create_metrics
-from .middleware import INFO, BodyTimeout, DeadlineExceeded, context_middleware, json_response
+from .metrics import Metrics, PrefixCacheCollector, create_metrics
+from .middleware import INFO, UNMATCHED, BodyTimeout, DeadlineExceeded, ProtocolLog, context_middleware, json_response
 from .openapi import openapi_spec
 from .pipeline import Decision
 from .registry import ModelSpec, Registry, name_table, resolve
@@ -40,13 +40,13 @@ INLINE_BYTES = 64 * 1024  # bigger bodies are decompressed and parsed off the ev
 async def read_json(request: web.Request) -> Any:
     server = request.app[REGISTRY].server
     limit = server.max_body_bytes
-    check_content_type(request.content_type if request.body_exists else "")
+    check_content_type(media_type(request) if request.body_exists else "")
     try:  # a client trickling its body is cut off; it never reaches a worker
         raw = await asyncio.wait_for(read_capped(request, limit), server.body_timeout_s)
     except asyncio.TimeoutError:
         raise BodyTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
                           "(body_timeout_s)") from None
-    encoding = request.headers.get("Content-Encoding", "")
+    encoding = header(request, hdrs.CONTENT_ENCODING) or ""
     if len(raw) <= INLINE_BYTES and encoding in ("", "identity"):
         return parse_json(raw)
     return await asyncio.get_running_loop().run_in_executor(None, lambda: parse_json(decode(raw, encoding, limit)))
@@ -55,7 +55,7 @@ async def read_json(request: web.Request) -> Any:
 async def decide(request: web.Request, body: Any, model_name: Any) -> Decision:
     """Queue a body on its model's worker and wait, within the deadline, for the decision."""
     info = request[INFO]
-    if not isinstance(body, dict) or not isinstance(model_name, str):
+    if not isinstance(body, dict) or not isinstance(model_name, str) or not is_unicode(model_name):
         parse_request(body)  # reports every problem of the body at once
     served = request.app[SERVED][resolve(request.app[NAMES], model_name)]
     info.model = served.spec.name
@@ -74,6 +74,7 @@ async def decide(request: web.Request, body: Any, model_name: Any) -> Decision:
     info.input_tokens, info.batch_size = decision.input_tokens, t.batch_size
     stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
     info.timings = {f"{stage}_ms": round(seconds * 1e3, 3) for stage, seconds in stages.items()}
+    info.timings["reused_tokens"] = t.reused_tokens  # prompt tokens restored from the prefix cache
     for stage, seconds in stages.items():
         metrics.latency.labels(served.spec.name, stage).observe(seconds)
     metrics.tokens.labels(served.spec.name).inc(decision.input_tokens)
@@ -112,7 +113,8 @@ async def models_handler(request: web.Request) -> web.Response:
         spec = served.spec
         entry: dict[str, Any] = {
             "name": name, "description": spec.description or f"Clef decision model {name}",
-            "release_date": served.release_date, "x_aliases": [n for n, m in names.items() if m == name and n != name]}
+            "release_date": served.release_date, "x_aliases": [n for n, m in names.items() if m == name and n != name],
+            "x_status": "ready" if served.worker.alive else "down"}
         if served.warnings:
             entry["x_warnings"] = list(served.warnings)
         models.append(entry)
@@ -124,10 +126,12 @@ async def health_handler(request: web.Request) -> web.Response:
 
 
 async def ready_handler(request: web.Request) -> web.Response:
+    """Counts only: /ready is public under auth, and no public route names a model (/v1/models has x_status)."""
     served = request.app[SERVED]
-    state = {name: ("ready" if s.worker.alive else "down") for name, s in served.items()}
-    ok = bool(served) and all(s.worker.alive for s in served.values())
-    return json_response({"status": "ready" if ok else "not_ready", "models": state}, 200 if ok else 503)
+    up = sum(s.worker.alive for s in served.values())
+    ok = bool(served) and up == len(served)
+    return json_response({"status": "ready" if ok else "not_ready", "models_ready": up, "models_served": len(served)},
+                         200 if ok else 503)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
@@ -141,14 +145,44 @@ async def openapi_handler(request: web.Request) -> web.Response:
     return json_response(openapi_spec(request.app[REGISTRY], request.app[NAMES]))
 
 
+async def unmatched_handler(request: web.Request) -> web.Response:
+    """Any path no route serves: 404, or 405 with Allow where the path exists under other methods.
+
+    A route of ours rather than aiohttp's system route, so that every request takes our path (our
+    Expect handling above all: aiohttp's own answers a non-UTF-8 Expect with a 500).
+    """
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is not request.match_info.route.resource:
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, allowed)
+    raise web.HTTPNotFound()
+
+
+async def defer_expect(request: web.Request) -> None:
+    """Expect: 100-continue is answered by httpbody.read_capped, after auth and the size check, so a
+    client announcing 10 MB gets its 413 (or 401) at once instead of an invitation to send them."""
+
+
+ROUTES = (  # method, path, handler, name
+    ("POST", "/v1/systemone", systemone_handler, "systemone"),
+    ("GET", "/v1/models", models_handler, "models"),
+    ("POST", "/accounts/{account_id}/ai/run/@cf/cloudflare/{model}", workers_ai_handler, "workers_ai"),
+    ("GET", "/health", health_handler, "health"),
+    ("GET", "/ready", ready_handler, "ready"),
+    ("GET", "/metrics", metrics_handler, "metrics"),
+    ("GET", "/openapi.json", openapi_handler, "openapi"),
+    ("*", "/{path:.*}", unmatched_handler, UNMATCHED),  # last: the router tries it after every other
+)
+
+
 def setup_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/systemone", systemone_handler, name="systemone")
-    app.router.add_get("/v1/models", models_handler, name="models")
-    app.router.add_post("/accounts/{account_id}/ai/run/@cf/cloudflare/{model}", workers_ai_handler, name="workers_ai")
-    app.router.add_get("/health", health_handler, name="health")
-    app.router.add_get("/ready", ready_handler, name="ready")
-    app.router.add_get("/metrics", metrics_handler, name="metrics")
-    app.router.add_get("/openapi.json", openapi_handler, name="openapi")
+    for method, path, handler, name in ROUTES:
+        if method == "GET":
+            app.router.add_get(path, handler, name=name, expect_handler=defer_expect)
+        else:
+            app.router.add_route(method, path, handler, name=name, expect_handler=defer_expect)
 
 
 # --- resources ---------------------------------------------------------------------------------
@@ -204,6 +238,9 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
                                    _release_date(spec), dict(item.report.facts))
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()}))
+    caches = {name: item.model.backbone.prefix_cache for name, item in loaded.items()
+              if item.model.backbone.prefix_cache is not None}
+    metrics.registry.register(PrefixCacheCollector(lambda: {name: c.stats() for name, c in caches.items()}))
     install_sighup(app[KEYS])
     yield
     for served in app[SERVED].values():
@@ -212,14 +249,19 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         item.model.close()
 
 
-RUNNER_OPTIONS = {"handler_cancellation": True, "access_log": None,
-                  "auto_decompress": False}  # read_json decodes bodies itself, with the size cap
+RUNNER_OPTIONS = {"handler_cancellation": True}  # a client that hangs up cancels its request (499)
 
 
-def connection_options(registry: Registry) -> dict[str, float]:
-    # aiohttp closes a connection that has not completed a request within keepalive_timeout: that is
-    # what cuts off a client trickling its headers, and idle keep-alive connections after as long
-    return {"keepalive_timeout": registry.server.body_timeout_s}
+def handler_args(registry: Registry, metrics: Metrics) -> dict[str, Any]:
+    """aiohttp's per-connection options, held by the app so that every runner gets them."""
+    return {
+        # aiohttp closes a connection that has not completed a request within keepalive_timeout: that is
+        # what cuts off a client trickling its headers, and idle keep-alive connections after as long
+        "keepalive_timeout": registry.server.body_timeout_s,
+        "auto_decompress": False,  # read_json decodes bodies itself, with the size cap
+        "access_log": None,  # the middleware writes one line per request
+        "logger": ProtocolLog(metrics),  # parser errors: one line each, counted
+    }
 
 
 def banner(app: web.Application, url: str) -> list[str]:
@@ -250,16 +292,18 @@ def serve(registry: Registry, host: str, port: int) -> None:
                     "bind 127.0.0.1", host)
     app = create_app(registry)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
-    web.run_app(app, host=host, port=port, **RUNNER_OPTIONS, **connection_options(registry),
+    web.run_app(app, host=host, port=port, **RUNNER_OPTIONS,
                 shutdown_timeout=registry.server.request_timeout_s,
                 print=lambda _: log.info("\n".join(banner(app, url))))
 
 
 def create_app(registry: Registry, loader: Loader = load_models) -> web.Application:
+    metrics = create_metrics()
     app = web.Application(middlewares=[context_middleware, auth_middleware(KEYS)],
-                          client_max_size=registry.server.max_body_bytes)
+                          client_max_size=registry.server.max_body_bytes,
+                          handler_args=handler_args(registry, metrics))
     app[REGISTRY] = registry
-    app[METRICS] = metrics = create_metrics()
+    app[METRICS] = metrics
     app[KEYS] = ApiKeys(registry.server.api_keys_file)
     app[LOADER] = loader
     app[SERVED] = {}

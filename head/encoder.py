@@ -25,6 +25,12 @@ SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
 
 # tokenize(text, parse_special) -> token ids, with no BOS/EOS added
 Tokenize = Callable[[str, bool], list[int]]
+# min_tokens(text) -> a lower bound on len(tokenize(text, ...)) from the text's size, without tokenizing
+MinTokens = Callable[[str], int]
+
+
+def no_bound(text: str) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
@@ -41,46 +47,103 @@ class Encoded:
     layout: Layout
     option_token_ids: np.ndarray  # [s] int32, the ids inside every option span, concatenated
     state_tokens_dropped: int  # > 0 only with truncate_state
+    state_span: tuple[int, int] = (0, 0)  # [start, end) of the state's tokens: what a prefix cache may reuse
 
 
-def _user_tokens(tokenize: Tokenize, value: Any, parse_special: bool, loc: tuple) -> list[int]:
+def _text(value: Any, loc: tuple) -> str:
     try:
-        return tokenize(render(value), parse_special)
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) is a ValueError
+        return render(value)
+    except (TypeError, ValueError) as exc:
+        raise RequestInvalid([Problem(loc, f"cannot be rendered as text: {exc}", "value_error")]) from None
+
+
+def _tokens(tokenize: Tokenize, text: str, parse_special: bool, loc: tuple) -> list[int]:
+    try:
+        return tokenize(text, parse_special)
+    except ValueError as exc:  # UnicodeEncodeError (lone surrogates) is a ValueError
         raise RequestInvalid([Problem(loc, f"cannot be encoded as text: {exc}", "value_error")]) from None
 
 
-def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions = EncodeOptions()) -> Encoded:
-    user = options.parse_special_in_user_text
-    schema: list[int] = list(tokenize(SCHEMA_HEADER, True))
-    question_spans, option_spans, option_offsets = [], [], []
+@dataclass(frozen=True)
+class _Piece:
+    """One user text of the schema, rendered but not tokenized, and the least tokens it can take."""
+
+    text: str
+    loc: tuple
+    bound: int
+
+
+def _fields(request: DecisionRequest, options: EncodeOptions, min_tokens: MinTokens) -> list[list[_Piece]]:
+    """Per field: its header, its instruction, then one piece per option."""
+    def piece(value: Any, loc: tuple) -> _Piece:
+        text = _text(value, loc)
+        return _Piece(text, loc, min_tokens(text))
+
+    fields = []
     for i, q in enumerate(request.questions, start=1):
         shown_id = str(i) if options.blind_ids else q.id
-        header = f"\nFIELD {i}\nID: {shown_id}\nTYPE: {q.type}\nINSTRUCTION: "
-        schema += _user_tokens(tokenize, header, user, ("body", "questions", q.id))
-        start = len(schema)
+        loc = ("body", "questions", q.id)
         instructions = shown_id if q.instructions in (None, "") else q.instructions
-        schema += _user_tokens(tokenize, instructions, user, ("body", "questions", q.id, "instructions"))
-        question_spans.append((start, len(schema)))
-        schema += tokenize("\nALLOWED OPTIONS:\n", True)
-        option_offsets.append(len(option_spans))
-        for j, (option_id, description) in enumerate(q.options, start=1):
-            schema += tokenize(f"OPTION {j}: ", True)
-            start = len(schema)
+        pieces = [piece(f"\nFIELD {i}\nID: {shown_id}\nTYPE: {q.type}\nINSTRUCTION: ", loc),
+                  piece(instructions, loc + ("instructions",))]
+        for option_id, description in q.options:
             semantics = {"option_id": option_id}
             if description is not None:
                 semantics["description"] = description
-            schema += _user_tokens(tokenize, semantics, user, ("body", "questions", q.id, "criteria", option_id))
+            pieces.append(piece(semantics, loc + ("criteria", option_id)))
+        fields.append(pieces)
+    return fields
+
+
+def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions = EncodeOptions(),
+           min_tokens: MinTokens = no_bound) -> Encoded:
+    """The prompt's token ids and spans.
+
+    The context check comes first and again before each user text is tokenized: every text's size
+    bounds its tokens from below (min_tokens), so a request that cannot fit is refused (413) before
+    its bulk is tokenized, whatever its size.
+    """
+    user = options.parse_special_in_user_text
+    prefix = tokenize(PREFIX, True)
+    suffix = tokenize(SUFFIX, True)
+    state_text = _text(request.state, ("body", "state"))
+    fields = _fields(request, options, min_tokens)
+    # the least the texts not yet tokenized need; the state counts unless it may be cut to fit
+    pending = sum(p.bound for pieces in fields for p in pieces)
+    pending += 0 if options.truncate_state else min_tokens(state_text)
+    schema_alone = " without the state (the schema alone is too long)" if options.truncate_state else ""
+    schema: list[int] = list(tokenize(SCHEMA_HEADER, True))
+
+    def user_tokens(piece: _Piece) -> list[int]:
+        nonlocal pending
+        at_least = len(prefix) + len(suffix) + len(schema) + pending
+        if at_least > options.max_length:
+            raise ContextLengthExceeded(at_least, options.max_length, schema_alone, at_least=True)
+        pending -= piece.bound
+        return _tokens(tokenize, piece.text, user, piece.loc)
+
+    question_spans, option_spans, option_offsets = [], [], []
+    for header, instruction, *option_pieces in fields:
+        schema += user_tokens(header)
+        start = len(schema)
+        schema += user_tokens(instruction)
+        question_spans.append((start, len(schema)))
+        schema += tokenize("\nALLOWED OPTIONS:\n", True)
+        option_offsets.append(len(option_spans))
+        for j, option in enumerate(option_pieces, start=1):
+            schema += tokenize(f"OPTION {j}: ", True)
+            start = len(schema)
+            schema += user_tokens(option)
             option_spans.append((start, len(schema)))
             schema += tokenize("\n", True)
         schema += tokenize("END FIELD\n", True)
 
-    prefix = tokenize(PREFIX, True)
-    suffix = tokenize(SUFFIX, True)
-    state = _user_tokens(tokenize, request.state, user, ("body", "state"))
     fixed = len(prefix) + len(schema) + len(suffix)
     if fixed > options.max_length:
         raise ContextLengthExceeded(fixed, options.max_length, " without the state (the schema alone is too long)")
+    if not options.truncate_state and fixed + min_tokens(state_text) > options.max_length:
+        raise ContextLengthExceeded(fixed + min_tokens(state_text), options.max_length, at_least=True)
+    state = _tokens(tokenize, state_text, user, ("body", "state"))
     dropped = max(0, fixed + len(state) - options.max_length)
     if dropped and not options.truncate_state:
         raise ContextLengthExceeded(fixed + len(state), options.max_length)
@@ -101,4 +164,4 @@ def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions 
         types=np.asarray([q.type_id for q in request.questions], dtype=np.int64),
     )
     option_token_ids = np.concatenate([ids[s:e] for s, e in o_spans])  # [s]
-    return Encoded(ids, layout, option_token_ids, dropped)
+    return Encoded(ids, layout, option_token_ids, dropped, (len(prefix), shift))

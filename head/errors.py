@@ -5,23 +5,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def printable(text: str) -> str:
+    """text with each unpaired surrogate written as its escape (\\ud800), so it encodes as UTF-8."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class ClefError(Exception):
-    """Base of every error clef-bridge raises on purpose; `fix` says what the user can do about it."""
+    """Base of every error clef-bridge raises on purpose; `fix` says what the user can do about it.
+
+    Messages are made printable here, so any error can be written into a JSON body or a log line,
+    whatever text from the request it quotes.
+    """
 
     error_type = "clef_error"
 
     def __init__(self, message: str = "", fix: str = ""):
-        super().__init__(message)
-        self.fix = fix
+        super().__init__(printable(message))
+        self.fix = printable(fix)
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One validation problem: where it is (JSON path from the body root) and what is wrong."""
+    """One validation problem: where it is (JSON path from the body root) and what is wrong.
+
+    Keys quoted in loc and msg are made printable on construction (a lone surrogate in a question id
+    becomes its escape), so every problem serializes.
+    """
 
     loc: tuple[str | int, ...]
     msg: str
     type: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loc", tuple(printable(p) if isinstance(p, str) else p for p in self.loc))
+        object.__setattr__(self, "msg", printable(self.msg))
 
 
 class RequestInvalid(ClefError):
@@ -39,11 +58,13 @@ class ContextLengthExceeded(ClefError):
 
     error_type = "context_length_exceeded"
 
-    def __init__(self, n_tokens: int, limit: int, detail: str = ""):
+    def __init__(self, n_tokens: int, limit: int, detail: str = "", at_least: bool = False):
+        """at_least: n_tokens is a lower bound (the check stopped before tokenizing everything)."""
         self.n_tokens = n_tokens
         self.limit = limit
         super().__init__(
-            f"the request needs {n_tokens} tokens but this model accepts at most {limit}{detail}; "
+            f"the request needs {'at least ' if at_least else ''}{n_tokens} tokens but this model accepts at most "
+            f"{limit}{detail}; "
             "shorten the state or the schema, or raise max_length (and n_ctx) in models.toml"
         )
 

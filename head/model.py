@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,10 @@ class Layout:
     def option_question(self) -> np.ndarray:
         counts = np.diff(np.append(self.option_offsets, len(self.option_spans)))  # [n_q]
         return np.repeat(np.arange(len(counts)), counts)  # [n_o]
+
+    def shifted(self, tokens: int) -> "Layout":
+        """The same layout with the first `tokens` tokens of the prompt cut off (they precede every span)."""
+        return replace(self, question_spans=self.question_spans - tokens, option_spans=self.option_spans - tokens)
 
 
 def erf(x):
@@ -167,22 +171,39 @@ def option_summaries(options, base, option_question):
 
 
 def joint_schema_head(hidden, option_rows, layout: Layout, n_head: int, *, hidden_norm, memory_projection,
-                      question_projection, option_question_projection, global_projection,
-                      option_context_projection, option_lexical_projection, type_embedding, evidence_layers,
-                      option_summary_norm, layers, field_norm, option_norm, residual_scorer,
-                      prior_logit_scale, joint_logit_scale, residual_gate):
+                      **decision):
     """One record's option logits, flat in layout order.
 
     hidden: [t, H] last hidden states; option_rows: [s, H] output-embedding rows of every
     option-span token, in order (the spans concatenated).
     """
-    xp = array_module(hidden)
+    h, memory = hidden_memory(hidden, hidden_norm, memory_projection)  # [t, H], [t, w]
+    return decide(h, memory, option_rows, layout, n_head, **decision)
+
+
+def hidden_memory(hidden, hidden_norm, memory_projection):
+    """The normed hidden states and the memory the attention layers read: [t, H] -> [t, H], [t, w].
+
+    Row by row, so a cached prompt prefix's memory rows can be kept and only new rows computed.
+    """
+    h = layer_norm(hidden, **hidden_norm)  # [t, H]
+    return h, linear(h, **memory_projection)  # [t, H], [t, w]
+
+
+def decide(h, memory, option_rows, layout: Layout, n_head: int, *, question_projection, option_question_projection,
+           global_projection, option_context_projection, option_lexical_projection, type_embedding,
+           evidence_layers, option_summary_norm, layers, field_norm, option_norm, residual_scorer,
+           prior_logit_scale, joint_logit_scale, residual_gate):
+    """The head after hidden_memory: option logits from the normed states of the prompt's tail and the memory.
+
+    h: [t', H] the normed states of the prompt's last t' tokens (the layout's spans and the last token
+    lie there); memory: [t, w] the memory rows of the whole prompt (t >= t').
+    """
+    xp = array_module(h)
     oq = xp.asarray(layout.option_question)  # [n_o]
     lengths = layout.option_spans[:, 1] - layout.option_spans[:, 0]  # [n_o]
     row_spans = np.stack([np.cumsum(lengths) - lengths, np.cumsum(lengths)], axis=1)  # [n_o, 2] in option_rows
 
-    h = layer_norm(hidden, **hidden_norm)  # [t, H]
-    memory = linear(h, **memory_projection)  # [t, w]
     g = h[-1]  # [H]
     pooled = span_means(h, np.concatenate([layout.question_spans, layout.option_spans]))  # [n_q + n_o, H]
     question, context = pooled[:len(layout.types)], pooled[len(layout.types):]  # [n_q, H], [n_o, H]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,9 @@ NOUL_DEFAULTS = {
     "false": "The proposition is false or the answer is no.",
 }
 MEDIA_FIELDS = ("images", "videos", "assets")
+TEXT_FIELDS = ("model", "state", "questions")  # what reaches the prompt or the answer; other fields are ignored
+SURROGATE = re.compile("[\ud800-\udfff]")  # in a str only unpaired ones remain: JSON's "\ud800" alone
+MAX_TEXT_PROBLEMS = 16
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,34 @@ def render(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def is_unicode(text: str) -> bool:
+    """False when text holds an unpaired surrogate, which no UTF-8 encoder, tokenizer or JSON writer takes."""
+    return text.isascii() or SURROGATE.search(text) is None
+
+
+def _unpaired_surrogates(body: dict) -> list[Problem]:
+    """A problem at each key or string of the used fields that is not valid Unicode (the first few)."""
+    problems: list[Problem] = []
+    stack: list[tuple[Any, tuple]] = [(body[f], ("body", f)) for f in reversed(TEXT_FIELDS) if f in body]
+    while stack and len(problems) < MAX_TEXT_PROBLEMS:
+        node, loc = stack.pop()
+        if isinstance(node, str) and not is_unicode(node):
+            problems.append(Problem(loc, "holds an unpaired surrogate (a lone \\ud800-\\udfff escape): text must "
+                                    "be valid Unicode; send the character itself or a complete surrogate pair",
+                                    "value_error.unicode"))
+        elif isinstance(node, dict):
+            for key, value in reversed(node.items()):
+                if is_unicode(key):
+                    stack.append((value, loc + (key,)))
+                else:
+                    problems.append(Problem(loc + (key,), "this key holds an unpaired surrogate (a lone "
+                                            "\\ud800-\\udfff escape): keys must be valid Unicode",
+                                            "value_error.unicode"))
+        elif isinstance(node, list):
+            stack.extend((value, loc + (i,)) for i, value in reversed(list(enumerate(node))))
+    return problems
 
 
 def _state_bytes(state: Any) -> int:
@@ -156,7 +188,7 @@ def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
     if json_depth(body) > limits.max_json_depth:
         raise RequestInvalid([Problem(("body",), f"the JSON is nested deeper than {limits.max_json_depth} levels "
                                       "(max_json_depth)", "json_too_deep")])
-    problems: list[Problem] = []
+    problems = _unpaired_surrogates(body)  # text no tokenizer can encode, refused before any is tokenized
     model = body.get("model")
     if not isinstance(model, str) or not model:
         problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))

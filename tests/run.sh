@@ -14,9 +14,10 @@ if [ ! -f "$SDIST" ]; then
   python -m pip download --quiet --no-deps --no-binary :all: -d .fixtures/sdist llama-cpp-python==0.3.36
 fi
 if ! python -c 'import llama_cpp, sys; sys.exit(llama_cpp.__version__ != "0.3.36")' 2>/dev/null; then
-  echo "building llama-cpp-python 0.3.36 from source (about 6 minutes on 2 cores)"
+  echo "building llama-cpp-python 0.3.36 from source (about 8 minutes on 2 cores)"
   python -m pip install --quiet "$SDIST"
 fi
-python -m pip install --quiet -e '.[test]'
+# the ray extra too: tests/test_ray_serve.py runs Ray Serve replicas (about 1 minute to install, 1.5 to 2 to test)
+python -m pip install --quiet -e '.[test,ray]'
 python -m pip install --quiet --no-deps clef-finetune==0.1.0
 exec python -m pytest "$@"

@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 from clef_bridge.bridge.appstate import Loader
 from clef_bridge.bridge.loading import Loaded
 from clef_bridge.bridge.registry import ModelSpec, Registry, ServerSpec
-from clef_bridge.bridge.server import RUNNER_OPTIONS, connection_options, create_app, load_models
+from clef_bridge.bridge.server import RUNNER_OPTIONS, create_app, load_models
 from clef_bridge.head.schema import Limits
 
 LIMIT_KEYS = {f.name for f in fields(Limits)}
@@ -28,15 +30,30 @@ def registry_for(spec: ModelSpec, path: Path, **server: Any) -> Registry:
     return Registry(path=path, default=spec.name, models={spec.name: spec}, server=ServerSpec(**rest, limits=limits))
 
 
+class LogTap(logging.Handler):
+    """Every log record of the process while a RunningServer runs: access lines, aiohttp's errors."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 class RunningServer:
-    def __init__(self, registry: Registry, loader: Loader = load_models):
+    def __init__(self, registry: Registry, loader: Loader = load_models, api_key: str | None = None):
         self.registry = registry
+        self.api_key = api_key  # sent by metric() (with auth on /metrics needs a key)
         self.app = create_app(registry, loader)
         self.loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, daemon=True)
         self.port = 0
+        self.tap = LogTap()
+        self._access_logger = logging.getLogger("clef_bridge.access")
+        self._access_level = self._access_logger.level
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -50,13 +67,15 @@ class RunningServer:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        self.runner = web.AppRunner(self.app, **RUNNER_OPTIONS, **connection_options(self.registry))
+        self.runner = web.AppRunner(self.app, **RUNNER_OPTIONS)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
 
     def __enter__(self) -> "RunningServer":
+        logging.getLogger().addHandler(self.tap)
+        self._access_logger.setLevel(logging.INFO)
         self._thread.start()
         self._started.wait(120)
         if self._error:
@@ -67,6 +86,8 @@ class RunningServer:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(120)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(30)
+        logging.getLogger().removeHandler(self.tap)
+        self._access_logger.setLevel(self._access_level)
 
     @property
     def url(self) -> str:
@@ -87,16 +108,46 @@ class RunningServer:
     def post(self, body: Any, **kw) -> "Reply":
         return self.request("POST", "/v1/systemone", body, **kw)
 
+    def raw(self, data: bytes, timeout: float = 30) -> "Reply":
+        """Bytes as they are (any header bytes) on a new connection, and the one response they get."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as sock:
+            sock.sendall(data)
+            resp = http.client.HTTPResponse(sock)
+            resp.begin()
+            payload = resp.read()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, payload)
+
+    def access_lines(self) -> list[dict]:
+        return [json.loads(r.getMessage()) for r in list(self.tap.records) if r.name == "clef_bridge.access"]
+
+    def access_line(self, match: Callable[[dict], bool], timeout: float = 10) -> dict:
+        """The access-log line matching, waiting for it (a line is written once the response is sent)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [line for line in self.access_lines() if match(line)]
+            if found or time.monotonic() > deadline:
+                assert len(found) == 1, found
+                return found[0]
+            time.sleep(0.02)
+
+    def tracebacks(self) -> list[logging.LogRecord]:
+        return [r for r in list(self.tap.records) if r.exc_info]
+
     def metric(self, name: str, **labels: str) -> float:
         """Sum of a metric's samples whose labels include these."""
-        text = self.request("GET", "/metrics").body.decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and not line.startswith("#"):
-                head, value = line.rsplit(" ", 1)
-                if all(f'{k}="{v}"' in head for k, v in labels.items()) and head.split("{")[0] == name:
-                    total += float(value)
-        return total
+        key = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return metric_sum(self.request("GET", "/metrics", headers=key).body.decode(), name, **labels)
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of a metric in a /metrics page whose labels include these."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            head, value = line.rsplit(" ", 1)
+            if all(f'{k}="{v}"' in head for k, v in labels.items()) and head.split("{")[0] == name:
+                total += float(value)
+    return total
 
 
 @dataclass

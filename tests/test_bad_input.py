@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -117,9 +118,13 @@ def test_truncation_is_opt_in_and_keeps_the_schema():
 
 
 def test_unencodable_text_is_a_request_error():
-    request = parse_request(body(q={"type": "noul", "instructions": "bad \ud800 surrogate"}))
-    with pytest.raises(RequestInvalid, match="cannot be encoded"):
-        encode(request, byte_tokenize)
+    with pytest.raises(RequestInvalid, match="unpaired surrogate") as info:
+        parse_request(body(q={"type": "noul", "instructions": "bad \ud800 surrogate"}))
+    assert [p.loc for p in info.value.problems] == [("body", "questions", "q", "instructions")]
+    valid = parse_request(body(q={"type": "noul", "instructions": "fine"}))
+    bypassed = replace(valid, questions=(replace(valid.questions[0], instructions="bad \ud800 surrogate"),))
+    with pytest.raises(RequestInvalid, match="cannot be encoded"):  # the encoder refuses what skips validation
+        encode(bypassed, byte_tokenize)
 
 
 TINY = HeadConfig(hidden_size=16, width=8, routing_layers=1, layers=1, heads=2, feedforward=16)

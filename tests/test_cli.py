@@ -58,3 +58,36 @@ def test_commands_explain_their_failures(capsys, tmp_path, fx, argv, fragment):
     code, err = run(capsys, *argv)
     assert code in (1, 2) and fragment in err and "Traceback" not in err, err
     assert "pair.headless" not in err  # a missing or foreign file is not called headless
+
+
+def test_soak_names_the_threshold_that_failed():
+    from clef_bridge.tools.render import text
+    from clef_bridge.tools.soak import judge
+
+    summary = {"requests": 100, "errors": 0, "rss_growth_pct": 7.5, "p99_last_over_first": 1.05}
+    verdict = judge(summary)
+    assert not verdict.ok and "RSS grew 7.5% after warm-up (threshold: < 5.0%)" in verdict.verdict
+    assert text(verdict).splitlines()[-1].startswith("soak: FAIL: RSS grew 7.5%")
+    assert judge({**summary, "rss_growth_pct": 1.0}).verdict == "PASS"
+
+
+def test_calibrate_declines_little_data_and_says_why():
+    from clef_bridge.tools.calibrate import MIN_ITEMS, calibrate_items
+
+    rng = np.random.default_rng(0)
+    items = [(rng.normal(size=3).astype(np.float32), int(rng.integers(3))) for _ in range(3)]
+    result = calibrate_items("choice", items)
+    assert not result.accepted and result.temperature == 1.0
+    assert f"too little data: 3 labelled choice decisions, at least {MIN_ITEMS}" in result.reason
+
+
+def test_fit_counts_the_head_that_lies_beside_the_gguf(capsys, tmp_path):
+    import json
+
+    from clef_bridge.bridge.demo import make_demo
+
+    demo = make_demo(tmp_path / "demo")
+    assert main(["fit", str(demo.gguf), "--vram", "8GiB", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["head_bytes_float32"] < 2**20 < demo.head.stat().st_size * 8  # its real size, not Clef-flash's
+    assert plan["head_source"].endswith("joint_head.safetensors")

@@ -46,32 +46,44 @@ def assert_close(got, want, where="response"):
         assert got == want, where
 
 
-@pytest.fixture(scope="module")
-def on_device(fx):
+def open_on_device(fx, **keys):
     """The tiny model with head_device = "cuda" on a fresh stand-in (in sys.modules while it loads)."""
     xp = StrictCuPy()
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(sys.modules, "cupy", xp)
-        model = open_spec(tiny_spec(fx, head_device="cuda"))
+        return open_spec(tiny_spec(fx, head_device="cuda", **keys)), xp
+
+
+@pytest.fixture(scope="module")
+def on_device(fx):
+    model, xp = open_on_device(fx)  # the prefix cache on, as by default
     yield model, xp
     model.close()
 
 
-def test_the_pipeline_runs_on_the_stand_in_with_one_pinned_upload(on_device, tiny_model):
-    model, xp = on_device
-    assert model.head.xp is xp and type(model.head.params["hidden_norm"]["weight"]) is xp.ndarray
-    items = model.prefill_batch([model.prepare(r) for r in REQUESTS])
-    for item in items:
-        # llama.cpp's rows were copied once, straight into pinned memory (np.split views of it)
-        assert xp.is_pinned(item.hidden)
-        before = xp.pinned_uploads
-        got = model.logits(item.prepared.encoded, item.hidden)
-        assert xp.pinned_uploads == before + 1  # the hidden states: one DMA from the pinned rows
-        want = tiny_model.logits(item.prepared.encoded, item.hidden)
-        assert type(got) is np.ndarray
-        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
-    for request in REQUESTS:
+def test_the_pipeline_runs_on_the_stand_in_with_one_pinned_upload(fx, tiny_model):
+    model, xp = open_on_device(fx, prefix_cache_mb=0)  # each request decoded in one piece
+    try:
+        assert model.head.xp is xp and type(model.head.params["hidden_norm"]["weight"]) is xp.ndarray
+        items = model.prefill_batch([model.prepare(r) for r in REQUESTS])
+        for item in items:
+            # llama.cpp's rows were copied once, straight into pinned memory (np.split views of it)
+            assert xp.is_pinned(item.hidden)
+            before = xp.pinned_uploads
+            got = model.logits(item.prepared.encoded, item.hidden)
+            assert xp.pinned_uploads == before + 1  # the hidden states: one DMA from the pinned rows
+            want = tiny_model.logits(item.prepared.encoded, item.hidden)
+            assert type(got) is np.ndarray
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+    finally:
+        model.close()
+
+
+def test_the_pipeline_with_its_prefix_cache_on_the_stand_in(on_device, tiny_model):
+    model, _ = on_device
+    for request in REQUESTS + REQUESTS:  # the second round reuses cached prefixes (memory rows uploaded)
         assert_close(model.decide(request), tiny_model.decide(request))
+    assert model.backbone.prefix_cache is not None
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["inline-head", "pipelined-head"])

@@ -294,15 +294,16 @@ def test_one_batch_decodes_a_shared_new_prefix_once(cached, plain):
     assert cached.prefix_cache.stats().shared - after.shared == 2
 
 
-def test_the_agent_loop_benchmark_runs_on_the_tiny_backbone(fx):
+def test_the_agent_loop_benchmark_runs_on_the_tiny_model(fx, capsys):
     from clef_bridge.tools.bench_agent import AgentLoopConfig, agent_loop
+    from clef_bridge.tools.render import text
 
     cfg = AgentLoopConfig(turns=3, message_tokens=60, questions=2, state_tokens=120, baseline_turns=1,
-                          baseline_questions=1, n_ctx=2048, threads=2)
-    result = agent_loop(fx.gguf_f32, cfg)
-    conv, same = result["conversation"], result["same_state"]
-    assert [t["turn"] for t in conv["turns"]] == [1, 2, 3]
-    assert [t["plain_p50_ms"] is not None for t in conv["turns"]] == [False, False, True]
-    assert (conv["cache"]["hits"], conv["cache"]["misses"]) == (5, 1)  # every request after the first hits
-    assert conv["hit_anatomy_ms"]["reused"] > 0 and conv["plain_over_cached"] > 0
-    assert [r["reused"] > 0 for r in same["requests"]] == [False, True]
+                          baseline_questions=1, n_ctx=2048)
+    result = agent_loop(fx.gguf_f32, fx.head, cfg)
+    assert [t["turn"] for t in result.turns] == [1, 2, 3]
+    assert [t["plain_p50_ms"] is not None for t in result.turns] == [False, False, True]
+    assert (result.cache["hits"], result.cache["misses"]) == (5, 1)  # every request after the first hits
+    assert result.speedup > 0 and result.split_ms["head"] > 0
+    assert [r["reused"] > 0 for r in result.same_state] == [False, True]
+    assert "uncached / cached" in text(result) and result.to_dict()["plain_over_cached"] == result.speedup

@@ -77,3 +77,31 @@ def test_runnable_block(demo_server, index):
     # the blocks run in README order in one folder, as a reader would: later ones use files (router.json)
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"README block failed:\n{body}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+
+
+def shape(value):
+    """A JSON value's shape: object keys with their shapes, list shapes, and number/string/bool/null."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(v) for v in value]
+    return "bool" if isinstance(value, bool) else "number" if isinstance(value, (int, float)) else \
+        type(value).__name__
+
+
+def test_the_sample_response_has_the_live_answers_shape(demo_server):
+    """The README's sample response for router.json is what the server really answers, numbers aside."""
+    import json
+    import urllib.request
+
+    work, port, _ = demo_server
+    [sample] = [json.loads(body) for lang, tags, body in blocks() if lang == "json" and "response" in tags]
+    router = next(body for _, tags, body in blocks() if "runnable" in tags and "cat > router.json" in body)
+    request = router.split("<<'EOF'\n", 1)[1].split("\nEOF", 1)[0]
+    call = urllib.request.Request(f"http://127.0.0.1:{port}/v1/systemone", data=request.encode(),
+                                  headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(call, timeout=120) as reply:
+        live = json.load(reply)
+    assert shape(live) == shape(sample)
+    assert {q: a["type"] for q, a in live["answers"].items()} == {"needs_tools": "noul", "model": "choice",
+                                                                 "difficulty": "score", "domain": "choice"}

@@ -91,7 +91,7 @@ CASES = [
     ("form urlencoded", b"model=tiny&state=s", {"Content-Type": "application/x-www-form-urlencoded"}, {415}),
     ("xml", b"<request/>", {"Content-Type": "application/xml"}, {415}),
     ("multipart with assets", b"--b\r\nContent-Disposition: form-data; name=\"asset-0\"\r\n\r\nPNG\r\n--b--\r\n",
-     {"Content-Type": "multipart/form-data; boundary=b"}, {422}),
+     {"Content-Type": "multipart/form-data; boundary=b"}, {415}),
 ]
 
 

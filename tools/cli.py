@@ -101,7 +101,7 @@ def _pair(args: argparse.Namespace) -> int:
     from .checks import IO_CODES, pair_files
 
     result = pair_files(args.gguf, args.head, args.output, args.verify_against)
-    code = emit(result, False)
+    code = emit(result, args.json)
     return EXIT_USAGE if any(f.code in IO_CODES for f in result.report.findings) else code
 
 
@@ -214,6 +214,8 @@ def _serve(args: argparse.Namespace) -> int:
     from ..bridge.registry import demo_registry, load_registry
     from ..bridge.server import serve
 
+    if args.ray_address and not args.ray:
+        raise UsageError("--ray-address joins a Ray cluster for --ray", fix="add --ray, or drop --ray-address")
     path = args.models or Path("models.toml")
     if args.models is None and not path.is_file():
         registry = demo_registry(path.resolve())
@@ -223,8 +225,25 @@ def _serve(args: argparse.Namespace) -> int:
               "model with `clef-bridge pull clef-flash` or a models.toml.", file=sys.stderr)
     else:
         registry = load_registry(path)
-    serve(registry, args.host, args.port)
+    if args.ray:
+        _serve_ray(registry, args)
+    else:
+        serve(registry, args.host, args.port)
     return EXIT_OK
+
+
+def _serve_ray(registry: Any, args: argparse.Namespace) -> None:
+    try:
+        from ..bridge.ray_serve import run
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "ray":
+            raise
+        raise UsageError(f"--ray needs Ray Serve ({exc})", fix="pip install 'clef-bridge[ray]'") from None
+    try:
+        run(registry, args.host, args.port, args.ray_address)
+    except ConnectionError as exc:  # ray.init found no cluster at the address
+        raise UsageError(f"cannot join the Ray cluster {args.ray_address or '(RAY_ADDRESS)'}: {exc}",
+                         fix="start one (ray start --head), or drop --ray-address for a Ray on this machine") from None
 
 
 def _make_demo(args: argparse.Namespace) -> int:
@@ -236,6 +255,14 @@ def _make_demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run
 
+    if args.agent_loop:
+        from .bench_agent import agent_loop
+
+        if args.gguf is None or args.url:
+            raise UsageError("--agent-loop runs in this process on --gguf GGUF (and --head HEAD); no --url")
+        return emit(agent_loop(args.gguf, args.head), args.json)
+    if not args.url:
+        raise UsageError("bench needs --url URL of a running server (or --agent-loop --gguf GGUF)")
     try:
         levels = [int(c) for c in args.concurrency.split(",")]
     except ValueError:

@@ -17,6 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
                                               "built-in demo model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8792, help="port to listen on (default: 8792)")
+    p.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve's proxy, as models.toml [ray] "
+                                                      "says (needs pip install 'clef-bridge[ray]')")
+    p.add_argument("--ray-address", help="with --ray: the Ray cluster to join, e.g. auto or HEAD_IP:6379 "
+                                         "(default: RAY_ADDRESS, else a Ray started on this machine)")
 
     p = sub.add_parser("fit", help="GPU memory plan for a GGUF and its head (exit 0 fits, 1 does not)")
     p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF")
@@ -100,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, help="where to write (default: <gguf stem>.pair.json beside the GGUF)")
     p.add_argument("--verify-against", metavar="REPO", nargs="?", const="", default=None,
                    help="first compare sampled tensors with a release's safetensors and keep the result in the record")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("decide", help="answer one System One request from a JSON file, printing the response")
     p.add_argument("--models", default="models.toml", help="the model registry (default: ./models.toml)")
@@ -108,7 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("request", help="a JSON file holding the request body ({model, state, questions})")
 
     p = sub.add_parser("bench", help="latency and throughput of a running server, with optional baselines")
-    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8792")
+    p.add_argument("--url", help="server root, e.g. http://127.0.0.1:8792 (not with --agent-loop)")
+    p.add_argument("--agent-loop", action="store_true",
+                   help="instead: the prefix cache on agent traffic (a growing conversation, and one state asked "
+                        "separate questions), in this process, cache on and off; needs --gguf (and --head for a "
+                        "qwen35 GGUF)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default: 1,4,16)")
     p.add_argument("--requests", type=int, default=40, help="requests per concurrency level (default: 40)")
     p.add_argument("--model", default="jev-latest", help="model name to send (default: jev-latest)")
@@ -116,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gguf", type=Path, help="also time the bare llama.cpp prefill of the same tokens with this GGUF")
     p.add_argument("--reference", type=Path, metavar="HF_DIR",
                    help="also time Cloudflare's reference code on this transformers model (needs --head)")
-    p.add_argument("--head", type=Path, help="joint_head.safetensors for --reference")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors for --reference and --agent-loop")
     p.add_argument("--out", type=Path, help="write latency and throughput charts (PNG, needs matplotlib) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 

@@ -16,7 +16,7 @@ from ..bridge.fit import head_gpu_bytes, serving_plan
 from ..bridge.gpu import nvml_handle, read_gpu, visible_device
 from ..bridge.loading import backbone_file
 from ..bridge.registry import ModelSpec, Registry, ServerSpec, model_spec
-from ..bridge.server import RUNNER_OPTIONS, connection_options, create_app
+from ..bridge.server import RUNNER_OPTIONS, create_app
 from ..head.config import config_path_for, load_config
 from ..head.encoder import encode
 from ..head.schema import parse_request
@@ -31,7 +31,7 @@ NAME = "gpu-check"
 def served(registry: Registry) -> Iterator[str]:
     """The real app on 127.0.0.1 (an event loop in a thread); its URL until the block ends."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(create_app(registry), **RUNNER_OPTIONS, **connection_options(registry))
+    runner = web.AppRunner(create_app(registry), **RUNNER_OPTIONS)  # the app holds its connection options
     started: dict[str, Any] = {}
     ready = threading.Event()
 

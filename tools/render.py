@@ -11,6 +11,7 @@ from ..bridge.demo import DemoFiles
 from ..bridge.fit import GIB, MIB
 from ..bridge.integrity import Report
 from .bench import BenchResult
+from .bench_agent import AgentLoopResult
 from .bench_head import LOGIT_TOLERANCE, HeadBench
 from .calibrate import SPLITS, CalibrateResult
 from .checks import CheckResult, PairResult
@@ -134,6 +135,31 @@ def _(result: BenchResult) -> str:
             lines.append(f"  Cloudflare's reference in-process ({dtype}): {r[f'reference_{dtype}_ms']:.1f} ms; "
                          f"HTTP p50 / reference = {r[f'http_over_reference_{dtype}']:.3f}")
     return "\n".join(lines + list(result.notes))
+
+
+@text.register
+def _(result: AgentLoopResult) -> str:
+    cfg = result.config
+    lines = [f"clef-bridge bench --agent-loop on {result.gguf}: cache on and off, end to end in this process",
+             f"  conversation: {cfg.turns} turns, {cfg.questions} single-question requests a turn"]
+    for t in result.turns:
+        plain = f", uncached p50 {t['plain_p50_ms']:.1f} ms" if t["plain_p50_ms"] else ""
+        lines.append(f"    turn {t['turn']:2d}: {t['tokens']:5d} tokens, cached p50 {t['cached_p50_ms']:8.1f} ms"
+                     f"{plain}, tokens reused {t['reused']}")
+    cached, plain = result.last_turns
+    lines.append(f"  last {cfg.baseline_turns} turns: cached p50 {cached} ms, uncached p50 {plain} ms: "
+                 f"uncached / cached = {result.speedup}")
+    lines.append("  cached conversation, where the time went (ms): "
+                 + ", ".join(f"{k} {v:.0f}" for k, v in result.split_ms.items()))
+    c = result.cache
+    lines.append(f"  cache: {c['hits']} hits, {c['misses']} misses, {c['tokens_reused']} tokens reused, "
+                 f"{c['tokens_prefilled']} prefilled, {c['checkpoints']} checkpoints, {c['evictions']} evictions, "
+                 f"{c['bytes'] / 2**20:.1f} MiB of {c['max_bytes'] / 2**20:.0f} MiB")
+    same = result.same_state
+    lines.append(f"  same state, {len(same)} requests: cached {[r['cached_ms'] for r in same]} ms (the first a miss), "
+                 f"uncached {[r.get('plain_ms') for r in same]} ms")
+    lines.append(f"  process max RSS {result.max_rss_mb} MiB (both models)")
+    return "\n".join(lines)
 
 
 @text.register
