@@ -14,6 +14,7 @@ from llama_cpp import llama_cpp_ext as lc_ext
 
 from ..head.errors import ClefError
 from . import llama_log
+from .gpu import HostRows, host_rows_for
 from .media_batch import MediaBatch, MediaChunk
 from .prefix_cache import CachedPrefill, PrefillRequest, PrefixCache, PrefixCacheOptions
 
@@ -41,6 +42,9 @@ class BackboneOptions:
     # rounds through f16 (batched results then differ from one-at-a-time by ~1e-4) and saves little.
     flash_attn: bool | None = None
     cpu_repack: bool = False  # llama.cpp's repacked/AMX weight buffers on the CPU (see Backbone.__init__)
+    # llama.cpp runs big batches' ops on CPU-resident weights on the GPU; False with n_gpu_layers 0 keeps a
+    # CUDA build's backbone wholly on the CPU (the reference gpu-check compares the GPU with)
+    op_offload: bool = True
     verbose: bool = False
     prefix_cache: PrefixCacheOptions | None = None  # None or max_mb 0: off, each decode starts from empty memory
 
@@ -192,9 +196,12 @@ class Backbone:
     n_vocab floats per token on the host: 10 GB for a 16k-token batch of a 152k vocabulary.
     """
 
-    def __init__(self, path: str | Path, options: BackboneOptions = BackboneOptions()):
+    def __init__(self, path: str | Path, options: BackboneOptions = BackboneOptions(),
+                 host_rows: HostRows = host_rows_for(np)):
+        """host_rows: where hidden states are copied out of llama.cpp (pinned memory for a CuPy head)."""
         self.path = Path(path)
         self.options = options
+        self._host_rows = host_rows
         if not self.path.is_file():
             raise BackboneError(f"{self.path}: no such GGUF file; fix the gguf path in models.toml "
                                 "(relative paths start at the models.toml folder)")
@@ -228,6 +235,7 @@ class Backbone:
             flash = bool(lc.llama_supports_gpu_offload()) and options.n_gpu_layers != 0
         cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.kv_unified = True  # sequences share the n_ctx budget instead of n_ctx / n_seq_max each
+        cparams.op_offload = options.op_offload
         threads = options.n_threads or os.cpu_count() or 1
         cparams.n_threads = cparams.n_threads_batch = threads
         self._ctx = lc.llama_init_from_model(self._model, cparams)
@@ -327,11 +335,18 @@ class Backbone:
         status = lc.llama_decode(self._ctx, self._batch.struct)
         if status != 0:
             raise DecodeFailed(f"llama_decode failed with status {status} on {len(chunks)} sequence(s), {n} tokens")
-        ptr = lc_ext.llama_get_embeddings_nextn(self._ctx)
-        # One fixed shape: the unmasked buffer holds n_ctx rows, and numpy makes (and keeps) a new
-        # ctypes array type for every distinct shape it is asked to view
-        rows = np.ctypeslib.as_array(ptr, shape=(self.n_ctx * self.n_embd,))
-        return rows[:n * self.n_embd].reshape(n, self.n_embd).copy()  # [n, n_embd]
+        return self._read_rows(n)
+
+    def _read_rows(self, n: int) -> np.ndarray:
+        """The decode's n hidden-state rows, copied once out of llama.cpp's buffer: float32 [n, n_embd].
+
+        llama.cpp copies them from the GPU asynchronously; waiting for that copy is explicit here
+        (llama_get_embeddings_nextn waits too, which this does not rely on).
+        """
+        lc.llama_synchronize(self._ctx)
+        rows = self._host_rows(n, self.n_embd)
+        ctypes.memmove(rows.ctypes.data, lc_ext.llama_get_embeddings_nextn(self._ctx), rows.nbytes)
+        return rows
 
     def save_state(self, seq: int) -> np.ndarray:
         """A host copy of the sequence's recurrent + convolution state (not its KV cells)."""
@@ -378,9 +393,7 @@ class Backbone:
                 if status != 0:
                     raise DecodeFailed(f"llama_decode failed with status {status} on a chunk of {len(chunk)} "
                                        f"{'embeddings' if chunk.embd is not None else 'tokens'}")
-                rows = np.empty((len(chunk), self.n_embd), dtype=np.float32)
-                ctypes.memmove(rows.ctypes.data, lc_ext.llama_get_embeddings_nextn(self._ctx), rows.nbytes)
-                out.append(rows)
+                out.append(self._read_rows(len(chunk)))
             return np.concatenate(out)
         finally:
             self.drop_sequence(0)

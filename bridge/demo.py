@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from ..head.config import CONFIG_NAME, HeadConfig
 from ..head.weights import expected_shapes, save_state_dict
@@ -69,16 +69,16 @@ def byte_level_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, list(MERGES)
 
 
-def _tensors(d: Qwen35Dims, n_vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """numpy arrays in numpy (row-major) shape: [ne1, ne0]."""
-    def w(rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
-        return (scale * rng.standard_normal((rows, cols))).astype(np.float32)
+def tensor_specs(d: Qwen35Dims, n_vocab: int) -> dict[str, tuple[str, tuple[int, ...], float]]:
+    """name -> (kind, numpy shape [ne1, ne0], scale) of every tensor, in file order.
 
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
+    Kinds: "w" a weight matrix, "norm" a gain around one, "ssm_a" DeltaNet's negative decay, "bias".
+    """
     h = d.hidden
-    out = {"token_embd.weight": w(n_vocab, h, 0.5), "output.weight": w(n_vocab, h, 0.5), "output_norm.weight": norm(h)}
+    out = {"token_embd.weight": ("w", (n_vocab, h), 0.5), "output.weight": ("w", (n_vocab, h), 0.5),
+           "output_norm.weight": ("norm", (h,), 0)}
+    w = lambda rows, cols, scale=0.05: ("w", (rows, cols), scale)  # noqa: E731
+    norm = lambda n: ("norm", (n,), 0)  # noqa: E731
     inner = d.linear_v_heads * d.linear_v_dim
     conv = 2 * d.linear_k_heads * d.linear_k_dim + inner
     for i in range(d.layers):
@@ -93,18 +93,87 @@ def _tensors(d: Qwen35Dims, n_vocab: int, rng: np.random.Generator) -> dict[str,
                     p + "attn_q_norm.weight": norm(d.head_dim), p + "attn_k_norm.weight": norm(d.head_dim)}
         else:
             out |= {p + "attn_qkv.weight": w(conv, h), p + "attn_gate.weight": w(inner, h),
-                    p + "ssm_a": -np.exp(rng.uniform(-1, 1, d.linear_v_heads)).astype(np.float32),
-                    p + "ssm_dt.bias": (0.1 * rng.standard_normal(d.linear_v_heads)).astype(np.float32),
+                    p + "ssm_a": ("ssm_a", (d.linear_v_heads,), 0), p + "ssm_dt.bias": ("bias", (d.linear_v_heads,), 0),
                     p + "ssm_alpha.weight": w(d.linear_v_heads, h), p + "ssm_beta.weight": w(d.linear_v_heads, h),
                     p + "ssm_conv1d.weight": w(conv, d.conv_kernel, 0.3), p + "ssm_norm.weight": norm(d.linear_v_dim),
                     p + "ssm_out.weight": w(h, inner)}
     return out
 
 
+def random_tensor(kind: str, shape: tuple[int, ...], scale: float, rng: np.random.Generator) -> np.ndarray:
+    """float32 values of a plausible scale for one tensor_specs entry."""
+    if kind == "w":
+        return (scale * rng.standard_normal(shape)).astype(np.float32)
+    if kind == "norm":
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if kind == "ssm_a":
+        return -np.exp(rng.uniform(-1, 1, shape)).astype(np.float32)
+    return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+
+def _tensors(d: Qwen35Dims, n_vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """numpy arrays in numpy (row-major) shape: [ne1, ne0]."""
+    return {name: random_tensor(*spec, rng) for name, spec in tensor_specs(d, n_vocab).items()}
+
+
+# Random quantized blocks: (bytes per block, offset of the f16 scale d, offset of a second f16 (dmin) or
+# None, the weight std per unit of d). Q4_K's w = d*sc*q - dmin*m (dmin = 7.5 d centres it), Q6_K's
+# w = d*sc*(q - 32), Q8_0's w = d*q; random bytes give the quants and sub-block scales.
+BLOCKS = {GGMLQuantizationType.Q8_0: (34, 0, None, 73.0), GGMLQuantizationType.Q4_K: (144, 0, 2, 243.0),
+          GGMLQuantizationType.Q6_K: (210, 208, None, 1350.0)}
+POOL_BYTES = 64 << 20  # random bytes made once; each tensor copies a stretch of them from a random offset
+MATRIX_TYPES = ("F32", "F16", "Q8_0", "Q4_K_M")
+
+
+def _more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # llama.cpp's use_more_bits
+
+
+def matrix_type(matrices: str, name: str, d: Qwen35Dims) -> GGMLQuantizationType:
+    """A weight matrix's type in a file of `matrices`: Q4_K_M as llama.cpp's quantizer mixes it (output,
+    and ffn_down / attn_v on its use_more_bits layers, in Q6_K)."""
+    Q = GGMLQuantizationType
+    if matrices in ("F32", "F16", "Q8_0") or "ssm_conv1d" in name:
+        return Q.F32 if matrices == "F32" or "ssm_conv1d" in name else Q[matrices]
+    if name == "output.weight":
+        return Q.Q6_K
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+    full = [i for i in range(d.layers) if d.is_full(i)]
+    if (name.endswith("ffn_down.weight") and _more_bits(layer, d.layers)) or \
+            (name.endswith("attn_v.weight") and _more_bits(full.index(layer), len(full))):
+        return Q.Q6_K
+    return Q.Q4_K
+
+
+def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, pool: np.ndarray,
+                  rng: np.random.Generator) -> np.ndarray:
+    """A [rows, cols] matrix of random qtype blocks (weights of std ~1/sqrt(cols)): uint8 [rows, row bytes]."""
+    size, at, second, spread = BLOCKS[qtype]
+    per_row = cols // GGML_QUANT_SIZES[qtype][0]
+    start = int(rng.integers(0, len(pool)))
+    raw = np.resize(pool[start:], rows * per_row * size).reshape(rows * per_row, size)  # a copy, repeated as needed
+    raw[:, at:at + 2] = np.float16(1 / (np.sqrt(cols) * spread)).reshape(1).view(np.uint8)
+    if second is not None:
+        raw[:, second:second + 2] = np.float16(7.5 / (np.sqrt(cols) * spread)).reshape(1).view(np.uint8)
+    return raw.reshape(rows, per_row * size)
+
+
+Vocab = tuple[list[str], list[int], list[str]]  # tokens, token types, merges
+
+
 def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-bridge demo",
-                      matrices: str = "F32") -> None:
-    """A random qwen35 GGUF that llama.cpp loads and runs (matrices F32 or F16, the rest F32)."""
-    tokens, types, merges = byte_level_vocab()
+                      matrices: str = "F32", n_vocab: int = 0, vocab: Vocab | None = None) -> None:
+    """A random qwen35 GGUF that llama.cpp loads and runs, written one tensor at a time.
+
+    matrices: F32 or F16 (random normal), Q8_0 or Q4_K_M (random blocks, no float weights made);
+    norms and DeltaNet's small tensors stay F32. vocab: the byte-level one unless given (it must
+    hold the prompt's special tokens); n_vocab pads it with tokens no text produces, for a real
+    model's embedding and output sizes.
+    """
+    tokens, types, merges = (list(v) for v in (vocab or byte_level_vocab()))
+    pad = max(n_vocab - len(tokens), 0)
+    tokens += [f"<|unused_{i}|>" for i in range(pad)]
+    types += [1] * pad
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(path), "qwen35")
     arch = "qwen35"
@@ -138,16 +207,25 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
     writer.add_pad_token_id(tokens.index("<|endoftext|>"))
     writer.add_bos_token_id(tokens.index("<|endoftext|>"))
     writer.add_add_bos_token(False)
-    half = matrices == "F16"
-    writer.add_file_type(1 if half else 0)
-    for tensor_name, data in _tensors(d, len(tokens), rng).items():
-        if half and data.ndim == 2 and "ssm_conv1d" not in tensor_name:
-            writer.add_tensor(tensor_name, data.astype(np.float16), raw_dtype=GGMLQuantizationType.F16)
-        else:
-            writer.add_tensor(tensor_name, data, raw_dtype=GGMLQuantizationType.F32)
+    writer.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7, "Q4_K_M": 15}[matrices])
+    specs = tensor_specs(d, len(tokens))
+    kinds = {n: matrix_type(matrices, n, d) if kind == "w" else GGMLQuantizationType.F32
+             for n, (kind, _, _) in specs.items()}
+    total = 0
+    for n, (_, shape, _) in specs.items():
+        block, size = GGML_QUANT_SIZES[kinds[n]]
+        writer.add_tensor_info(n, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size, kinds[n])
+        total += int(np.prod(shape)) // block * size
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    pool = rng.integers(0, 256, min(POOL_BYTES, total), dtype=np.uint8) if matrices in ("Q8_0", "Q4_K_M") else None
+    for n, (kind, shape, scale) in specs.items():
+        if kinds[n] in BLOCKS:
+            writer.write_tensor_data(random_blocks(kinds[n], *shape, pool, rng))
+        else:
+            data = random_tensor(kind, shape, scale, rng)
+            writer.write_tensor_data(data.astype(np.float16) if kinds[n] == GGMLQuantizationType.F16 else data)
     writer.close()
 
 

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from ..head.config import HeadConfig
 from ..head.errors import ClefError
+from ..head.weights import stored_bytes
 from .backbone import BackboneOptions
 from .clef_format import is_head_tensor
 from .gguf_file import GGUFInfo, read_gguf
+from .gpu import GpuMemory, read_gpu
 
 MIB = 1 << 20
 GIB = 1 << 30
 KV_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "q8_0": 34 / 32}
-HEAD_BYTES_PER_PARAM = 4  # float32 after loading
 MARGIN_FIXED = 512 * MIB  # CUDA context, cuBLAS workspace, fragmentation
 MARGIN_SHARE = 0.03
 
@@ -281,26 +284,26 @@ def plan(arch: Arch, vram_bytes: int, ctx: int = 16384, parallel: int = 1, n_uba
                 head_bytes, margin, total, vram_bytes, max_ctx, ngl, vision_bytes)
 
 
-def plan_for_gguf(path: str | Path, vram_bytes: int, ctx: int = 16384, parallel: int = 1, n_ubatch: int = 512,
-                  head_bytes: int = 0, vision_bytes: int = 0) -> Plan:
-    return plan(arch_from_gguf(read_gguf(path)), vram_bytes, ctx, parallel, n_ubatch, head_bytes=head_bytes,
-                vision_bytes=vision_bytes)
+def serving_plan(gguf: str | Path, options: BackboneOptions, head_bytes: int, vram_bytes: int,
+                 vision_bytes: int = 0) -> Plan:
+    """THE plan for one model: what `serve` loads with and what `fit GGUF` prints (one function, so
+    the two agree). head_bytes: the head's bytes on this GPU (head_gpu_bytes), 0 on the CPU;
+    vision_bytes: the projector's weights and compute buffer. A prefix cache adds its recurrent slots
+    (prefix_cache_sequences) and KV cells (prefix_cache_cells) to the context."""
+    return options_plan(arch_from_gguf(read_gguf(gguf)), options, head_bytes, vram_bytes, vision_bytes)
 
 
-def device_vram() -> int | None:
-    """Free memory of GPU 0 through NVML (nvidia-ml-py), or None without one."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).free)
-        finally:
-            pynvml.nvmlShutdown()
-    except pynvml.NVMLError:
-        return None
+def options_plan(arch: Arch, options: BackboneOptions, head_bytes: int, vram_bytes: int, vision_bytes: int = 0) -> Plan:
+    """The plan for a backbone loaded with these options (a prefix cache's sequences and cells included)."""
+    cache = options.prefix_cache if options.prefix_cache and options.prefix_cache.max_mb > 0 else None
+    ctx = options.n_ctx + (cache.extra_cells if cache else 0)
+    parallel = options.n_seq_max + (cache.sequences if cache else 0)
+    return plan(arch, vram_bytes, ctx, parallel, options.n_ubatch, head_bytes=head_bytes, vision_bytes=vision_bytes)
+
+
+def head_gpu_bytes(config: HeadConfig, head_device: str, head_dtype: str) -> int:
+    """The head's parameters on the GPU (head_dtype's storage), or 0 when it runs on the CPU."""
+    return stored_bytes(config, head_dtype) if head_device == "cuda" else 0
 
 
 def parse_size(text: str) -> int:
@@ -314,27 +317,31 @@ def parse_size(text: str) -> int:
     return int(float(number) * units[unit])
 
 
-def gpu_layers_for(gguf: Path, options: BackboneOptions, head_on_gpu: bool, head_hidden: int,
-                   vision_bytes: int = 0) -> tuple[int, list[str]]:
-    """The n_gpu_layers to load with, and warnings when the configured context will not fit the GPU."""
+def gpu_layers_for(gguf: Path, options: BackboneOptions, head_bytes: int,
+                   read: Callable[[], GpuMemory | None] = read_gpu, vision_bytes: int = 0) -> tuple[int, list[str]]:
+    """The n_gpu_layers to load with, and warnings when the configured context will not fit the GPU.
+
+    Call it before this model's head is on the GPU: NVML's free memory then still holds the head,
+    which the plan counts once as head_bytes.
+    """
     import llama_cpp
 
     wanted = options.n_gpu_layers
     if not llama_cpp.llama_supports_gpu_offload():
         return (0 if wanted == "auto" else int(wanted)), []
-    vram = device_vram()
-    if vram is None:
+    gpu = read()
+    if gpu is None:
         if wanted != "auto":
             return int(wanted), []
         return -1, ["fit.no_nvml: n_gpu_layers = \"auto\" but GPU memory cannot be read (install nvidia-ml-py: "
-                    "pip install 'clef-bridge[cuda]'); every layer is offloaded, which fails if it does not fit"]
-    head = head_params(head_hidden) * HEAD_BYTES_PER_PARAM if head_on_gpu else 0
-    p = plan_for_gguf(gguf, vram, options.n_ctx, options.n_seq_max, options.n_ubatch, head, vision_bytes)
+                    "pip install 'clef-bridge[cuda]'; or CUDA_VISIBLE_DEVICES hides every GPU); every layer is "
+                    "offloaded, which fails if it does not fit"]
+    p = serving_plan(gguf, options, head_bytes, gpu.free_bytes, vision_bytes)
     warnings = []
     if not p.fits:
         warnings.append(f"fit.context: n_ctx {options.n_ctx} with every layer on the GPU needs "
-                        f"{p.total_bytes / GIB:.1f} GiB but {vram / GIB:.1f} GiB is free; the largest context that "
-                        f"fits is {p.max_ctx}"
+                        f"{p.total_bytes / GIB:.1f} GiB but {gpu.free_bytes / GIB:.1f} GiB is free on {gpu.device}; "
+                        f"the largest context that fits is {p.max_ctx}"
                         + (f"; n_gpu_layers = \"auto\" offloads {p.n_gpu_layers} layers" if wanted == "auto"
                            else "; lower n_ctx or set n_gpu_layers = \"auto\""))
     if wanted == "auto":

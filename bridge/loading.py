@@ -22,8 +22,9 @@ from .backbone import Backbone
 from .clef_convert import ensure_backbone
 from .clef_format import CLEF_ARCH
 from .embedding import OutputEmbedding
-from .fit import gpu_layers_for
+from .fit import gpu_layers_for, head_gpu_bytes
 from .gguf_file import read_gguf
+from .gpu import host_rows_for, release_cached
 from .integrity import ModelRefused, Report, check_all, check_canaries
 from .mmproj import check_image_canary, check_projector, vision_bytes
 from .paths import cache_dir
@@ -111,14 +112,20 @@ def _head_weights(report: Report) -> tuple[HeadConfig, dict[str, np.ndarray], di
 
 
 def open_model(spec: ModelSpec, report: Report, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:
-    """Load the backbone and head of an entry whose static checks passed (report); memory-plan warnings."""
+    """Load the backbone and head of an entry whose static checks passed (report); memory-plan warnings.
+
+    The memory plan reads the GPU's free memory before this head is uploaded and counts the head
+    once; CuPy's cached blocks go back to the driver first, so they count as free for llama.cpp.
+    """
     config, flat, temperatures = _head_weights(report)
     xp = array_module_for(spec.head_device)
-    head = Head(config, params_from(flat, xp), xp)
     path = backbone_file(spec.gguf)
-    n_gpu_layers, warnings = gpu_layers_for(path, spec.backbone, spec.head_device == "cuda", config.hidden_size,
-                                            vision_bytes(checked_projector(report)))
-    backbone = Backbone(path, replace(spec.backbone, n_gpu_layers=n_gpu_layers))
+    release_cached(xp)
+    head_bytes = head_gpu_bytes(config, spec.head_device, spec.head_dtype)
+    n_gpu_layers, warnings = gpu_layers_for(path, spec.backbone, head_bytes,
+                                            vision_bytes=vision_bytes(checked_projector(report)))
+    head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
+    backbone = Backbone(path, replace(spec.backbone, n_gpu_layers=n_gpu_layers), host_rows_for(xp))
     try:
         embedding = OutputEmbedding(spec.gguf)
         projector = open_projector(spec, report, backbone)

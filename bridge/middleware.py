@@ -19,6 +19,7 @@ from ..head.errors import ClefError, ContextLengthExceeded, RequestInvalid, prin
 from .appstate import METRICS, REGISTRY
 from .auth import CHALLENGE, Unauthorized
 from .backbone import BackboneError, DecodeFailed
+from .gpu import DeviceOutOfMemory
 from .httpbody import BadEncoding, BadHeader, BodyTooLarge, ExpectationFailed, UnsupportedMediaType, header
 from .images import ImageTooLarge
 from .metrics import Metrics
@@ -47,8 +48,8 @@ class BodyTimeout(ClefError):
 STATUS: dict[type[BaseException], int] = {
     RequestInvalid: 422, ContextLengthExceeded: 413, BodyTooLarge: 413, UnknownModel: 404, Unauthorized: 401,
     Overloaded: 429, DeadlineExceeded: 503, WorkerStopped: 503, DecodeFailed: 503, NonFiniteOutput: 503,
-    BackboneError: 503, MemoryError: 503, BadEncoding: 400, BadHeader: 400, UnsupportedMediaType: 415,
-    BodyTimeout: 408, ExpectationFailed: 417, ImageTooLarge: 413, ProjectorError: 503,
+    BackboneError: 503, MemoryError: 503, DeviceOutOfMemory: 503, BadEncoding: 400, BadHeader: 400,
+    UnsupportedMediaType: 415, BodyTimeout: 408, ExpectationFailed: 417, ImageTooLarge: 413, ProjectorError: 503,
 }
 # Status -> the headers HTTP wants with it (Allow comes with aiohttp's own 405).
 ERROR_HEADERS: dict[int, Callable[[ServerSpec], dict[str, str]]] = {

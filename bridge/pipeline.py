@@ -6,6 +6,7 @@ it owns them and closes the backbone.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -20,6 +21,7 @@ from ..head.schema import DecisionRequest, Limits, Question, parse_request
 from .assets import decode_all, extract, no_projector
 from .backbone import Backbone
 from .embedding import OutputEmbedding
+from .gpu import device_out_of_memory, to_device
 from .images import ImageGeometry, ImageLimits
 from .prefix_cache import PrefillRequest
 from .vision import Projector
@@ -37,12 +39,12 @@ class Head:
 
     def memory(self, hidden: np.ndarray) -> tuple[Any, Any]:
         """Normed states and memory rows of hidden states, on the head's device: [t, H] -> [t, H], [t, w]."""
-        return hidden_memory(self.xp.asarray(hidden), self.params["hidden_norm"], self.params["memory_projection"])
+        return hidden_memory(to_device(self.xp, hidden), self.params["hidden_norm"], self.params["memory_projection"])
 
     def decide(self, h: Any, memory: Any, rows: np.ndarray, layout: Layout) -> np.ndarray:
         """Flat option logits on the host (see head.model.decide)."""
         rest = {k: v for k, v in self.params.items() if k not in MEMORY_PARAMS}
-        out = decide(h, memory, self.xp.asarray(rows), layout, self.config.heads, **rest)
+        out = decide(h, memory, to_device(self.xp, rows), layout, self.config.heads, **rest)
         return out if self.xp is np else self.xp.asnumpy(out)
 
 
@@ -90,6 +92,21 @@ class Prefilled:
     vision_s: float = 0.0
 
 
+def _device_memory_errors(method):
+    """A CuPy out-of-memory in the head becomes DeviceOutOfMemory (HTTP 503), its arrays dropped and
+    CuPy's pool handed back to the driver, where llama.cpp allocates too."""
+    @functools.wraps(method)
+    def run(self, *args):
+        try:
+            return method(self, *args)
+        except MemoryError as exc:
+            if self.head.xp is np:
+                raise
+            raise device_out_of_memory(self.head.xp, exc) from exc
+
+    return run
+
+
 class ClefModel:
     """A GGUF backbone and its joint head (and its vision projector, if any), with the options of one
     models.toml entry."""
@@ -132,11 +149,13 @@ class ClefModel:
         encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts)
         return Prepared(request, encoded, time.perf_counter() - t0, tuple(images))
 
+    @_device_memory_errors
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
         """The head's flat option logits for one request prefilled in full, on the host."""
         h, memory = self.head.memory(hidden)
         return self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids), encoded.layout)
 
+    @_device_memory_errors
     def cached_logits(self, item: Prefilled) -> np.ndarray:
         """Logits from the new rows only: the cached prefix's memory rows come with the item.
 
@@ -148,7 +167,7 @@ class ClefModel:
         xp, encoded, cache = self.head.xp, item.prepared.encoded, self.backbone.prefix_cache
         try:
             h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
-            memory = xp.concatenate([xp.asarray(m) for m in item.prefix_memory] + [new]) if item.reused else new
+            memory = xp.concatenate([to_device(xp, m) for m in item.prefix_memory] + [new]) if item.reused else new
             logits = self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids),
                                       encoded.layout.shifted(item.reused))
             if item.ticket and np.isfinite(logits).all() and bool(xp.isfinite(new).all()):

@@ -48,6 +48,7 @@ class ModelSpec:
     encode: EncodeOptions = EncodeOptions()
     answer: AnswerOptions = AnswerOptions()
     head_device: str = "cpu"  # "cuda": the head runs on CuPy
+    head_dtype: str = "float32"  # "float16": the head's matrices stored in half the GPU memory (head_device cuda)
     aliases: tuple[str, ...] = ()
     description: str = ""
     release_date: str = ""
@@ -132,6 +133,19 @@ def _absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
+def _combinations(spec: ModelSpec, where: str) -> list[str]:
+    """Problems of keys that are valid alone but not together."""
+    problems = []
+    if spec.head_dtype != "float32" and spec.head_device != "cuda":
+        problems.append(f"{where}.head_dtype: \"{spec.head_dtype}\" needs head_device = \"cuda\": on the CPU numpy "
+                        "converts every matrix back to float32 on each request (the head runs up to 2x slower); "
+                        "drop head_dtype or set head_device = \"cuda\"")
+    if spec.encode.max_length > spec.backbone.n_ctx:
+        problems.append(f"{where}: max_length ({spec.encode.max_length}) exceeds n_ctx ({spec.backbone.n_ctx}); a "
+                        "prompt that long could not be decoded: raise n_ctx or lower max_length")
+    return problems
+
+
 def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> ModelSpec | None:
     if not isinstance(raw, dict):
         problems.append(f"{where}: must be a table")
@@ -157,9 +171,7 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     cache = PrefixCacheOptions(**groups.get("prefix", {}), payloads=True)
     spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {}), prefix_cache=cache),
                      encode=EncodeOptions(**groups.get("encode", {})), answer=AnswerOptions(**groups.get("answer", {})))
-    if spec.encode.max_length > spec.backbone.n_ctx:
-        problems.append(f"{where}: max_length ({spec.encode.max_length}) exceeds n_ctx ({spec.backbone.n_ctx}); a "
-                        "prompt that long could not be decoded: raise n_ctx or lower max_length")
+    problems += _combinations(spec, where)
     return spec
 
 
@@ -209,7 +221,11 @@ def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
     if "prefix" in groups:
         groups.setdefault("backbone", {})["prefix_cache"] = replace(spec.backbone.prefix_cache, **groups.pop("prefix"))
     nested = {g: replace(getattr(spec, g), **values) for g, values in groups.items()}
-    return replace(spec, **top, **nested)
+    changed = replace(spec, **top, **nested)
+    problems = _combinations(changed, f"models.{spec.name}")
+    if problems:
+        raise RegistryError("\n".join(problems))
+    return changed
 
 
 def demo_registry(path: Path) -> Registry:

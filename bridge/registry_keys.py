@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ..head.answer import BUCKETS
 from ..head.schema import QUESTION_TYPES, Limits
+from ..head.weights import STORAGE_DTYPES
 
 
 class _Bad(Exception):
@@ -110,6 +111,7 @@ MODEL_KEYS: dict[str, Key] = {
     "gguf": Key("", "gguf", str), "head": Key("", "head", str), "pair": Key("", "pair", str),
     "builtin": Key("", "builtin", str, _one_of("demo")),
     "head_device": Key("", "head_device", str, _one_of("cpu", "cuda")),
+    "head_dtype": Key("", "head_dtype", str, _one_of(*STORAGE_DTYPES)),
     "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
     "mmproj": Key("", "mmproj", str),
     "release_date": Key("", "release_date", str, _date),

@@ -10,9 +10,11 @@ Make one per test and put it where `import cupy` finds it:
     xp = StrictCuPy()
     monkeypatch.setitem(sys.modules, "cupy", xp)
 
-Transfers are counted (xp.uploads, xp.downloads), the memory pool counts the bytes of live arrays
-and can be limited (xp.get_default_memory_pool().set_limit(size=...)) to raise CuPy's
-OutOfMemoryError, and xp.cuda offers Device(...).synchronize() and alloc_pinned_memory.
+Transfers are counted (xp.uploads, xp.downloads; xp.pinned_uploads: ndarray.set from memory that
+xp.cuda.alloc_pinned_memory handed out; xp.transfer_threads: the threads that moved data), the
+memory pool counts the bytes of live arrays and their peak, and can be limited
+(xp.get_default_memory_pool().set_limit(size=...)) to raise CuPy's OutOfMemoryError, and xp.cuda
+offers Device(...).synchronize() and alloc_pinned_memory.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class MemoryPool:
         self._cached = 0  # bytes of dead arrays the pool keeps until free_all_blocks
         self._limit = 0
         self.frees = 0  # free_all_blocks calls
+        self.peak = 0  # most bytes of live arrays at any time
 
     def adopt(self, root: np.ndarray) -> None:
         key, size = id(root), root.nbytes
@@ -73,6 +76,7 @@ class MemoryPool:
                 if used + size > self._limit:
                     raise OutOfMemoryError(size, used, self._limit)
             self._live[key] = size
+            self.peak = max(self.peak, used + size)
         weakref.finalize(root, self._release, key)
 
     def _release(self, key: int) -> None:
@@ -179,6 +183,17 @@ class ndarray:  # noqa: N801 - CuPy's name
     def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None) -> np.ndarray:
         return self._xp.asnumpy(self, out=out)
 
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        """Upload into this array, as CuPy's ndarray.set: numpy source, same dtype and shape."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if arr.dtype != self.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        if arr.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        self._xp._count_upload(arr)
+        self._a[...] = arr
+
     def item(self) -> Any:
         return self.get().item()
 
@@ -273,7 +288,10 @@ class StrictCuPy(types.ModuleType):
         self.uploads = self.upload_bytes = 0
         self.downloads = self.download_bytes = 0
         self.synchronizations = 0
+        self.pinned_uploads = 0
+        self.transfer_threads: set[str] = set()
         self._counting = threading.Lock()  # the worker's two threads both move data
+        self._pinned: dict[int, weakref.ref] = {}  # id -> buffer handed out by alloc_pinned_memory
         self._pool = MemoryPool()
         for dtype in DTYPES:
             setattr(self, dtype, getattr(np, dtype))
@@ -283,7 +301,7 @@ class StrictCuPy(types.ModuleType):
         memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
         self.cuda = types.SimpleNamespace(
             memory=memory, Device=lambda device=0: Device(self, device),
-            alloc_pinned_memory=lambda nbytes: memoryview(bytearray(nbytes)),
+            alloc_pinned_memory=self._alloc_pinned,
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
 
     def _wrap(self, x: Any) -> Any:
@@ -313,14 +331,38 @@ class StrictCuPy(types.ModuleType):
         return on_device
 
     # -- explicit transfers
-    def asarray(self, a: Any, dtype: Any = None) -> ndarray:
-        """Upload host data (a device array passes through, cast if asked)."""
-        if isinstance(a, ndarray):
-            return a if dtype is None or a.dtype == dtype else a.astype(dtype)
-        host = np.array(_plain(a) if isinstance(a, (list, tuple)) else a, dtype=dtype, copy=True)  # the device's copy
+    def _alloc_pinned(self, nbytes: int) -> np.ndarray:
+        """Page-locked host memory: a buffer numpy can view (np.frombuffer), remembered as pinned."""
+        buf = np.empty(nbytes, np.uint8)
+        key = id(buf)
+        self._pinned[key] = weakref.ref(buf)
+        weakref.finalize(buf, self._pinned.pop, key, None)
+        return buf
+
+    def is_pinned(self, host: np.ndarray) -> bool:
+        root = host
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        ref = self._pinned.get(id(root))
+        return ref is not None and ref() is root
+
+    def _count_upload(self, host: np.ndarray, pinned_path: bool = True) -> None:
         with self._counting:
             self.uploads += 1
             self.upload_bytes += host.nbytes
+            self.pinned_uploads += pinned_path and self.is_pinned(host)
+            self.transfer_threads.add(threading.current_thread().name)
+
+    def asarray(self, a: Any, dtype: Any = None) -> ndarray:
+        """Upload host data (a device array passes through, cast if asked).
+
+        CuPy copies host data into a pinned staging buffer of its own first, pinned or not: not a
+        pinned upload.
+        """
+        if isinstance(a, ndarray):
+            return a if dtype is None or a.dtype == dtype else a.astype(dtype)
+        host = np.array(_plain(a) if isinstance(a, (list, tuple)) else a, dtype=dtype, copy=True)  # the device's copy
+        self._count_upload(host, pinned_path=False)
         return self._wrap(host)
 
     array = asarray
@@ -332,6 +374,7 @@ class StrictCuPy(types.ModuleType):
         with self._counting:
             self.downloads += 1
             self.download_bytes += a._a.nbytes
+            self.transfer_threads.add(threading.current_thread().name)
         if out is None:
             return np.array(a._a, order=order, copy=True)
         out[...] = a._a

@@ -116,20 +116,20 @@ def test_parse_size():
 def test_auto_layers_and_the_context_warning(fx, monkeypatch):
     import llama_cpp
     from clef_bridge.bridge import fit
+    from clef_bridge.bridge.gpu import GpuMemory
 
     auto = BackboneOptions(n_ctx=4096, n_seq_max=1, n_gpu_layers="auto")
     every = replace(auto, n_gpu_layers=-1)
+    free = lambda n: lambda: GpuMemory("GPU 0 (test)", n, 16 * GIB, 16 * GIB - n)  # noqa: E731
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)
-    assert fit.gpu_layers_for(fx.gguf_f32, auto, False, 64) == (0, [])  # a CPU build
+    assert fit.gpu_layers_for(fx.gguf_f32, auto, 0) == (0, [])  # a CPU build
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
-    monkeypatch.setattr(fit, "device_vram", lambda: None)  # no NVML: said, not silent
-    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, auto, False, 64)
+    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, auto, 0, lambda: None)  # no NVML: said, not silent
     assert layers == -1 and warnings[0].startswith("fit.no_nvml") and "nvidia-ml-py" in warnings[0]
-    assert fit.gpu_layers_for(fx.gguf_f32, every, False, 64) == (-1, [])  # a number needs no NVML
-    monkeypatch.setattr(fit, "device_vram", lambda: 8 * GIB)
-    assert fit.gpu_layers_for(fx.gguf_f32, auto, False, 64) == (-1, [])
-    monkeypatch.setattr(fit, "device_vram", lambda: 560 * MIB)  # less than the margin plus the weights
-    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, auto, False, 64)
+    assert fit.gpu_layers_for(fx.gguf_f32, every, 0, lambda: None) == (-1, [])  # a number needs no NVML
+    assert fit.gpu_layers_for(fx.gguf_f32, auto, 0, free(8 * GIB)) == (-1, [])
+    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, auto, 0, free(560 * MIB))  # under margin plus weights
     assert 0 <= layers < 4 and len(warnings) == 1 and "largest context that fits" in warnings[0]
-    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, every, False, 64)
+    assert "GPU 0 (test)" in warnings[0]
+    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, every, 0, free(560 * MIB))
     assert layers == -1 and 'set n_gpu_layers = "auto"' in warnings[0]

@@ -12,19 +12,24 @@ from .corpus import varied_requests
 REQUESTS = [varied_requests()[i] for i in (0, 1, 2, 6, 8, 11, 22)]
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["inline-head", "pipelined-head"])
-def test_worker_answers_equal_decide(tiny_model, overlap):
-    worker = InferenceWorker(tiny_model, max_queue=64, overlap=overlap)
+def run_worker(model, requests: list, overlap: bool) -> list:
+    """Every request through a fresh worker at once; the decisions, in order, after it stopped."""
+    worker = InferenceWorker(model, max_queue=64, overlap=overlap)
     worker.start()
     try:
         async def main():
-            jobs = [worker.submit(r) for r in REQUESTS]
+            jobs = [worker.submit(r) for r in requests]
             return await asyncio.gather(*(j.future for j in jobs))
 
-        decisions = asyncio.run(main())
+        return asyncio.run(main())
     finally:
         worker.stop()
-    assert not worker.alive
+        assert not worker.alive
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["inline-head", "pipelined-head"])
+def test_worker_answers_equal_decide(tiny_model, overlap):
+    decisions = run_worker(tiny_model, REQUESTS, overlap)
     assert [d.response for d in decisions] == [tiny_model.decide(r) for r in REQUESTS]
     assert max(d.timings.batch_size for d in decisions) > 1  # queued together, decoded together
 

@@ -106,17 +106,20 @@ def _pair(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from ..bridge.fit import device_vram, parse_size
+    from ..bridge.fit import parse_size
+    from ..bridge.gpu import read_gpu
     from .fitting import fit
 
     try:
-        vram = parse_size(args.vram) if args.vram else device_vram()
+        vram = parse_size(args.vram) if args.vram else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if vram is None:
-        raise UsageError("no GPU found (nvidia-ml-py reads it)", fix="pass --vram 16GiB")
-    return emit(fit(args.gguf, args.arch, args.quant, vram, args.ctx, args.parallel, args.ubatch, args.head_on_gpu,
-                    args.mmproj), args.json)
+    gpu = None if vram else read_gpu()
+    if vram is None and gpu is None:
+        raise UsageError("no GPU found (nvidia-ml-py reads it, on the first device CUDA_VISIBLE_DEVICES shows)",
+                         fix="pass --vram 16GiB")
+    return emit(fit(args.gguf, args.arch, args.quant, vram or gpu.free_bytes, args.ctx, args.parallel, args.ubatch,
+                    args.head_on_gpu, args.head_dtype, gpu.device if gpu else "", args.head, args.mmproj), args.json)
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -274,10 +277,23 @@ def _bench_head(args: argparse.Namespace) -> int:
     return emit(run(args.tokens, args.repeats, args.options, args.weights, args.head_dtype), args.json)
 
 
+def _gpu_check(args: argparse.Namespace) -> int:
+    import tempfile
+
+    folder = args.folder or Path(tempfile.gettempdir()) / "clef-bridge-gpu-check"
+    if args.prepare:
+        from .gpu_models import prepare
+
+        return emit(prepare(folder, args.smoke, args.vocab), args.json)
+    from .gpu_check import run
+
+    return emit(run(folder, args.smoke, args.vocab, args.out, args.repeats, args.build_seconds), args.json)
+
+
 COMMANDS = {"serve": _serve, "fit": _fit, "pull": _pull, "make-demo": _make_demo, "check": _check, "pair": _pair,
             "split": _split, "join": _join,
             "decide": _decide, "bench": _bench, "soak": _soak, "eval": _eval, "calibrate": _calibrate,
-            "drift": _drift, "bench-head": _bench_head}
+            "drift": _drift, "bench-head": _bench_head, "gpu-check": _gpu_check}
 
 
 def main(argv: list[str] | None = None) -> int:

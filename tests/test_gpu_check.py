@@ -1,0 +1,118 @@
+"""gpu-check without a GPU: every step of tools/gpu_check.sh's report runs here at small shapes, each
+comparison between two different things (the head on the strict CuPy stand-in against numpy; the
+backbone with the GPU path's settings against the reference settings), NVML faked over the stand-in's
+pool; and the script itself is checked for what a bare CUDA machine needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from clef_bridge.bridge.demo import Qwen35Dims, matrix_type, write_qwen35_gguf
+from clef_bridge.bridge.gguf_file import read_gguf
+from clef_bridge.tools.cli import main
+from clef_bridge.tools.gpu_models import FULL, SMOKE, qwen_vocab
+from gguf import GGMLQuantizationType as Q
+
+from .strictcupy import StrictCuPy
+from .test_gpu_path import GPUS, FakeNVML
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "tools")
+
+
+def test_gpu_check_smoke_compares_different_things(fx, tmp_path, monkeypatch, capsys):
+    xp = StrictCuPy()
+    monkeypatch.setitem(sys.modules, "cupy", xp)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(GPUS, xp.get_default_memory_pool()))
+    report = tmp_path / "report.json"
+    code = main(["gpu-check", "--smoke", "--vocab", str(fx.vocab_gguf), "--folder", str(tmp_path / "models"),
+                 "--out", str(report), "--repeats", "1", "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert code == 0 and printed["ok"], {k: (s["ok"], s.get("traceback")) for k, s in printed["steps"].items()}
+    assert json.loads(report.read_text()) == printed
+    steps = printed["steps"]
+    assert list(steps) == ["models", "build", "head", "backbone", "serve-Q8_0", "serve-Q4_K_M"]
+    assert all(s["ok"] for s in steps.values())
+
+    head = steps["head"]  # the stand-in against numpy, float16 matrices too (BF16 weights fit them exactly)
+    assert head["options"] == 19 and head["float32"]["max_abs_logit_diff"] <= 1e-5
+    assert head["float16"]["max_abs_logit_diff"] <= 1e-5 and set(head["median_ms"]) == {
+        "numpy", "device float32", "device float16"}
+    assert xp.pinned_uploads > 0  # the served head ran on the stand-in too, from pinned rows
+
+    for kind in ("F32", "Q8_0"):  # flash attention and small ubatches against the reference: they differ
+        compared = steps["backbone"][kind]
+        assert compared["finite"] and 0 < compared["max_rel_hidden_diff"] and compared["max_abs_prob_diff"] > 0
+    assert steps["backbone"]["F32"]["max_rel_hidden_diff"] < steps["backbone"]["Q8_0"]["max_rel_hidden_diff"]
+
+    for quant in ("Q8_0", "Q4_K_M"):
+        served = steps[f"serve-{quant}"]
+        assert served["head_device"] == "cuda" and served["tokens"] > 500
+        assert list(served["levels"]) == ["1", "4", "16"]
+        for level in served["levels"].values():
+            assert level["errors"] == 0 and level["p95_ms"] >= level["p50_ms"] > 0 and level["throughput_rps"] > 0
+            assert set(level["split_ms"]) == {"queue_ms", "backbone_ms", "head_ms", "server_ms",
+                                              "client_and_http_ms"}
+            assert level["split_ms"]["backbone_ms"] > 0
+        vram = served["vram"]  # NVML faked: the used memory follows the stand-in's pool
+        assert vram["device"] == "GPU 0 (Card A)" and 0 < vram["peak_bytes"] <= vram["plan_bytes"]
+
+
+def test_the_random_backbones_have_the_types_asked_for(fx, tmp_path):
+    vocab = qwen_vocab(fx.vocab_gguf, SMOKE.vocab_keep)
+    assert len(vocab[0]) >= SMOKE.vocab_keep and {"<|im_start|>", "<think>", "</think>"} <= set(vocab[0])
+    assert all(m.replace(" ", "", 1) in set(vocab[0]) for m in vocab[2])
+    types = {}
+    for quant in ("Q8_0", "Q4_K_M"):
+        path = tmp_path / f"{quant}.gguf"
+        write_qwen35_gguf(path, SMOKE.dims, seed=0, matrices=quant, n_vocab=5000, vocab=vocab)
+        info = read_gguf(path)
+        types[quant] = {name: getattr(t.type, "name", str(t.type)) for name, t in info.tensors.items()}
+        assert info.tensors["token_embd.weight"].shape[1] == 5000  # padded to the vocabulary size asked for
+    assert set(types["Q8_0"].values()) == {"Q8_0", "F32"}
+    mix = types["Q4_K_M"]
+    assert mix["output.weight"] == "Q6_K" and mix["token_embd.weight"] == mix["blk.0.ffn_up.weight"] == "Q4_K"
+    assert [mix[f"blk.{i}.ffn_down.weight"] for i in range(4)] == ["Q4_K", "Q4_K", "Q6_K", "Q6_K"]
+    assert mix["blk.3.attn_v.weight"] == "Q6_K" and mix["blk.0.ssm_conv1d.weight"] == "F32"
+    # Clef-flash's mix: llama.cpp's use_more_bits layers for ffn_down (16 of 32), attn_v (4 of 8 full ones)
+    full = FULL.dims
+    downs = [matrix_type("Q4_K_M", f"blk.{i}.ffn_down.weight", full) for i in range(full.layers)]
+    values = [matrix_type("Q4_K_M", f"blk.{i}.attn_v.weight", full) for i in range(full.layers) if full.is_full(i)]
+    assert downs.count(Q.Q6_K) == 16 and values.count(Q.Q6_K) == 4
+
+
+def test_random_blocks_decode_to_weights_of_the_intended_scale(tmp_path):
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    dims = Qwen35Dims(hidden=512, layers=1, interval=1, ff=512, heads=2, kv_heads=1, head_dim=256)
+    for quant in ("Q8_0", "Q4_K_M"):
+        path = tmp_path / f"{quant}.gguf"
+        write_qwen35_gguf(path, dims, seed=0, matrices=quant)
+        tensors = {t.name: t for t in GGUFReader(path).tensors}
+        for name in ("blk.0.ffn_up.weight", "output.weight"):
+            w = dequantize(tensors[name].data, tensors[name].tensor_type)
+            std = float(w.std()) * np.sqrt(512)  # intended: 1 / sqrt(fan-in)
+            assert 0.5 < std < 2.0 and abs(float(w.mean())) < 0.2 * float(w.std()), (quant, name, std)
+
+
+def test_gpu_check_script_is_one_prepared_command():
+    script = open(os.path.join(SCRIPTS, "gpu_check.sh")).read()
+    for needed in ("-DGGML_CUDA=on", "CMAKE_CUDA_ARCHITECTURES=native", "--no-build-isolation", "--no-index",
+                   "gpu-check --prepare", "gpu-check --vocab", "ggml-vocab-qwen35.gguf", "--build-seconds"):
+        assert needed in script, needed
+    assert subprocess.run(["sh", "-n", os.path.join(SCRIPTS, "gpu_check.sh")]).returncode == 0
+    assert subprocess.run(["sh", "-n", os.path.join(SCRIPTS, "gpu_bundle.sh")]).returncode == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--smoke"], "--vocab"),
+])
+def test_gpu_check_names_what_it_needs(args, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["gpu-check", *args])
+    assert message in capsys.readouterr().err
