@@ -143,6 +143,7 @@ def load_checked(spec: ModelSpec, limits: Limits = Limits()) -> Loaded:
     if not report.accepted:
         raise ModelRefused(spec.name, report)
     model, warnings = open_model(spec, report, limits)
+    report.embedded = None  # a clef GGUF's head now lives in the model: the report need not hold a host copy
     if report.record is not None:
         try:
             check_canaries(report, report.record, canary_probabilities(model), canary_states(model))
