@@ -1,1 +1,1 @@
-"""llama.cpp side of clef-bridge: the backbone, GGUF reading, the model registry and the pipeline."""
+"""llama.cpp side of clef-bridge, in rooms that import downwards only: host < gguf < media < llama < model < server < scale."""

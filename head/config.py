@@ -26,6 +26,10 @@ class HeadConfig:
         return self.width // self.heads
 
 
+# Clef-flash's released joint_head_config.json (Clef's differs in hidden_size only)
+CLEF_FLASH_HEAD = HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
+
+
 def parse_config(raw: object, source: str = CONFIG_NAME) -> HeadConfig:
     """Validate a decoded config object; every problem is named in one error."""
     if not isinstance(raw, dict):

@@ -28,13 +28,14 @@ MATRIX = (12288, 4096)  # numpy shape of one F16 matrix: 100.7 MB
 
 
 def _build(folder: Path, gib: float) -> None:
-    from clef_bridge.bridge.clef_convert import join
-    from clef_bridge.bridge.demo import make_demo
-    from clef_bridge.bridge.gguf_file import read_gguf, read_raw
-    from clef_bridge.bridge.gguf_write import CopyFrom, OutTensor, encode_value, write_gguf
+    from clef_bridge.bridge.gguf.clef_split import join
+    from clef_bridge.bridge.gguf.reader import read_gguf, read_raw
+    from clef_bridge.bridge.gguf.writer import CopyFrom, OutTensor, encode_value, write_gguf
+    from clef_bridge.bridge.model.demo import make_demo
     from clef_bridge.head.config import CONFIG_NAME
     from clef_bridge.head.weights import save_state_dict
-    from clef_bridge.tools.randomhead import CLEF_FLASH_HEAD, random_state_dict
+
+    from .randomhead import CLEF_FLASH_HEAD, random_state_dict
 
     folder.mkdir(parents=True, exist_ok=True)
     n_bytes = MATRIX[0] * MATRIX[1] * 2
@@ -60,7 +61,7 @@ def _build(folder: Path, gib: float) -> None:
 
 
 def _run(op: str, folder: Path) -> dict:
-    from clef_bridge.bridge.clef_convert import ensure_backbone, join, split
+    from clef_bridge.bridge.gguf.clef_split import ensure_backbone, join, split
 
     clef = folder / "model.clef.gguf"
     start = time.monotonic()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from clef_bridge.bridge.registry import ModelSpec, model_spec
+from clef_bridge.bridge.model.registry import ModelSpec, model_spec
 
 from . import fixturegen
 
@@ -22,7 +22,7 @@ def tiny_spec(fx: fixturegen.Fixtures, gguf: Path | None = None, head: Path | No
 
 def open_spec(spec: ModelSpec):
     """A model loaded the one checked way (pins, pairing record, canaries)."""
-    from clef_bridge.bridge.loading import load_checked
+    from clef_bridge.bridge.model.loading import load_checked
 
     return load_checked(spec).model
 

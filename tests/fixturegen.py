@@ -203,7 +203,7 @@ def convert(vendor: Path, hf_dir: Path, out: Path, outtype: str, extra: tuple[st
 
 def quantize(src: Path, out: Path, ftype: str) -> None:
     import llama_cpp as lc
-    from clef_bridge.bridge import llama_log
+    from clef_bridge.bridge.llama import log as llama_log
 
     llama_log.install(verbose=False)
     params = lc.llama_model_quantize_default_params()
@@ -217,7 +217,8 @@ def quantize(src: Path, out: Path, ftype: str) -> None:
 def build_head(out: Path, config: dict, seed: int) -> None:
     from clef_bridge.head.config import HeadConfig
     from clef_bridge.head.weights import save_state_dict
-    from clef_bridge.tools.randomhead import random_state_dict
+
+    from .randomhead import random_state_dict
 
     out.parent.mkdir(parents=True, exist_ok=True)
     save_state_dict(out, random_state_dict(HeadConfig(**config), seed), "BF16")

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
-from clef_bridge.bridge.appstate import Loader
-from clef_bridge.bridge.loading import Loaded
-from clef_bridge.bridge.registry import ModelSpec, Registry, ServerSpec
-from clef_bridge.bridge.server import RUNNER_OPTIONS, create_app, load_models
+from clef_bridge.bridge.model.loading import Loaded
+from clef_bridge.bridge.model.registry import ModelSpec, Registry, ServerSpec
+from clef_bridge.bridge.server.app import RUNNER_OPTIONS, create_app, load_models
+from clef_bridge.bridge.server.appstate import Loader
 from clef_bridge.head.schema import Limits
 
 LIMIT_KEYS = {f.name for f in fields(Limits)}

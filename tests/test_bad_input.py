@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.registry import RegistryError, UnknownModel, load_registry, name_table, resolve
+from clef_bridge.bridge.model.registry import RegistryError, UnknownModel, load_registry, name_table, resolve
 from clef_bridge.head.config import HeadConfig, load_config
 from clef_bridge.head.encoder import EncodeOptions, encode
 from clef_bridge.head.errors import ClefError, ContextLengthExceeded, HeadConfigError, HeadWeightsError, RequestInvalid
 from clef_bridge.head.schema import Limits, parse_request
 from clef_bridge.head.weights import load_state_dict, save_state_dict
-from clef_bridge.tools.randomhead import random_state_dict
+
+from .randomhead import random_state_dict
 
 
 def byte_tokenize(text: str, parse_special: bool) -> list[int]:

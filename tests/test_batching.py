@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.backbone import Backbone, BackboneOptions
+from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
 
 # Different lengths, none longer than a ubatch: llama.cpp then splits a sequence at the same
 # points alone and in a batch, and the results agree to float32 rounding.

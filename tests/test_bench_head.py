@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clef_bridge.head.weights import load_state_dict, save_state_dict
-from clef_bridge.tools.bench_head import rounded, schema_layout, turns_ms
 from clef_bridge.tools.cli import main
-from clef_bridge.tools.randomhead import random_state_dict
 
+from benchmarks.bench_head import rounded, schema_layout, turns_ms
+
+from .randomhead import random_state_dict
 from .test_head_device import TINY
 
 

@@ -15,13 +15,13 @@ from collections import namedtuple
 
 import numpy as np
 import pytest
-from clef_bridge.bridge import gguf_write
-from clef_bridge.bridge.backbone import Backbone, BackboneError, BackboneOptions
-from clef_bridge.bridge.clef_convert import ConvertError, ensure_backbone, join, split
-from clef_bridge.bridge.clef_head import read_embedded_head
-from clef_bridge.bridge.demo import make_demo
-from clef_bridge.bridge.gguf_file import read_gguf
-from clef_bridge.bridge.gguf_write import NotEnoughDisk, remove_stale
+from clef_bridge.bridge.gguf import writer as gguf_write
+from clef_bridge.bridge.gguf.clef_head import read_embedded_head
+from clef_bridge.bridge.gguf.clef_split import ConvertError, ensure_backbone, join, split
+from clef_bridge.bridge.gguf.reader import read_gguf
+from clef_bridge.bridge.gguf.writer import NotEnoughDisk, remove_stale
+from clef_bridge.bridge.llama.backbone import Backbone, BackboneError, BackboneOptions
+from clef_bridge.bridge.model.demo import make_demo
 from clef_bridge.head.config import HeadConfig, config_path_for
 from clef_bridge.head.weights import load_state_dict
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
@@ -171,8 +171,8 @@ def test_the_cache_reuses_and_notices_a_changed_source(tmp_path, clef_fx):
 
 SLOW_CONVERT = """
 import sys, time
-from clef_bridge.bridge import gguf_write
-from clef_bridge.bridge.clef_convert import ensure_backbone
+from clef_bridge.bridge.gguf import writer as gguf_write
+from clef_bridge.bridge.gguf.clef_split import ensure_backbone
 gguf_write.CHUNK = 1 << 20
 def slowly(done, total):
     if done > 4 << 20:

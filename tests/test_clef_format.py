@@ -8,17 +8,16 @@ import json
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.clef_convert import join
-from clef_bridge.bridge.clef_head import ClefHeadError, read_embedded_head, validate_embedded_head
-from clef_bridge.bridge.demo import make_demo
-from clef_bridge.bridge.gguf_file import GGUFError, StringArray, read_gguf, read_strings
-from clef_bridge.bridge.integrity import Report
+from clef_bridge.bridge.gguf.clef_head import ClefHeadError, read_embedded_head, validate_embedded_head
+from clef_bridge.bridge.gguf.clef_split import join
+from clef_bridge.bridge.gguf.reader import GGUFError, StringArray, read_gguf, read_strings
+from clef_bridge.bridge.model.demo import make_demo
+from clef_bridge.bridge.model.integrity import Report
 from clef_bridge.head.config import HeadConfig, config_path_for
 from clef_bridge.head.encoder import encode
 from clef_bridge.head.model import joint_schema_head
 from clef_bridge.head.schema import parse_request
 from clef_bridge.head.weights import load_state_dict, save_state_dict, unflatten
-from clef_bridge.tools.randomhead import random_inputs, random_layout, random_state_dict
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
@@ -26,6 +25,7 @@ from gguf.quants import dequantize
 from . import fixturegen_clef
 from .fixturegen import TINY_HEAD
 from .fixturegen_clef import FACT_KEYS, FACT_TEMPLATE, Damage, fact_arrays, fact_dtype, fact_tensors, write_clef
+from .randomhead import random_inputs, random_layout, random_state_dict
 
 # The three scalars travel as exp / sigmoid in float64, stored as F32, and come back through log: within
 # a few float32 ulps of the original, not bit-exact (the facts' formula, also what llama-server uses).

@@ -62,7 +62,8 @@ def test_commands_explain_their_failures(capsys, tmp_path, fx, argv, fragment):
 
 def test_soak_names_the_threshold_that_failed():
     from clef_bridge.tools.render import text
-    from clef_bridge.tools.soak import judge
+
+    from benchmarks.soak import judge
 
     summary = {"requests": 100, "errors": 0, "rss_growth_pct": 7.5, "p99_last_over_first": 1.05}
     verdict = judge(summary)
@@ -84,7 +85,7 @@ def test_calibrate_declines_little_data_and_says_why():
 def test_fit_counts_the_head_that_lies_beside_the_gguf(capsys, tmp_path):
     import json
 
-    from clef_bridge.bridge.demo import make_demo
+    from clef_bridge.bridge.model.demo import make_demo
 
     demo = make_demo(tmp_path / "demo")
     assert main(["fit", str(demo.gguf), "--vram", "8GiB", "--json"]) == 0

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clef_bridge.bridge.metrics import create_metrics
-from clef_bridge.bridge.ray_plan import plan_replicas
-from clef_bridge.bridge.registry import load_registry
-from clef_bridge.bridge.server import setup_routes
+from clef_bridge.bridge.model.registry import load_registry
+from clef_bridge.bridge.scale.ray_plan import plan_replicas
+from clef_bridge.bridge.server.app import setup_routes
+from clef_bridge.bridge.server.prometheus import create_metrics
 from clef_bridge.tools.cliargs import build_parser
 
 from .test_readme import blocks
@@ -45,7 +45,7 @@ def test_rayservice_runs_the_app_builder_on_the_models_volume():
     serve_config = yaml.safe_load(service["spec"]["serveConfigV2"])
     (application,) = serve_config["applications"]
     module, name = application["import_path"].split(":")
-    assert module == "clef_bridge.bridge.ray_serve"
+    assert module == "clef_bridge.bridge.scale.ray_serve"
     tree = ast.parse((ROOT / "bridge" / "ray_serve.py").read_text())
     assert name in {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}
     assert application["args"]["models"] == "/models/models.toml" and application["route_prefix"] == "/"

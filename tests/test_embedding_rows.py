@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.embedding import OutputEmbedding
+from clef_bridge.bridge.llama.embedding import OutputEmbedding
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.pipeline import ClefModel
-from clef_bridge.tools.reference import reference
+from clef_bridge.bridge.model.clef_model import ClefModel
 
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
+from .reference import reference
 
 F32_TOLERANCE = 2e-3
 # f16 rounds each weight by up to 2^-11 (4.9e-4) relative, about 10x the hidden-state error of the

@@ -9,13 +9,13 @@ import tomllib
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.registry import load_registry
+from clef_bridge.bridge.model.registry import load_registry
 from clef_bridge.head.answer import softmax64 as softmax
 from clef_bridge.tools.calibrate import calibrate_items
 from clef_bridge.tools.cli import main
 from clef_bridge.tools.drift import drift, probe_requests
 from clef_bridge.tools.evaldata import DataError, load_examples
-from clef_bridge.tools.metrics import (
+from clef_bridge.tools.scoring import (
     Decision,
     accuracy,
     brier,

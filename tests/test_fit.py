@@ -7,10 +7,11 @@ import re
 from dataclasses import replace
 
 import pytest
-from clef_bridge.bridge import llama_log
-from clef_bridge.bridge.backbone import Backbone, BackboneOptions
-from clef_bridge.bridge.demo import make_demo
-from clef_bridge.bridge.fit import (
+from clef_bridge.bridge.gguf.reader import read_gguf
+from clef_bridge.bridge.llama import log as llama_log
+from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
+from clef_bridge.bridge.model.demo import make_demo
+from clef_bridge.bridge.model.memory_plan import (
     GIB,
     MIB,
     arch_from_gguf,
@@ -22,7 +23,6 @@ from clef_bridge.bridge.fit import (
     plan,
     recurrent_bytes,
 )
-from clef_bridge.bridge.gguf_file import read_gguf
 from clef_bridge.tools.cli import main
 
 
@@ -115,8 +115,8 @@ def test_parse_size():
 
 def test_auto_layers_and_the_context_warning(fx, monkeypatch):
     import llama_cpp
-    from clef_bridge.bridge import fit
-    from clef_bridge.bridge.gpu import GpuMemory
+    from clef_bridge.bridge.host.gpu import GpuMemory
+    from clef_bridge.bridge.model import memory_plan as fit
 
     auto = BackboneOptions(n_ctx=4096, n_seq_max=1, n_gpu_layers="auto")
     every = replace(auto, n_gpu_layers=-1)

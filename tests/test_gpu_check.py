@@ -12,11 +12,12 @@ import sys
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.demo import Qwen35Dims, matrix_type, write_qwen35_gguf
-from clef_bridge.bridge.gguf_file import read_gguf
+from clef_bridge.bridge.gguf.reader import read_gguf
+from clef_bridge.bridge.model.demo import Qwen35Dims, matrix_type, write_qwen35_gguf
 from clef_bridge.tools.cli import main
-from clef_bridge.tools.gpu_models import FULL, SMOKE, qwen_vocab
 from gguf import GGMLQuantizationType as Q
+
+from benchmarks.gpu_models import FULL, SMOKE, qwen_vocab
 
 from .strictcupy import StrictCuPy
 from .test_gpu_path import GPUS, FakeNVML

@@ -15,9 +15,9 @@ from dataclasses import replace
 import aiohttp
 import numpy as np
 import pytest
-from clef_bridge.bridge.appstate import SERVED
-from clef_bridge.bridge.pipeline import ClefModel
-from clef_bridge.bridge.server import load_models
+from clef_bridge.bridge.model.clef_model import ClefModel
+from clef_bridge.bridge.server.app import load_models
+from clef_bridge.bridge.server.appstate import SERVED
 from clef_bridge.head.encoder import PREFIX
 from clef_bridge.head.errors import HeadConfigError
 

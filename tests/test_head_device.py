@@ -10,8 +10,8 @@ from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.errors import HeadConfigError, HeadWeightsError
 from clef_bridge.head.model import array_module, joint_schema_head
 from clef_bridge.head.weights import load_params, save_state_dict, store_matrices, stored_bytes, unflatten
-from clef_bridge.tools.randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
 
+from .randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
 from .strictcupy import IMPLICIT, StrictCuPy
 
 TOLERANCE = 1e-5  # the stand-in computes with numpy: only the order of float32 sums may differ

@@ -8,8 +8,9 @@ import pytest
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.model import joint_schema_head
 from clef_bridge.head.weights import load_state_dict, save_state_dict, unflatten
-from clef_bridge.tools.randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
-from clef_bridge.tools.reference import reference_logits, torch_head
+
+from .randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
+from .reference import reference_logits, torch_head
 
 LOGIT_TOLERANCE = 1e-3
 PROB_TOLERANCE = 1e-4

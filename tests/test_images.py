@@ -11,7 +11,7 @@ import zlib
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.images import (
+from clef_bridge.bridge.media.images import (
     ImageGeometry,
     ImageLimits,
     ImageRejected,

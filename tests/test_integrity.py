@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.integrity import ModelRefused
-from clef_bridge.bridge.loading import load_checked
-from clef_bridge.bridge.provenance import (
+from clef_bridge.bridge.model.integrity import ModelRefused
+from clef_bridge.bridge.model.loading import load_checked
+from clef_bridge.bridge.model.provenance import (
     MAX_CANARY_DIFF,
     MAX_STATE_DRIFT,
     MIN_ROW_COSINE,
@@ -26,9 +26,9 @@ from clef_bridge.bridge.provenance import (
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.weights import load_state_dict, save_state_dict
 from clef_bridge.tools.cli import main
-from clef_bridge.tools.randomhead import random_state_dict
 
 from .conftest import open_spec, tiny_spec
+from .randomhead import random_state_dict
 from .serverkit import RunningServer, registry_for
 
 

@@ -8,15 +8,15 @@ import sys
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.integrity import ModelRefused
+from clef_bridge.bridge.model.integrity import ModelRefused
 from clef_bridge.head.answer import jev_choice_confidence, jev_score_confidence
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.errors import ContextLengthExceeded
 from clef_bridge.head.weights import save_state_dict
-from clef_bridge.tools.randomhead import random_state_dict
 
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
+from .randomhead import random_state_dict
 
 ROUTER = varied_requests()[22]
 
@@ -71,8 +71,9 @@ def test_over_length_request_through_the_model(fx):
 
 
 def test_truncation_matches_the_reference(fx, tiny_model):
-    from clef_bridge.tools.reference import reference
     from transformers import AutoTokenizer
+
+    from .reference import reference
 
     request = varied_requests()[21]  # a 400-word state
     model = open_spec(tiny_spec(fx, max_length=300, n_ctx=512, truncate_state=True))

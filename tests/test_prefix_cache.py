@@ -11,8 +11,8 @@ from __future__ import annotations
 import llama_cpp as lc
 import numpy as np
 import pytest
-from clef_bridge.bridge.backbone import Backbone, BackboneOptions, DecodeFailed
-from clef_bridge.bridge.prefix_cache import PrefillRequest, PrefixCacheOptions
+from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions, DecodeFailed
+from clef_bridge.bridge.llama.prefix_cache import PrefillRequest, PrefixCacheOptions
 
 TOL = 1e-4
 EVERY, MARGIN = 64, 4
@@ -295,8 +295,9 @@ def test_one_batch_decodes_a_shared_new_prefix_once(cached, plain):
 
 
 def test_the_agent_loop_benchmark_runs_on_the_tiny_model(fx, capsys):
-    from clef_bridge.tools.bench_agent import AgentLoopConfig, agent_loop
     from clef_bridge.tools.render import text
+
+    from benchmarks.agent_loop import AgentLoopConfig, agent_loop
 
     cfg = AgentLoopConfig(turns=3, message_tokens=60, questions=2, state_tokens=120, baseline_turns=1,
                           baseline_questions=1, n_ctx=2048)

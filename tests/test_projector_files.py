@@ -9,14 +9,14 @@ import sys
 
 import numpy as np
 import pytest
-from clef_bridge.bridge import llama_log
-from clef_bridge.bridge.backbone import Backbone, BackboneOptions
-from clef_bridge.bridge.fit import MIB
-from clef_bridge.bridge.integrity import ModelRefused
-from clef_bridge.bridge.loading import load_checked
-from clef_bridge.bridge.mmproj import compute_bytes, projector_info
-from clef_bridge.bridge.provenance import MAX_STATE_DRIFT
-from clef_bridge.bridge.registry import model_spec
+from clef_bridge.bridge.gguf.projector import compute_bytes, projector_info
+from clef_bridge.bridge.llama import log as llama_log
+from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
+from clef_bridge.bridge.model.integrity import ModelRefused
+from clef_bridge.bridge.model.loading import load_checked
+from clef_bridge.bridge.model.memory_plan import MIB
+from clef_bridge.bridge.model.provenance import MAX_STATE_DRIFT
+from clef_bridge.bridge.model.registry import model_spec
 from clef_bridge.head.errors import RequestInvalid
 from clef_bridge.tools.cli import main
 
@@ -155,7 +155,7 @@ def test_compute_estimate_matches_llama_cpps_report(vfx):
 
 def perturbed(src, dst, seed: int = 0):
     """A copy of a projector GGUF whose tensor data (after the header) is partly overwritten with noise."""
-    from clef_bridge.bridge.gguf_file import read_gguf
+    from clef_bridge.bridge.gguf.reader import read_gguf
 
     info = read_gguf(src)
     data = bytearray(src.read_bytes())

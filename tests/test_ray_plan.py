@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-from clef_bridge.bridge.ray_plan import plan_replicas
-from clef_bridge.bridge.registry import RaySpec, RegistryError, parse_registry
+from clef_bridge.bridge.model.registry import RaySpec, RegistryError, parse_registry
+from clef_bridge.bridge.scale.ray_plan import plan_replicas
 from clef_bridge.tools.cli import main
 
 DEMO = {"default": "demo", "models": {"demo": {"builtin": "demo"}}}
@@ -65,7 +65,7 @@ def test_serve_ray_flags_explain_themselves(tmp_path, monkeypatch, capsys):
     assert main(["serve", "--models", str(toml), "--ray-address", "auto"]) == 2
     assert "add --ray" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
-    monkeypatch.delitem(sys.modules, "clef_bridge.bridge.ray_serve", raising=False)
+    monkeypatch.delitem(sys.modules, "clef_bridge.bridge.scale.ray_serve", raising=False)
     assert main(["serve", "--models", str(toml), "--ray"]) == 2
     err = capsys.readouterr().err
     assert "--ray needs Ray Serve" in err and "pip install 'clef-bridge[ray]'" in err

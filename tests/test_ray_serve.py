@@ -29,10 +29,10 @@ NO_RAY = "Ray Serve is not installed: pip install 'clef-bridge[ray]' (tests/run.
 ray = pytest.importorskip("ray", reason=NO_RAY)
 serve = pytest.importorskip("ray.serve", reason=NO_RAY)
 
-from clef_bridge.bridge import ray_serve  # noqa: E402 - after the skips
-from clef_bridge.bridge.loading import materialize  # noqa: E402
-from clef_bridge.bridge.ray_plan import plan_replicas  # noqa: E402
-from clef_bridge.bridge.registry import RaySpec, demo_registry, load_registry, with_keys  # noqa: E402
+from clef_bridge.bridge.model.loading import materialize  # noqa: E402
+from clef_bridge.bridge.model.registry import RaySpec, demo_registry, load_registry, with_keys  # noqa: E402
+from clef_bridge.bridge.scale import ray_serve
+from clef_bridge.bridge.scale.ray_plan import plan_replicas  # noqa: E402
 
 from .serverkit import metric_sum  # noqa: E402
 from .test_server_clients import _free_port  # noqa: E402
@@ -177,7 +177,7 @@ def test_one_command_serves_through_the_proxy_and_stops_on_sigterm(tmp_path):
 
 def test_the_app_builder_refuses_auto_gpus_before_ray_is_up(tmp_path):
     """`serve run IMPORT_PATH` builds the app before connecting: "auto" would have no cluster to look at."""
-    from clef_bridge.bridge.registry import RegistryError
+    from clef_bridge.bridge.model.registry import RegistryError
 
     assert not ray.is_initialized()  # runs before the module's cluster starts
     (tmp_path / "models.toml").write_text('[models.demo]\nbuiltin = "demo"\n')

@@ -226,7 +226,7 @@ def test_disconnected_client_is_dropped_from_the_queue(fx, tmp_path):
                 await asyncio.sleep(1.5)  # time for the worker to have reached the dropped job
 
         asyncio.run(main())
-        from clef_bridge.bridge.appstate import SERVED
+        from clef_bridge.bridge.server.appstate import SERVED
         model = srv.app[SERVED]["tiny"].worker.model
         assert model.decided == 1  # the abandoned request never reached the backbone
         assert srv.metric("clef_requests_total", status="499") == 1
@@ -260,7 +260,7 @@ def test_auth(fx, tmp_path):
         assert srv.request("GET", "/v1/models").status == 401
         assert srv.request("GET", "/health").status == 200
         keys.write_text("key-three\n")
-        from clef_bridge.bridge.server import KEYS
+        from clef_bridge.bridge.server.app import KEYS
         srv.app[KEYS].reload()  # what SIGHUP does
         assert srv.post(NOUL, headers={"Authorization": "Bearer key-two"}).status == 401
         assert srv.post(NOUL, headers={"Authorization": "Bearer key-three"}).status == 200

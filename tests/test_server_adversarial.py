@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pytest
 from backports import zstd
-from clef_bridge.bridge.appstate import SERVED
+from clef_bridge.bridge.server.appstate import SERVED
 
 from .conftest import tiny_spec
 from .serverkit import Reply, RunningServer, registry_for, strip_extensions

@@ -18,11 +18,11 @@ from dataclasses import replace
 
 import pytest
 from backports import zstd
-from clef_bridge.bridge import assets
-from clef_bridge.bridge.appstate import SERVED
-from clef_bridge.bridge.images import ImageLimits
-from clef_bridge.bridge.server import load_models
-from clef_bridge.bridge.worker import MAX_IMAGE_JOBS
+from clef_bridge.bridge.media.images import ImageLimits
+from clef_bridge.bridge.model.worker import MAX_IMAGE_JOBS
+from clef_bridge.bridge.server import assets
+from clef_bridge.bridge.server.app import load_models
+from clef_bridge.bridge.server.appstate import SERVED
 
 from . import fixturegen_vision
 from .conftest import open_spec, tiny_spec
@@ -341,7 +341,7 @@ def test_waiting_image_requests_are_bounded(served):
 
 
 def test_a_failing_vision_tower_is_a_503_for_that_request_only(served, monkeypatch):
-    from clef_bridge.bridge.mmproj import ProjectorError
+    from clef_bridge.bridge.gguf.projector import ProjectorError
 
     server, model = served
 

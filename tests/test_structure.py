@@ -1,52 +1,104 @@
-"""The house's shape, checked: imports point tools -> bridge -> head, no module imports itself round
-a cycle (lazy imports inside functions count too), and no module outgrows 400 lines."""
+"""The house's shape, checked: imports point tools -> bridge -> head, and inside bridge/ from room to
+room only as each room's docstring allows (host < gguf < media < llama < model < server < scale); no
+module imports itself round a cycle (lazy imports inside functions count too); the installed package
+never imports the checkout's tests/ or benchmarks/; no module outgrows 600 lines."""
 
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = {"head": 0, "bridge": 1, "tools": 2}  # a module may import its own layer or a lower one
-MAX_LINES = 400
+PACKAGES = ("head", "bridge", "tools")  # installed as clef_bridge.<name>
+# the order of the layers: a module may import its own layer or a lower one
+LAYERS = ("head", "bridge.host", "bridge.gguf", "bridge.media", "bridge.llama", "bridge.model", "bridge.server",
+          "bridge.scale", "tools")
+MAX_LINES = 600
 
 
 def modules() -> dict[str, Path]:
-    return {f"{layer}.{path.stem}": path for layer in LAYERS for path in sorted((ROOT / layer).glob("*.py"))
-            if path.stem != "__init__"}
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def layer_of(name: str) -> str:
+    return max((layer for layer in LAYERS if name == layer or name.startswith(layer + ".")), key=len, default=name)
 
 
 def imports_of(name: str, path: Path) -> set[str]:
-    """Project modules imported anywhere in the file (relative imports resolved, function bodies included)."""
-    layer = name.split(".")[0]
+    """Modules imported anywhere in the file (relative imports resolved, function bodies included): project
+    modules by their dotted name under clef_bridge, and `tests`/`benchmarks` when those are reached for."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.level:
-            base = [layer] if node.level == 1 else []
-            parts = base + (node.module.split(".") if node.module else [])
-            if len(parts) == 1:  # from . import x / from ..bridge import x
-                found |= {f"{parts[0]}.{a.name}" for a in node.names}
-            else:
-                found.add(".".join(parts[:2]))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("clef_bridge."):
-            found.add(".".join(node.module.split(".")[1:3]))
-    return {m for m in found if m in modules()}
+            base = package[:len(package) - node.level + 1]
+            target = base + (node.module.split(".") if node.module else [])
+            found |= {".".join(target + [a.name]) for a in node.names} | {".".join(target)}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            top = node.module.split(".")
+            if top[0] == "clef_bridge":
+                found |= {".".join(top[1:] + [a.name]) for a in node.names} | {".".join(top[1:])}
+            elif top[0] in ("tests", "benchmarks"):
+                found.add(top[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names if a.name.split(".")[0] in ("tests", "benchmarks")}
+    return {m for m in found if m in MODULES or m in ("tests", "benchmarks")}
 
 
-GRAPH = {name: imports_of(name, path) for name, path in modules().items()}
+GRAPH = {name: imports_of(name, path) - {name} for name, path in MODULES.items()}
+
+
+def allowed_rooms(room: str) -> set[str]:
+    """The rooms a bridge subpackage's docstring says it may import ("May import: head, host, ...")."""
+    doc = ast.get_docstring(ast.parse((ROOT / room.replace(".", "/") / "__init__.py").read_text())) or ""
+    match = re.search(r"May import: ([a-z, ]+)\.", doc)
+    assert match, f"{room}/__init__.py must say what it may import ('May import: ...')"
+    return {("head" if r.strip() == "head" else f"bridge.{r.strip()}") for r in match.group(1).split(",")}
 
 
 def test_the_walker_sees_imports():
-    assert "head.schema" in GRAPH["head.encoder"] and "bridge.loading" in GRAPH["bridge.server"]
-    assert any("bridge." in m for m in GRAPH["tools.cli"])  # lazy imports inside functions are seen
+    assert "head.schema" in GRAPH["head.encoder"] and "bridge.model.loading" in GRAPH["bridge.server.app"]
+    assert any(m.startswith("bridge.") for m in GRAPH["tools.cli"])  # lazy imports inside functions are seen
 
 
-@pytest.mark.parametrize("name", sorted(GRAPH))
-def test_imports_point_down(name):
-    upward = [m for m in GRAPH[name] if LAYERS[m.split(".")[0]] > LAYERS[name.split(".")[0]]]
-    assert not upward, f"{name} imports {upward}: imports must point tools -> bridge -> head"
+def test_imports_point_down():
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    upward, outside = {}, {}
+    for name, imported in GRAPH.items():
+        mine = rank.get(layer_of(name), len(LAYERS))
+        if up := sorted(m for m in imported if rank.get(layer_of(m), -1) > mine):
+            upward[name] = up
+        if out := sorted(m for m in imported if m in ("tests", "benchmarks")):
+            outside[name] = out
+    assert not upward, f"imports must point tools -> bridge (scale > server > model > llama > media > gguf > host) " \
+                       f"-> head: {upward}"
+    assert not outside, f"the installed package cannot reach the checkout's folders: {outside}"
+
+
+@pytest.mark.parametrize("room", [layer for layer in LAYERS if layer.startswith("bridge.")])
+def test_rooms_import_what_their_docstring_allows(room):
+    allowed = allowed_rooms(room) | {room}
+    used = {layer_of(m) for name in GRAPH if layer_of(name) == room for m in GRAPH[name]
+            if m not in ("tests", "benchmarks") and layer_of(m) != "bridge"}
+    assert used <= allowed, f"{room} imports {sorted(used - allowed)}, beyond its docstring's {sorted(allowed)}"
+
+
+def test_every_package_is_installed():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {f"clef_bridge.{name}" for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert on_disk == listed, f"pyproject.toml's packages differ from the folders: {sorted(on_disk ^ listed)}"
 
 
 def test_no_import_cycles():
@@ -55,7 +107,7 @@ def test_no_import_cycles():
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
-        for nxt in sorted(GRAPH[node]):
+        for nxt in sorted(m for m in GRAPH[node] if m in GRAPH and not node.startswith(m + ".")):
             if state.get(nxt) == 1:
                 cycles.append(stack[stack.index(nxt):] + [nxt])
             elif nxt not in state:
@@ -68,7 +120,7 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("name", sorted(GRAPH))
-def test_modules_stay_small(name):
-    lines = len(modules()[name].read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{name} has {lines} lines (at most {MAX_LINES}): split it along its seams"
+def test_modules_stay_within_the_limit():
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them along their seams): {long}"

@@ -7,7 +7,7 @@ import json
 import unicodedata
 
 import pytest
-from clef_bridge.bridge.backbone import VocabOnly
+from clef_bridge.bridge.llama.backbone import VocabOnly
 from clef_bridge.head.encoder import PREFIX, SCHEMA_HEADER, SUFFIX
 from clef_bridge.head.schema import render
 

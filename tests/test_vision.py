@@ -19,11 +19,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.backbone import Backbone, BackboneOptions
-from clef_bridge.bridge.images import ImageGeometry, decode, sniff
-from clef_bridge.bridge.media_batch import MediaChunk
-from clef_bridge.bridge.mmproj import ProjectorError, ProjectorInfo, pairing_problems, projector_info
-from clef_bridge.bridge.vision import EncodedImage, Projector, ProjectorOptions, image_positions
+from clef_bridge.bridge.gguf.projector import ProjectorError, ProjectorInfo, pairing_problems, projector_info
+from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
+from clef_bridge.bridge.llama.media_batch import MediaChunk
+from clef_bridge.bridge.llama.vision import EncodedImage, Projector, ProjectorOptions, image_positions
+from clef_bridge.bridge.media.images import ImageGeometry, decode, sniff
 from clef_bridge.head.encoder import PREFIX
 from clef_bridge.head.errors import RequestInvalid
 
@@ -70,9 +70,10 @@ def vfx():
 @pytest.fixture(scope="module")
 def oracle(vfx):
     from clef_bridge.head.config import config_path_for, load_config
-    from clef_bridge.tools.reference import reference
     from safetensors.torch import load_file
     from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+
+    from .reference import reference
 
     ref = reference()
     tokenizer = AutoTokenizer.from_pretrained(vfx.base.tokenizer_dir)

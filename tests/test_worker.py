@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from clef_bridge.bridge.worker import InferenceWorker, WorkerStopped
+from clef_bridge.bridge.model.worker import InferenceWorker, WorkerStopped
 
 from .corpus import varied_requests
 

@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import numpy as np
@@ -140,8 +140,8 @@ def bare_prefill_floor(url: str, body: dict, headers: dict[str, str], gguf: Path
     The two alternate, one request then one bare prefill, so the machine's drift (these CPUs are
     shared and noisy) lands on both sides of the ratio.
     """
-    from ..bridge.backbone import Backbone, BackboneOptions
-    from ..bridge.loading import backbone_file
+    from ..bridge.llama.backbone import Backbone, BackboneOptions
+    from ..bridge.model.loading import backbone_file
     from ..head.encoder import encode
     from ..head.schema import parse_request
 
@@ -158,28 +158,6 @@ def bare_prefill_floor(url: str, body: dict, headers: dict[str, str], gguf: Path
             "http_over_bare_prefill": round(p50 / floor, 3)}
 
 
-def reference_ms(hf_dir: Path, head: Path, body: dict, repeats: int, dtype: str) -> float:
-    """Cloudflare's systemone() in this process on the CPU, same weights, in float32 or bfloat16."""
-    from types import SimpleNamespace
-
-    import torch
-    from safetensors.torch import load_file
-    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
-
-    from ..head.config import config_path_for, load_config
-    from .reference import reference
-
-    ref = reference()
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    torch_dtype = getattr(torch, dtype)
-    backbone = Qwen3_5ForConditionalGeneration.from_pretrained(hf_dir, dtype=torch_dtype).eval()
-    joint = ref.JointSchemaHead(**vars(load_config(config_path_for(head))))
-    joint.load_state_dict(load_file(str(head)))
-    model = ref.ClefModel(backbone, joint.to(torch_dtype)).eval()
-    processor = SimpleNamespace(tokenizer=tokenizer)
-    return median_ms(lambda: ref.systemone(model, processor, body), repeats)
-
-
 @dataclass(frozen=True)
 class BenchResult:
     result: dict[str, Any]  # url, runs (per concurrency), and the baselines asked for
@@ -193,10 +171,12 @@ class BenchResult:
         return self.result
 
 
-def run(url: str, concurrency: list[int], requests: int, api_key: str | None, gguf: Path | None,
-        hf_dir: Path | None, head: Path | None, model: str, out: Path | None = None,
-        body: dict[str, Any] | None = None) -> BenchResult:
-    """body: the request to time (default: the ~750-token router request in the Qwen3.5 vocabulary)."""
+def run(url: str, concurrency: list[int], requests: int, api_key: str | None, gguf: Path | None, model: str,
+        out: Path | None = None, body: dict[str, Any] | None = None,
+        reference: Callable[[dict, int, str], float] | None = None) -> BenchResult:
+    """body: the request to time (default: the ~750-token router request in the Qwen3.5 vocabulary);
+    reference(body, repeats, dtype): milliseconds of Cloudflare's reference code on the same request
+    (benchmarks/__main__.py passes it; it needs torch)."""
     body = body or router_request(model)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     asyncio.run(_run(url, body, 1, 3, headers))  # warm-up
@@ -206,9 +186,9 @@ def run(url: str, concurrency: list[int], requests: int, api_key: str | None, gg
     repeats = max(5, min(requests, 15))
     if gguf:
         result.update(bare_prefill_floor(url, body, headers, gguf, repeats))
-    if hf_dir and head:
+    if reference is not None:
         for dtype in ("float32", "bfloat16"):  # load_release_model's default is bfloat16
-            ref_ms = reference_ms(hf_dir, head, body, repeats, dtype)
+            ref_ms = reference(body, repeats, dtype)
             result[f"reference_{dtype}_ms"] = round(ref_ms, 2)
             result[f"http_over_reference_{dtype}"] = round(single.percentile(50) / ref_ms, 3)
     notes: list[str] = []

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .evaldata import Example, gold_index
-from .metrics import Decision, brier, ece, fit_temperature, nll, temperature_scaled
+from .scoring import Decision, brier, ece, fit_temperature, nll, temperature_scaled
 
 SPLITS = 20
 MIN_ITEMS = 30  # fewer labelled decisions of a type: held-out halves of ~15 cannot tell temperatures apart

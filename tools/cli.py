@@ -48,9 +48,9 @@ class UsageError(ClefError):
 @contextmanager
 def checked_model(models: Path, name: str) -> Iterator[Any]:
     """A models.toml entry loaded the one checked way (pins, pairing record, canaries), closed afterwards."""
-    from ..bridge.gguf_file import read_gguf
-    from ..bridge.loading import load_checked
-    from ..bridge.registry import load_registry, name_table, resolve
+    from ..bridge.gguf.reader import read_gguf
+    from ..bridge.model.loading import load_checked
+    from ..bridge.model.registry import load_registry, name_table, resolve
 
     registry = load_registry(models)
     hidden = {}
@@ -84,7 +84,7 @@ def _decide(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..bridge.registry import load_registry
+    from ..bridge.model.registry import load_registry
     from .checks import check_files, check_registry
 
     if (args.gguf is None) == (args.models is None):
@@ -106,9 +106,9 @@ def _pair(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from ..bridge.fit import parse_size
-    from ..bridge.gpu import read_gpu
-    from .fitting import fit
+    from ..bridge.host.gpu import read_gpu
+    from ..bridge.model.memory_plan import parse_size
+    from .fit import fit
 
     try:
         vram = parse_size(args.vram) if args.vram else None
@@ -154,7 +154,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from ..bridge.registry_file import set_model_keys
+    from ..bridge.model.registry_file import set_model_keys
     from .calibrate import CalibrateResult, calibrate
     from .evaldata import load_examples
 
@@ -170,8 +170,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _drift(args: argparse.Namespace) -> int:
-    from ..bridge.loading import load_checked
-    from ..bridge.registry import model_spec
+    from ..bridge.model.loading import load_checked
+    from ..bridge.model.registry import model_spec
     from .drift import DriftResult, drift, probe_requests
     from .evaldata import load_examples
 
@@ -191,28 +191,22 @@ def _drift(args: argparse.Namespace) -> int:
 
 
 def _split(args: argparse.Namespace) -> int:
-    from .convert import split_model
+    from .split_join import split_model
 
     return emit(split_model(args.clef, args.output, args.head_dtype, args.overwrite), args.json)
 
 
 def _join(args: argparse.Namespace) -> int:
-    from .convert import join_model
+    from .split_join import join_model
 
     return emit(join_model(args.backbone, args.head, args.output, args.head_type, args.temperature,
                            args.from_calibration, args.overwrite), args.json)
 
 
-def _soak(args: argparse.Namespace) -> int:
-    from .soak import run
-
-    return emit(run(args.requests, args.concurrency, args.models, args.warmup, args.seed), args.json)
-
-
 def _serve(args: argparse.Namespace) -> int:
-    from ..bridge.loading import materialize
-    from ..bridge.registry import demo_registry, load_registry
-    from ..bridge.server import serve
+    from ..bridge.model.loading import materialize
+    from ..bridge.model.registry import demo_registry, load_registry
+    from ..bridge.server.app import serve
 
     if args.ray_address and not args.ray:
         raise UsageError("--ray-address joins a Ray cluster for --ray", fix="add --ray, or drop --ray-address")
@@ -234,7 +228,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_ray(registry: Any, args: argparse.Namespace) -> None:
     try:
-        from ..bridge.ray_serve import run
+        from ..bridge.scale.ray_serve import run
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "ray":
             raise
@@ -247,7 +241,7 @@ def _serve_ray(registry: Any, args: argparse.Namespace) -> None:
 
 
 def _make_demo(args: argparse.Namespace) -> int:
-    from ..bridge.demo import make_demo
+    from ..bridge.model.demo import make_demo
 
     return emit(make_demo(args.folder, args.seed), args.json)
 
@@ -255,45 +249,17 @@ def _make_demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run
 
-    if args.agent_loop:
-        from .bench_agent import agent_loop
-
-        if args.gguf is None or args.url:
-            raise UsageError("--agent-loop runs in this process on --gguf GGUF (and --head HEAD); no --url")
-        return emit(agent_loop(args.gguf, args.head), args.json)
-    if not args.url:
-        raise UsageError("bench needs --url URL of a running server (or --agent-loop --gguf GGUF)")
     try:
         levels = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         raise UsageError(f"--concurrency takes numbers like 1,4,16, not {args.concurrency!r}") from None
-    return emit(run(args.url.rstrip("/"), levels, args.requests, args.api_key, args.gguf, args.reference, args.head,
-                    args.model, args.out), args.json)
-
-
-def _bench_head(args: argparse.Namespace) -> int:
-    from .bench_head import run
-
-    return emit(run(args.tokens, args.repeats, args.options, args.weights, args.head_dtype), args.json)
-
-
-def _gpu_check(args: argparse.Namespace) -> int:
-    import tempfile
-
-    folder = args.folder or Path(tempfile.gettempdir()) / "clef-bridge-gpu-check"
-    if args.prepare:
-        from .gpu_models import prepare
-
-        return emit(prepare(folder, args.smoke, args.vocab), args.json)
-    from .gpu_check import run
-
-    return emit(run(folder, args.smoke, args.vocab, args.out, args.repeats, args.build_seconds), args.json)
+    return emit(run(args.url.rstrip("/"), levels, args.requests, args.api_key, args.gguf, args.model, args.out),
+                args.json)
 
 
 COMMANDS = {"serve": _serve, "fit": _fit, "pull": _pull, "make-demo": _make_demo, "check": _check, "pair": _pair,
             "split": _split, "join": _join,
-            "decide": _decide, "bench": _bench, "soak": _soak, "eval": _eval, "calibrate": _calibrate,
-            "drift": _drift, "bench-head": _bench_head, "gpu-check": _gpu_check}
+            "decide": _decide, "bench": _bench, "eval": _eval, "calibrate": _calibrate, "drift": _drift}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except ClefError as exc:
-        from ..bridge.integrity import ModelRefused
+        from ..bridge.model.integrity import ModelRefused
         from .pull import PullError
 
         print(f"clef-bridge {args.command}: {exc}", file=sys.stderr)

@@ -117,30 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("request", help="a JSON file holding the request body ({model, state, questions})")
 
     p = sub.add_parser("bench", help="latency and throughput of a running server, with optional baselines")
-    p.add_argument("--url", help="server root, e.g. http://127.0.0.1:8792 (not with --agent-loop)")
-    p.add_argument("--agent-loop", action="store_true",
-                   help="instead: the prefix cache on agent traffic (a growing conversation, and one state asked "
-                        "separate questions), in this process, cache on and off; needs --gguf (and --head for a "
-                        "qwen35 GGUF)")
+    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8792")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default: 1,4,16)")
     p.add_argument("--requests", type=int, default=40, help="requests per concurrency level (default: 40)")
     p.add_argument("--model", default="jev-latest", help="model name to send (default: jev-latest)")
     p.add_argument("--api-key", help="sent as Authorization: Bearer")
     p.add_argument("--gguf", type=Path, help="also time the bare llama.cpp prefill of the same tokens with this GGUF")
-    p.add_argument("--reference", type=Path, metavar="HF_DIR",
-                   help="also time Cloudflare's reference code on this transformers model (needs --head)")
-    p.add_argument("--head", type=Path, help="joint_head.safetensors for --reference and --agent-loop")
     p.add_argument("--out", type=Path, help="write latency and throughput charts (PNG, needs matplotlib) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-
-    p = sub.add_parser("soak", help="many mixed requests against a fresh server, watching memory, descriptors "
-                                    "and tail latency (exit 0 when stable)")
-    p.add_argument("--requests", type=int, default=20000, help="requests in all (default: 20000)")
-    p.add_argument("--concurrency", type=int, default=8, help="parallel clients (default: 8)")
-    p.add_argument("--models", type=Path, help="the registry to serve (default: the built-in demo)")
-    p.add_argument("--warmup", type=float, default=60.0, help="seconds before memory is compared (default: 60)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default: 0)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("eval", help="accuracy, calibration and coverage on labelled data (errors first)")
     p.add_argument("--data", type=Path, required=True, help="JSONL of {\"request\": ..., \"labels\": ...}")
@@ -168,34 +152,5 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=8192, help="n_ctx for both backbones (default: 8192)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = sub.add_parser("gpu-check", help="the GPU path measured in one JSON report (tools/gpu_check.sh runs it on a "
-                                         "CUDA machine; exit 0 when every step passed)")
-    p.add_argument("--smoke", action="store_true", help="every step on the CPU at small shapes (what the tests run)")
-    p.add_argument("--folder", type=Path, help="where the random models are written, once (default: "
-                                              "clef-bridge-gpu-check in the temporary folder; ~16 GB without --smoke)")
-    p.add_argument("--vocab", type=Path, required=True,
-                   help="llama.cpp's models/ggml-vocab-qwen35.gguf (vendor/llama.cpp in llama-cpp-python's source): "
-                        "the random models' tokenizer")
-    p.add_argument("--prepare", action="store_true", help="only write the random models (needs no llama.cpp build)")
-    p.add_argument("--out", type=Path, help="also write the report here, after every step")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs of each head (default: 5)")
-    p.add_argument("--build-seconds", type=float, help="how long the CUDA build took, for the report")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-    p = sub.add_parser("bench-head", help="time the numpy head against the reference torch head at Clef-flash shape")
-    p.add_argument("--tokens", type=int, default=750,
-                   help="prompt length; with --options, the state's length before the question (default: 750)")
-    p.add_argument("--options", type=int, help="one choice question with this many options (at most 255) instead of "
-                                               "the router schema (4 questions, 19 options)")
-    p.add_argument("--weights", choices=["F32", "BF16", "F16"], default="F32",
-                   help="round the random weights as a safetensors file of this dtype holds them; Cloudflare ships "
-                        "BF16 (default: F32)")
-    p.add_argument("--head", type=Path, help="joint_head.safetensors (default: a clef GGUF's embedded head, or the "
-                                            "one beside the GGUF, else the released head's shape)")
-    p.add_argument("--head-dtype", choices=["float32", "float16"], default="float32",
-                   help="also time our head with its matrices stored in this dtype, with its largest differences "
-                        "to float32 (default: float32, no extra side)")
-    p.add_argument("--repeats", type=int, default=7, help="timed runs per side; medians are reported (default: 7)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser
 

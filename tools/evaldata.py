@@ -15,7 +15,7 @@ import numpy as np
 
 from ..head.errors import ClefError, RequestInvalid
 from ..head.schema import Question, parse_request
-from .metrics import Decision
+from .scoring import Decision
 
 
 class DataError(ClefError):

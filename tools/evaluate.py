@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 import aiohttp
 
-from ..bridge.provenance import Progress
+from ..bridge.host.progress import Progress
 from .evaldata import Example, decision_from_answer
-from .metrics import Decision, accuracy, brier, coverage_at_precision, ece, macro_f1, nll, reliability, score_errors
+from .scoring import Decision, accuracy, brier, coverage_at_precision, ece, macro_f1, nll, reliability, score_errors
 
 TARGETS = (0.95, 0.99)
 

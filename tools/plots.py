@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import Decision
+from .scoring import Decision
 
 MISSING = "matplotlib is not installed (pip install '.[plots]'): skipped {name}"
 

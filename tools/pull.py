@@ -12,11 +12,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bridge.clef_format import CLEF_ARCH
-from ..bridge.gguf_file import read_gguf
-from ..bridge.integrity import check_pair
-from ..bridge.provenance import sha256_file
-from ..bridge.registry_file import add_model, has_model
+from ..bridge.gguf.clef_format import CLEF_ARCH
+from ..bridge.gguf.reader import read_gguf
+from ..bridge.model.integrity import check_pair
+from ..bridge.model.provenance import sha256_file
+from ..bridge.model.registry_file import add_model, has_model
 from ..head.config import CONFIG_NAME
 from ..head.errors import ClefError
 from .checks import pair_files

@@ -1,0 +1,166 @@
+"""Benchmarks and measurements, run from a checkout: `python -m benchmarks COMMAND` (not installed with
+clef-bridge: they need the checkout's tests/ for Cloudflare's reference code and random heads)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from clef_bridge.head.errors import ClefError
+from clef_bridge.tools.bench import median_ms
+from clef_bridge.tools.cli import EXIT_USAGE, UsageError, emit
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every benchmark with its flags."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description="clef-bridge's benchmarks, run from "
+                                     "a checkout.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("soak", help="many mixed requests against a fresh server, watching memory, descriptors "
+                                    "and tail latency (exit 0 when stable)")
+    p.add_argument("--requests", type=int, default=20000, help="requests in all (default: 20000)")
+    p.add_argument("--concurrency", type=int, default=8, help="parallel clients (default: 8)")
+    p.add_argument("--models", type=Path, help="the registry to serve (default: the built-in demo)")
+    p.add_argument("--warmup", type=float, default=60.0, help="seconds before memory is compared (default: 60)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("gpu-check", help="the GPU path measured in one JSON report (tools/gpu_check.sh runs it on a "
+                                         "CUDA machine; exit 0 when every step passed)")
+    p.add_argument("--smoke", action="store_true", help="every step on the CPU at small shapes (what the tests run)")
+    p.add_argument("--folder", type=Path, help="where the random models are written, once (default: "
+                                              "clef-bridge-gpu-check in the temporary folder; ~16 GB without --smoke)")
+    p.add_argument("--vocab", type=Path, required=True,
+                   help="llama.cpp's models/ggml-vocab-qwen35.gguf (vendor/llama.cpp in llama-cpp-python's source): "
+                        "the random models' tokenizer")
+    p.add_argument("--prepare", action="store_true", help="only write the random models (needs no llama.cpp build)")
+    p.add_argument("--out", type=Path, help="also write the report here, after every step")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs of each head (default: 5)")
+    p.add_argument("--build-seconds", type=float, help="how long the CUDA build took, for the report")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("bench-head", help="time the numpy head against the reference torch head at Clef-flash shape")
+    p.add_argument("--tokens", type=int, default=750,
+                   help="prompt length; with --options, the state's length before the question (default: 750)")
+    p.add_argument("--options", type=int, help="one choice question with this many options (at most 255) instead of "
+                                               "the router schema (4 questions, 19 options)")
+    p.add_argument("--weights", choices=["F32", "BF16", "F16"], default="F32",
+                   help="round the random weights as a safetensors file of this dtype holds them; Cloudflare ships "
+                        "BF16 (default: F32)")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors (default: a clef GGUF's embedded head, or the "
+                                            "one beside the GGUF, else the released head's shape)")
+    p.add_argument("--head-dtype", choices=["float32", "float16"], default="float32",
+                   help="also time our head with its matrices stored in this dtype, with its largest differences "
+                        "to float32 (default: float32, no extra side)")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs per side; medians are reported (default: 7)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p = sub.add_parser("bench", help="clef-bridge bench with baselines: the reference code (--reference) or the prefix cache on agent traffic (--agent-loop)")
+    p.add_argument("--url", help="server root, e.g. http://127.0.0.1:8792 (not with --agent-loop)")
+    p.add_argument("--agent-loop", action="store_true",
+                   help="instead: the prefix cache on agent traffic (a growing conversation, and one state asked "
+                        "separate questions), in this process, cache on and off; needs --gguf (and --head for a "
+                        "qwen35 GGUF)")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default: 1,4,16)")
+    p.add_argument("--requests", type=int, default=40, help="requests per concurrency level (default: 40)")
+    p.add_argument("--model", default="jev-latest", help="model name to send (default: jev-latest)")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer")
+    p.add_argument("--gguf", type=Path, help="also time the bare llama.cpp prefill of the same tokens with this GGUF")
+    p.add_argument("--reference", type=Path, metavar="HF_DIR",
+                   help="also time Cloudflare's reference code on this transformers model (needs --head)")
+    p.add_argument("--head", type=Path, help="joint_head.safetensors for --reference and --agent-loop")
+    p.add_argument("--out", type=Path, help="write latency and throughput charts (PNG, needs matplotlib) here")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    return parser
+
+
+def reference_ms(hf_dir: Path, head: Path, body: dict, repeats: int, dtype: str) -> float:
+    """Cloudflare's systemone() in this process on the CPU, same weights, in float32 or bfloat16."""
+    from types import SimpleNamespace
+
+    import torch
+    from clef_bridge.head.config import config_path_for, load_config
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+
+    from tests.reference import reference
+
+    ref = reference()
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    torch_dtype = getattr(torch, dtype)
+    backbone = Qwen3_5ForConditionalGeneration.from_pretrained(hf_dir, dtype=torch_dtype).eval()
+    joint = ref.JointSchemaHead(**vars(load_config(config_path_for(head))))
+    joint.load_state_dict(load_file(str(head)))
+    model = ref.ClefModel(backbone, joint.to(torch_dtype)).eval()
+    processor = SimpleNamespace(tokenizer=tokenizer)
+    return median_ms(lambda: ref.systemone(model, processor, body), repeats)
+
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from clef_bridge.tools.bench import run
+
+    if args.agent_loop:
+        from .agent_loop import agent_loop
+
+        if args.gguf is None or args.url:
+            raise UsageError("--agent-loop runs in this process on --gguf GGUF (and --head HEAD); no --url")
+        return emit(agent_loop(args.gguf, args.head), args.json)
+    if not args.url:
+        raise UsageError("bench needs --url URL of a running server (or --agent-loop --gguf GGUF)")
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        raise UsageError(f"--concurrency takes numbers like 1,4,16, not {args.concurrency!r}") from None
+
+    def reference(body: dict, repeats: int, dtype: str) -> float:
+        return reference_ms(args.reference, args.head, body, repeats, dtype)
+
+    return emit(run(args.url.rstrip("/"), levels, args.requests, args.api_key, args.gguf, args.model, args.out,
+                    reference=reference if args.reference and args.head else None), args.json)
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from .soak import run
+
+    return emit(run(args.requests, args.concurrency, args.models, args.warmup, args.seed), args.json)
+
+
+def _bench_head(args: argparse.Namespace) -> int:
+    from .bench_head import run
+
+    return emit(run(args.tokens, args.repeats, args.options, args.weights, args.head_dtype), args.json)
+
+
+def _gpu_check(args: argparse.Namespace) -> int:
+    folder = args.folder or Path(tempfile.gettempdir()) / "clef-bridge-gpu-check"
+    if args.prepare:
+        from .gpu_models import prepare
+
+        return emit(prepare(folder, args.smoke, args.vocab), args.json)
+    from .gpu_check import run
+
+    return emit(run(folder, args.smoke, args.vocab, args.out, args.repeats, args.build_seconds), args.json)
+
+
+COMMANDS = {"bench": _bench, "soak": _soak, "bench-head": _bench_head, "gpu-check": _gpu_check}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import render  # noqa: F401 - registers the benchmarks' text renderers
+
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ClefError as exc:
+        print(f"python -m benchmarks {args.command}: {exc}", file=sys.stderr)
+        if exc.fix:
+            print(f"  fix: {exc.fix}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Text for the benchmarks' results, registered with the package's renderer (clef_bridge.tools.render.text)."""
+
+from __future__ import annotations
+
+import statistics
+
+from clef_bridge.tools.render import text
+
+from .agent_loop import AgentLoopResult
+from .bench_head import LOGIT_TOLERANCE, HeadBench
+from .gpu_check import GpuCheck
+from .gpu_models import GpuModels
+from .soak import SoakVerdict
+
+
+@text.register
+def _(result: AgentLoopResult) -> str:
+    cfg = result.config
+    lines = [f"clef-bridge bench --agent-loop on {result.gguf}: cache on and off, end to end in this process",
+             f"  conversation: {cfg.turns} turns, {cfg.questions} single-question requests a turn"]
+    for t in result.turns:
+        plain = f", uncached p50 {t['plain_p50_ms']:.1f} ms" if t["plain_p50_ms"] else ""
+        lines.append(f"    turn {t['turn']:2d}: {t['tokens']:5d} tokens, cached p50 {t['cached_p50_ms']:8.1f} ms"
+                     f"{plain}, tokens reused {t['reused']}")
+    cached, plain = result.last_turns
+    lines.append(f"  last {cfg.baseline_turns} turns: cached p50 {cached} ms, uncached p50 {plain} ms: "
+                 f"uncached / cached = {result.speedup}")
+    lines.append("  cached conversation, where the time went (ms): "
+                 + ", ".join(f"{k} {v:.0f}" for k, v in result.split_ms.items()))
+    c = result.cache
+    lines.append(f"  cache: {c['hits']} hits, {c['misses']} misses, {c['tokens_reused']} tokens reused, "
+                 f"{c['tokens_prefilled']} prefilled, {c['checkpoints']} checkpoints, {c['evictions']} evictions, "
+                 f"{c['bytes'] / 2**20:.1f} MiB of {c['max_bytes'] / 2**20:.0f} MiB")
+    same = result.same_state
+    lines.append(f"  same state, {len(same)} requests: cached {[r['cached_ms'] for r in same]} ms (the first a miss), "
+                 f"uncached {[r.get('plain_ms') for r in same]} ms")
+    lines.append(f"  process max RSS {result.max_rss_mb} MiB (both models)")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: SoakVerdict) -> str:
+    lines = [f"  {key:24s} {value}" for key, value in result.summary.items()]
+    return "\n".join(lines + [f"soak: {result.verdict}"])
+
+
+@text.register
+def _(result: HeadBench) -> str:
+    lines = [f"joint head at Clef-flash shape, {result.tokens} tokens, {result.questions} questions / {result.options} "
+             f"options, {result.weights} weights, {result.torch_threads} torch threads, runs in turns"]
+    for label, ts in result.times_ms.items():
+        lines.append(f"  {label:14s} median {statistics.median(ts):8.1f} ms  (range {min(ts):.1f} to {max(ts):.1f})")
+    lines.append(f"  ratio numpy/torch {result.ratio:.3f}   max |logit diff| {result.max_logit_diff:.2e} "
+                 f"(tolerance {LOGIT_TOLERANCE:g}; torch is Cloudflare's reference in float32)")
+    if result.half:
+        d = result.half
+        lines.append(f"  {d['dtype']} matrices vs float32: max |logit diff| {d['max_abs_logit_diff_vs_float32']:.2e}, "
+                     f"max |probability diff| {d['max_abs_prob_diff_vs_float32']:.2e}")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: GpuCheck) -> str:
+    lines = [f"gpu-check{' --smoke' if result.smoke else ''}: {'PASS' if result.ok else 'FAIL'}"]
+    for step in result.steps:
+        verdict = "skipped" if step.ok is None else "ok" if step.ok else "FAILED"
+        lines.append(f"  {step.name:14s} {verdict:8s} {step.seconds:6.1f} s")
+        for key, value in step.detail.items():
+            if key != "traceback":
+                lines.append(f"      {key}: {value}")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: GpuModels) -> str:
+    files = ", ".join(f"{k} {p.name}" for k, p in result.ggufs.items())
+    return (f"gpu-check models ({result.shape.name}) in {result.folder}: {files}, {result.head.name}; "
+            f"{result.bytes / 1e9:.2f} GB" + (f", written in {result.seconds:.1f} s" if result.seconds else ""))

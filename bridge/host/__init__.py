@@ -1,0 +1,1 @@
+"""This machine: cache folders, progress bars, the GPU (CuPy, NVML). May import: head."""

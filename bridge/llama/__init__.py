@@ -1,0 +1,1 @@
+"""llama.cpp through llama-cpp-python: the backbone, its log, output rows, the prefix cache, mtmd's towers. May import: head, host, gguf, media."""

@@ -1,0 +1,206 @@
+"""Images through llama.cpp's multimodal projector (mtmd): Qwen3.5's vision tower, M-RoPE positions.
+
+A prompt is a list of pieces: token ids (int32 arrays) and images (EncodedImage, from
+Projector.encode). Every image sits between a piece ending in <|vision_start|> and one starting with
+<|vision_end|>, as the reference's processor writes it. The pieces are decoded into the backbone
+chunk after chunk (text, image embeddings, text, ...) into one sequence, and the hidden states of
+EVERY token, image tokens included, come back in prompt order.
+
+Positions are mtmd's, which are the reference's (transformers' Qwen3.5 get_rope_index): text tokens
+count up on all three M-RoPE axes; an image of rows x cols tokens starting at p puts token (r, c) at
+(t, h, w) = (p, p + r, p + c); the text after it resumes at p + max(rows, cols).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as lc
+import numpy as np
+from llama_cpp import mtmd_cpp as mt
+
+from ...head.encoder import IMAGE_PAD, VISION_END, VISION_START
+from ...head.errors import Problem, RequestInvalid
+from ..gguf.projector import MAX_IMAGE_TOKENS, ProjectorError, pairing_problems, projector_info
+from ..media.images import ImageGeometry
+from . import log as llama_log
+from .backbone import Backbone
+from .media_batch import MediaChunk
+
+
+@dataclass(frozen=True)
+class ProjectorOptions:
+    # Qwen3.5's preprocessor_config.json: 65,536 to 16,777,216 pixels, one token per 32x32 pixels
+    min_tokens: int = 64
+    max_tokens: int = MAX_IMAGE_TOKENS
+    n_threads: int = 0  # 0: every core
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """One image through the vision tower: its embeddings in llama.cpp's token order (row-major)."""
+
+    embd: np.ndarray  # float32 [rows * cols, n_embd]
+    rows: int
+    cols: int
+
+    @property
+    def n_tokens(self) -> int:
+        return self.rows * self.cols
+
+
+Piece = np.ndarray | EncodedImage
+
+
+class Projector:
+    """An mmproj GGUF bound to one Backbone (llama.cpp's mtmd context); used by the backbone's worker only."""
+
+    def __init__(self, path: str | Path, backbone: Backbone, options: ProjectorOptions = ProjectorOptions()):
+        self.path = Path(path)
+        self.backbone = backbone
+        if not self.path.is_file():
+            raise ProjectorError(f"{self.path}: no such projector file; fix mmproj in models.toml")
+        info = projector_info(self.path)
+        problems = pairing_problems(info, backbone.n_embd)
+        if problems:
+            raise ProjectorError(f"{self.path} does not fit {backbone.path.name}: " + "; ".join(problems))
+        factor = info.patch_size * info.merge
+        self.geometry = ImageGeometry(factor, options.min_tokens * factor**2, options.max_tokens * factor**2)
+        self._start, self._end, self.image_pad = (self._single_token(t) for t in (VISION_START, VISION_END, IMAGE_PAD))
+        llama_log.install_mtmd(options.verbose)
+        params = mt.mtmd_context_params_default()
+        params.use_gpu = backbone.on_gpu
+        params.n_threads = options.n_threads or os.cpu_count() or 1
+        params.print_timings = False
+        params.warmup = False
+        # Flash attention keeps the vision tower's attention out of an n_patches^2 matrix per head
+        # (65,536 patches for a 16-megapixel image); it moves the embeddings by ~1e-5 relative on the CPU.
+        params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.image_min_tokens = options.min_tokens
+        params.image_max_tokens = options.max_tokens
+        self._ctx = mt.mtmd_init_from_file(str(self.path).encode(), backbone.llama_model, params)
+        if not self._ctx:
+            raise ProjectorError(f"{self.path}: llama.cpp could not load this projector (see its log above)")
+        if not mt.mtmd_decode_use_mrope(self._ctx) or mt.mtmd_decode_use_non_causal(self._ctx, None):
+            self.close()
+            raise ProjectorError(f"{self.path}: not a Qwen3.5 projector (no M-RoPE or non-causal image decoding)")
+
+    def _single_token(self, text: str) -> int:
+        ids = self.backbone.tokenize(text, True)
+        if len(ids) != 1:
+            raise ProjectorError(f"{self.backbone.path.name}: the vocabulary has no {text} token; not a vision "
+                                 "model's backbone")
+        return ids[0]
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            mt.mtmd_free(self._ctx)
+            self._ctx = None
+
+    def __enter__(self) -> "Projector":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def encode(self, pixels: np.ndarray) -> EncodedImage:
+        """uint8 [h, w, 3] RGB at the processor's size (bridge.images.decode) -> the image's embeddings."""
+        h, w, channels = pixels.shape
+        if channels != 3 or h % self.geometry.factor or w % self.geometry.factor:
+            raise ValueError(f"pixels of shape {pixels.shape}: need [h, w, 3] in multiples of {self.geometry.factor}")
+        pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
+        bitmap = mt.mtmd_bitmap_init(w, h, pixels.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+        chunks = mt.mtmd_input_chunks_init()
+        try:
+            part = mt.mtmd_input_part(None, bitmap)
+            parts = (ctypes.POINTER(mt.mtmd_input_part) * 1)(ctypes.pointer(part))
+            if mt.mtmd_tokenize_from_parts(self._ctx, chunks, parts, 1, False) != 0:
+                raise ProjectorError(f"mtmd could not preprocess a {w}x{h} image")
+            chunk = _image_chunk(chunks)
+            rows, cols = h // self.geometry.factor, w // self.geometry.factor
+            n = mt.mtmd_input_chunk_get_n_tokens(chunk)
+            if n != rows * cols or mt.mtmd_input_chunk_get_n_pos(chunk) != max(rows, cols):
+                # llama.cpp resized it again: its sizing rule and ours disagree, so would the reference's
+                raise ProjectorError(f"mtmd made {n} tokens of a {w}x{h} image; the processor makes {rows * cols}")
+            if mt.mtmd_encode_chunk(self._ctx, chunk) != 0:
+                raise ProjectorError(f"the vision tower failed on a {w}x{h} image (out of memory?)")
+            embd = np.empty((n, self.backbone.n_embd), dtype=np.float32)
+            ctypes.memmove(embd.ctypes.data, mt.mtmd_get_output_embd(self._ctx), embd.nbytes)
+            self._check_positions(mt.mtmd_input_chunk_get_tokens_image(chunk), rows, cols)
+            return EncodedImage(embd, rows, cols)
+        finally:
+            mt.mtmd_input_chunks_free(chunks)
+            mt.mtmd_bitmap_free(bitmap)
+
+    @staticmethod
+    def _check_positions(image_tokens, rows: int, cols: int) -> None:
+        """mtmd's decoder positions must be the row-major grid that image_chunk() lays out."""
+        got = np.empty((rows * cols, 4), dtype=np.uint32)  # mtmd_decoder_pos: t, x (column), y (row), z
+        mt.mtmd_helper_image_get_decoder_pos(image_tokens, 0, got.ctypes.data_as(ctypes.POINTER(mt.mtmd_decoder_pos)))
+        want = image_positions(rows, cols, 0)
+        if not (np.array_equal(got[:, 0], want[0]) and np.array_equal(got[:, 2], want[1])
+                and np.array_equal(got[:, 1], want[2]) and not got[:, 3].any()):
+            raise ProjectorError("mtmd's image positions are not Qwen3.5's (t, row, column) grid")
+
+    def chunks(self, pieces: list[Piece]) -> list[MediaChunk]:
+        """The backbone chunks of a prompt, each at its M-RoPE positions."""
+        out, pos = [], 0
+        for i, piece in enumerate(pieces):
+            if isinstance(piece, EncodedImage):
+                before = pieces[i - 1] if i else None
+                after = pieces[i + 1] if i + 1 < len(pieces) else None
+                if not (isinstance(before, np.ndarray) and len(before) and before[-1] == self._start
+                        and isinstance(after, np.ndarray) and len(after) and after[0] == self._end):
+                    raise ValueError(f"image piece {i} must follow {VISION_START} and precede {VISION_END}")
+                out.append(MediaChunk(pos=image_positions(piece.rows, piece.cols, pos), embd=piece.embd))
+                pos += max(piece.rows, piece.cols)
+            elif len(piece):
+                ids = np.asarray(piece, dtype=np.int32)
+                out.append(MediaChunk(pos=np.arange(pos, pos + len(ids), dtype=np.int32), tokens=ids))
+                pos += len(ids)
+        return out
+
+    def pieces(self, input_ids: np.ndarray, images: list[EncodedImage]) -> list[Piece]:
+        """A prompt's pieces from its token ids, where each image stands as a run of <|image_pad|> ids
+        (as in the reference's input_ids), the runs in the order of `images`."""
+        ids = np.asarray(input_ids, dtype=np.int32)
+        pad = np.flatnonzero(ids == self.image_pad)
+        runs = np.split(pad, np.flatnonzero(np.diff(pad) != 1) + 1) if len(pad) else []
+        if [len(r) for r in runs] != [im.n_tokens for im in images]:
+            # only user text tokenized with special tokens parsed can hold a stray <|image_pad|>
+            raise RequestInvalid([Problem(("body",), f"the prompt holds {IMAGE_PAD} tokens that are no image's "
+                                          f"(runs of {[len(r) for r in runs]}, images of "
+                                          f"{[im.n_tokens for im in images]} tokens): remove {IMAGE_PAD} from the "
+                                          "text", "value_error.image_token")])
+        out, at = [], 0
+        for run, image in zip(runs, images):
+            out += [ids[at:run[0]], image]
+            at = run[-1] + 1
+        return out + [ids[at:]]
+
+    def prefill(self, input_ids: np.ndarray, images: list[EncodedImage]) -> np.ndarray:
+        """float32 [t, n_embd] hidden states of every token (text and image) of a prompt whose images
+        stand as runs of <|image_pad|> ids (see pieces)."""
+        return self.backbone.decode_media(self.chunks(self.pieces(input_ids, images)))
+
+
+def _image_chunk(chunks):
+    """The one image chunk of a tokenized bitmap (mtmd wraps it in <|vision_start|> and <|vision_end|> text)."""
+    found = [c for c in (mt.mtmd_input_chunks_get(chunks, i) for i in range(mt.mtmd_input_chunks_size(chunks)))
+             if mt.mtmd_input_chunk_get_type(c) == mt.MTMD_INPUT_CHUNK_TYPE_IMAGE]
+    if len(found) != 1:
+        raise ProjectorError(f"mtmd made {len(found)} image chunks of one image (sliced?); Qwen3.5 makes one")
+    return found[0]
+
+
+def image_positions(rows: int, cols: int, start: int) -> np.ndarray:
+    """int32 [4, rows * cols]: Qwen3.5's (t, h, w) positions of an image's tokens, plus llama.cpp's unused 4th."""
+    r, c = np.divmod(np.arange(rows * cols, dtype=np.int32), cols)
+    return np.stack([np.full_like(r, start), start + r, start + c, np.zeros_like(r)])

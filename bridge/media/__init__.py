@@ -1,0 +1,1 @@
+"""A request's media: found in its body, checked from header bytes, decoded to what the towers see. May import: head, host, gguf."""

@@ -1,0 +1,237 @@
+"""One served model: parse -> encode -> prefill -> head -> answer.
+
+A ClefModel is put together from loaded parts by bridge/loading.py (the one checked way in);
+it owns them and closes the backbone.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...head.answer import AnswerOptions, answers
+from ...head.config import HeadConfig
+from ...head.encoder import Encoded, EncodeOptions, encode
+from ...head.model import Layout, decide, hidden_memory
+from ...head.schema import DecisionRequest, Limits, Question, parse_request
+from ..host.gpu import device_out_of_memory, to_device
+from ..llama.backbone import Backbone
+from ..llama.embedding import OutputEmbedding
+from ..llama.prefix_cache import PrefillRequest
+from ..llama.vision import Projector
+from ..media.images import ImageGeometry, ImageLimits
+from ..media.request import decode_all, extract, no_projector
+
+MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; decide takes the rest
+
+
+@dataclass(frozen=True)
+class Head:
+    """The joint head's config and parameters on their array module (numpy, or CuPy on a GPU)."""
+
+    config: HeadConfig
+    params: dict[str, Any]
+    xp: Any
+
+    def memory(self, hidden: np.ndarray) -> tuple[Any, Any]:
+        """Normed states and memory rows of hidden states, on the head's device: [t, H] -> [t, H], [t, w]."""
+        return hidden_memory(to_device(self.xp, hidden), self.params["hidden_norm"], self.params["memory_projection"])
+
+    def decide(self, h: Any, memory: Any, rows: np.ndarray, layout: Layout) -> np.ndarray:
+        """Flat option logits on the host (see head.model.decide)."""
+        rest = {k: v for k, v in self.params.items() if k not in MEMORY_PARAMS}
+        out = decide(h, memory, to_device(self.xp, rows), layout, self.config.heads, **rest)
+        return out if self.xp is np else self.xp.asnumpy(out)
+
+
+@dataclass
+class Timings:
+    """Seconds spent in each stage of one request."""
+
+    tokenize: float = 0.0
+    backbone: float = 0.0
+    head: float = 0.0
+    batch_size: int = 1
+    reused_tokens: int = 0  # prompt tokens the prefix cache spared the backbone
+    vision: float = 0.0  # the vision tower, for image requests
+
+
+@dataclass(frozen=True)
+class Decision:
+    response: dict[str, Any]
+    input_tokens: int
+    timings: Timings = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated, encoded request waiting for its prefill."""
+
+    request: DecisionRequest
+    encoded: Encoded
+    tokenize_s: float
+    images: tuple[np.ndarray, ...] = ()  # uint8 [h, w, 3] pixels at the projector's size, in prompt order
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """A request whose backbone has run: the hidden states wait for the head."""
+
+    prepared: Prepared
+    hidden: np.ndarray  # [t - reused, H]: the rows after the cached prefix
+    backbone_s: float
+    batch_size: int
+    reused: int = 0  # prompt tokens restored from the prefix cache
+    prefix_memory: tuple[np.ndarray, ...] = ()  # the head's memory rows of those tokens, in order (host)
+    new_segments: tuple[tuple[int, int], ...] = ()  # [start, end) whose memory rows the cache waits for
+    ticket: int = 0
+    vision_s: float = 0.0
+
+
+def _device_memory_errors(method):
+    """A CuPy out-of-memory in the head becomes DeviceOutOfMemory (HTTP 503), its arrays dropped and
+    CuPy's pool handed back to the driver, where llama.cpp allocates too."""
+    @functools.wraps(method)
+    def run(self, *args):
+        try:
+            return method(self, *args)
+        except MemoryError as exc:
+            if self.head.xp is np:
+                raise
+            raise device_out_of_memory(self.head.xp, exc) from exc
+
+    return run
+
+
+class ClefModel:
+    """A GGUF backbone and its joint head (and its vision projector, if any), with the options of one
+    models.toml entry."""
+
+    def __init__(self, name: str, backbone: Backbone, embedding: OutputEmbedding, head: Head,
+                 encode_options: EncodeOptions, answer_options: AnswerOptions, limits: Limits = Limits(),
+                 projector: Projector | None = None):
+        self.name = name
+        self.backbone = backbone
+        self.projector = projector
+        self.embedding = embedding
+        self.head = head
+        self.encode_options = encode_options
+        self.answer_options = answer_options
+        self.limits = limits
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.backbone.options.n_seq_max
+
+    @property
+    def geometry(self) -> ImageGeometry | None:
+        """How images are sized for this model's projector; None: it takes no images."""
+        return self.projector.geometry if self.projector is not None else None
+
+    def close(self) -> None:
+        if self.projector is not None:
+            self.projector.close()
+        self.backbone.close()
+
+    def prepare(self, body: Any, images: Sequence[np.ndarray] = ()) -> Prepared:
+        """Validate and encode a text body (bridge.assets.extract's) with its decoded images (no llama.cpp
+        decode): raises RequestInvalid or ContextLengthExceeded."""
+        t0 = time.perf_counter()
+        request = parse_request(body, self.limits)
+        if images and self.projector is None:
+            raise no_projector(self.name)
+        factor = self.projector.geometry.factor if images else 1
+        counts = [(p.shape[0] // factor) * (p.shape[1] // factor) for p in images]
+        encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts)
+        return Prepared(request, encoded, time.perf_counter() - t0, tuple(images))
+
+    @_device_memory_errors
+    def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
+        """The head's flat option logits for one request prefilled in full, on the host."""
+        h, memory = self.head.memory(hidden)
+        return self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids), encoded.layout)
+
+    @_device_memory_errors
+    def cached_logits(self, item: Prefilled) -> np.ndarray:
+        """Logits from the new rows only: the cached prefix's memory rows come with the item.
+
+        The layout's spans and the last token lie after the cached prefix (it ends inside the state),
+        so the head's pooling reads only new rows; its attention reads the whole prompt's memory. The
+        new rows' memory goes to the cache only once the logits are known finite: a fault never
+        leaves a poisoned checkpoint behind.
+        """
+        xp, encoded, cache = self.head.xp, item.prepared.encoded, self.backbone.prefix_cache
+        try:
+            h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
+            memory = xp.concatenate([to_device(xp, m) for m in item.prefix_memory] + [new]) if item.reused else new
+            logits = self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids),
+                                      encoded.layout.shifted(item.reused))
+            if item.ticket and np.isfinite(logits).all() and bool(xp.isfinite(new).all()):
+                # host copies: the cache's budget is host memory, and views would pin whole arrays
+                rows = [new[s - item.reused:e - item.reused] for s, e in item.new_segments]
+                cache.attach(item.ticket, [r.copy() if xp is np else xp.asnumpy(r) for r in rows])
+            elif item.ticket:
+                cache.discard(item.ticket)
+            return logits
+        except BaseException:
+            if item.ticket:
+                cache.discard(item.ticket)
+            raise
+
+    def prefill_batch(self, batch: list[Prepared]) -> list[Prefilled]:
+        """Text requests through ONE batched llama_decode, each from its longest cached prefix; a request with
+        images decodes alone and in full (llama.cpp takes token ids or embeddings in a batch, not both)."""
+        if any(p.images for p in batch):
+            return [item for p in batch for item in
+                    (self._prefill_images(p) if p.images else self.prefill_batch([p]))]
+        t0 = time.perf_counter()
+        done = self.backbone.prefill_cached([PrefillRequest(p.encoded.input_ids, p.encoded.state_span)
+                                             for p in batch])
+        backbone_s = time.perf_counter() - t0
+        return [Prefilled(p, d.hidden, backbone_s, len(batch), d.reused, d.prefix_payloads, d.new_segments, d.ticket)
+                for p, d in zip(batch, done)]
+
+    def _prefill_images(self, prepared: Prepared) -> list[Prefilled]:
+        """The vision tower over each image, then the prompt chunk by chunk (text, image embeddings, text)."""
+        t0 = time.perf_counter()
+        images = [self.projector.encode(pixels) for pixels in prepared.images]
+        t1 = time.perf_counter()
+        hidden = self.projector.prefill(prepared.encoded.input_ids, images)
+        return [Prefilled(prepared, hidden, time.perf_counter() - t1, 1, vision_s=t1 - t0)]
+
+    def finish(self, item: Prefilled) -> Decision:
+        """The head and the answers for one prefilled request."""
+        t0 = time.perf_counter()
+        prepared = item.prepared
+        logits = self.cached_logits(item)
+        body = {
+            "model": prepared.request.model,
+            "answers": answers(prepared.request, logits, prepared.encoded.layout.option_offsets, self.answer_options),
+            "usage": {"input_tokens": int(len(prepared.encoded.input_ids)), "output_tokens": 0},
+        }
+        timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused,
+                          item.vision_s)
+        return Decision(body, len(prepared.encoded.input_ids), timings)
+
+    def decide_many(self, batch: list[Prepared]) -> list[Decision]:
+        """One batched prefill, then the head per request."""
+        return [self.finish(item) for item in self.prefill_batch(batch)]
+
+    def decide(self, body: Any, image_limits: ImageLimits = ImageLimits()) -> dict[str, Any]:
+        """A System One request body in (images in `images` or `assets`, as JSON), the response body out."""
+        media = extract(body, None, image_limits, self.limits)
+        if media.images and self.projector is None:
+            raise no_projector(self.name)
+        pixels = decode_all(media.images, self.geometry) if media.images else ()
+        return self.decide_many([self.prepare(media.body, pixels)])[0].response
+
+    def question_logits(self, body: Any) -> list[tuple[Question, np.ndarray]]:
+        """Unrounded option logits per question (prompt order, before any temperature)."""
+        prepared = self.prepare(body)
+        logits = self.logits(prepared.encoded, self.backbone.prefill(prepared.encoded.input_ids))
+        bounds = list(prepared.encoded.layout.option_offsets) + [len(logits)]
+        return [(q, logits[s:e]) for q, s, e in zip(prepared.request.questions, bounds, bounds[1:])]

@@ -1,0 +1,431 @@
+"""Does this GGUF belong with this head? Inspection functions returning typed findings.
+
+Every check reads headers through memory maps; nothing loads a whole file into memory. The
+`clef-bridge check` command prints these findings, and the server refuses to start on an error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...head.config import HeadConfig, config_path_for, load_config
+from ...head.errors import ClefError, HeadConfigError, HeadWeightsError
+from ...head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
+from ..gguf.clef_format import CLEF_ARCH
+from ..gguf.clef_head import EmbeddedHead, validate_embedded_head
+from ..gguf.projector import (
+    PROJECTOR_HOME,
+    ProjectorError,
+    compute_bytes,
+    pairing_problems,
+    projector_for,
+    projector_info,
+)
+from ..gguf.reader import GGUFError, GGUFInfo, StringArray, read_gguf, read_strings
+from .memory_plan import layer_pattern
+from .provenance import (
+    MAX_CANARY_DIFF,
+    MAX_NORM_DIFF,
+    MAX_STATE_DRIFT,
+    MIN_ROW_COSINE,
+    WARN_CANARY_DIFF,
+    WARN_STATE_DRIFT,
+    canary_difference,
+    compare_fingerprints,
+    default_pair_path,
+    fingerprint,
+    sha256_file,
+    state_drift,
+)
+
+CLEF_ARCHITECTURES = ("qwen35", "qwen35moe", CLEF_ARCH)
+PROMPT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
+SPECIAL_TYPES = (3, 4)  # CONTROL, USER_DEFINED
+HEAD_HOME = ("get a llama.cpp `clef` GGUF, which embeds the head (ggml-org/Clef-Flash-GGUF, ggml-org/Clef-GGUF, "
+             "bartowski/Cloudflare_clef-flash-GGUF), or the release's joint_head.safetensors + "
+             "joint_head_config.json from Cloudflare/clef-flash (9B) or Cloudflare/clef (27B); `clef-bridge pull` "
+             "fetches either")
+HEADLESS = ("this qwen35 GGUF holds only the backbone; loaded without its joint head it runs and answers nonsense "
+            "(the headless-GGUF trap)")
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # "error" refuses the pair, "warning" is served with a warning, "info" is for the record
+    code: str
+    message: str
+    fix: str = ""
+
+
+@dataclass
+class Report:
+    gguf: str
+    head: str | None
+    findings: list[Finding] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] | None = field(default=None, repr=False)  # the pairing record, for the canaries
+    embedded: EmbeddedHead | None = field(default=None, repr=False)  # the head read from a clef GGUF
+
+    @property
+    def accepted(self) -> bool:
+        return not any(f.level == "error" for f in self.findings)
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "warning"]
+
+    def add(self, level: str, code: str, message: str, fix: str = "") -> None:
+        self.findings.append(Finding(level, code, message, fix))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gguf": self.gguf, "head": self.head, "accepted": self.accepted, "facts": self.facts,
+                "findings": [asdict(f) for f in self.findings]}
+
+
+# --- the GGUF ----------------------------------------------------------------------------------
+
+def check_gguf(path: Path, report: Report) -> GGUFInfo | None:
+    try:
+        info = read_gguf(path)
+        stored = info.metadata.get("tokenizer.ggml.tokens")
+        tokens = read_strings(info, "tokenizer.ggml.tokens") if isinstance(stored, StringArray) else None
+    except GGUFError as exc:
+        fix = ("check the gguf path" if exc.code == "gguf.missing" else
+               "re-download the GGUF; a truncated or foreign file cannot be served")
+        report.add("error", exc.code, str(exc), fix)
+        return None
+    report.facts.update({"gguf_version": info.version, "architecture": info.architecture,
+                         "tensors": len(info.tensors)})
+    for t in info.tensors.values():
+        if t.n_bytes is None:
+            report.add("error", "gguf.tensor_type", f"tensor {t.name} has unknown type {t.type}",
+                       "update clef-bridge and llama-cpp-python, or use a GGUF of a common quantization")
+            continue
+        end = info.data_start + t.offset + t.n_bytes
+        if end > info.file_size:
+            report.add("error", "gguf.truncated", f"tensor {t.name} ends at byte {end} but the file has "
+                       f"{info.file_size}: the download is incomplete", "download the GGUF again (resume)")
+            break
+        if t.offset % info.alignment:
+            report.add("error", "gguf.alignment", f"tensor {t.name} at offset {t.offset} breaks the "
+                       f"{info.alignment}-byte alignment", "the file is corrupt: download it again")
+            break
+    if info.architecture not in CLEF_ARCHITECTURES:
+        report.add("error", "gguf.architecture", f"architecture {info.architecture!r} is not a Clef backbone "
+                   f"(Clef uses {' or '.join(CLEF_ARCHITECTURES)})",
+                   "use a GGUF converted from Cloudflare/clef-flash or Cloudflare/clef")
+        return info
+    n_embd = info.arch_key("embedding_length")
+    pattern = layer_pattern(info)
+    report.facts.update({"embedding_length": n_embd, "block_count": info.arch_key("block_count"),
+                         "vocab_size": len(tokens) if isinstance(tokens, list) else None,
+                         "full_attention_layers": sum(pattern) if pattern else None})
+    if not isinstance(n_embd, int):
+        report.add("error", "gguf.metadata", f"{info.architecture}.embedding_length is missing",
+                   "the GGUF's metadata is incomplete: convert it again with llama.cpp's converter")
+    if pattern is None:
+        report.add("error", "gguf.metadata", "the layer pattern (attention.recurrent_layers or "
+                   "full_attention_interval) is missing", "convert the model again with llama.cpp's converter")
+    output = info.tensors.get("output.weight") or info.tensors.get("token_embd.weight")
+    if output is None:
+        report.add("error", "gguf.output_embedding", "neither output.weight nor token_embd.weight is present; "
+                   "the head's lexical prior needs the output embedding", "use a complete GGUF of the model")
+    elif "output.weight" not in info.tensors:
+        report.add("info", "gguf.tied_embedding", "no output.weight: the output embedding is tied to "
+                   "token_embd.weight")
+    if not isinstance(tokens, list):
+        report.add("error", "gguf.tokenizer", "the GGUF has no tokenizer (tokenizer.ggml.tokens)",
+                   "use a GGUF that carries its tokenizer")
+        return info
+    types = info.metadata.get("tokenizer.ggml.token_type")
+    ids = {tok: i for i, tok in enumerate(tokens) if tok in PROMPT_TOKENS}
+    missing = [t for t in PROMPT_TOKENS if t not in ids]
+    plain = [t for t, i in ids.items() if isinstance(types, np.ndarray) and types[i] not in SPECIAL_TYPES]
+    if missing or plain:
+        report.add("error", "gguf.special_tokens", f"the tokenizer lacks the prompt's special tokens {missing}"
+                   + (f" (plain tokens: {plain})" if plain else ""), "use a Qwen3.5 GGUF of the Clef release")
+    if output is not None and len(output.shape) == 2:
+        if isinstance(n_embd, int) and output.shape[0] != n_embd:
+            report.add("error", "gguf.output_embedding", f"{output.name} rows have {output.shape[0]} values but "
+                       f"the embedding length is {n_embd}", "the file is inconsistent: convert it again")
+        if output.shape[1] < len(tokens):
+            report.add("error", "pair.vocab", f"{output.name} has {output.shape[1]} rows but the tokenizer has "
+                       f"{len(tokens)} tokens: token ids past row {output.shape[1] - 1} have no embedding",
+                       "the GGUF's tokenizer and weights come from different models: use a consistent GGUF")
+    return info
+
+
+# --- the head ----------------------------------------------------------------------------------
+
+SCALAR_RANGES = {"prior_logit_scale": (-10.0, 10.0), "joint_logit_scale": (-10.0, 10.0),
+                 "residual_gate": (-20.0, 20.0)}
+
+
+def find_head(gguf: Path) -> Path | None:
+    """The head beside a GGUF: <stem>.head.safetensors, or joint_head.safetensors in the same folder."""
+    for candidate in (gguf.with_name(f"{gguf.stem}.head.safetensors"), gguf.with_name("joint_head.safetensors")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def check_head(path: Path, report: Report) -> tuple[HeadConfig, SafetensorsHeader] | None:
+    if not path.is_file():
+        report.add("error", "head.missing", f"{path}: no such file", HEAD_HOME)
+        return None
+    cfg = None
+    config = config_path_for(path)
+    if not config.is_file():
+        report.add("error", "head.config_missing", f"{config}: not found beside the head", HEAD_HOME)
+    else:
+        try:
+            cfg = load_config(config)
+        except HeadConfigError as exc:
+            report.add("error", "head.config_invalid", str(exc), HEAD_HOME)
+    try:
+        header = read_header(path)
+    except HeadWeightsError as exc:
+        report.add("error", "head.safetensors", str(exc), "the file is damaged: download it again")
+        return None
+    report.facts["head_tensors"] = len(header.entries)
+    if cfg is None:
+        return None
+    report.facts["head_config"] = vars(cfg)
+    want = expected_shapes(cfg)
+    for name, shape in want.items():
+        entry = header.entries.get(name)
+        if entry is None:
+            report.add("error", "head.tensor_missing", f"{name} (shape {list(shape)}) is missing", HEAD_HOME)
+        elif entry.shape != shape:
+            report.add("error", "head.tensor_shape", f"{name} has shape {list(entry.shape)}; "
+                       f"joint_head_config.json implies {list(shape)}",
+                       "the config and the weights disagree: download both from the same release")
+    for name in header.entries.keys() - want.keys():
+        report.add("error", "head.tensor_unexpected", f"{name} is not part of the joint schema head",
+                   "the file is not a Clef joint head (or the config is for a different one)")
+    if not report.accepted:
+        return None
+    tensors = read_tensors(path, header)
+    bad = [n for n, t in tensors.items() if not np.isfinite(t).all()]
+    for name in bad:
+        report.add("error", "head.nonfinite", f"{name} holds NaN or infinite values", HEAD_HOME)
+    for name, (lo, hi) in SCALAR_RANGES.items():
+        value = float(tensors[name])
+        if name not in bad and not lo <= value <= hi:
+            report.add("warning", "head.scalar_range", f"{name} = {value:g} lies outside [{lo:g}, {hi:g}]",
+                       "check that the head is the released one")
+    return cfg, header
+
+
+# --- together ----------------------------------------------------------------------------------
+
+def check_pair(gguf: Path, head: Path | None) -> Report:
+    """Every check of a GGUF and its head; head None means the clef GGUF's own head, or the one beside the GGUF.
+
+    For a clef GGUF with its embedded head, report.head is the GGUF itself and report.embedded holds the head.
+    """
+    gguf = Path(gguf)
+    report = Report(str(gguf), None)
+    info = check_gguf(gguf, report)
+    if head is None and info is not None and info.architecture == CLEF_ARCH:
+        report.head = str(gguf)
+        report.facts["head_source"] = "embedded"
+        report.embedded = validate_embedded_head(info, report)
+        if report.embedded is not None:
+            report.facts["head_config"] = vars(report.embedded.config)
+            report.facts["head_matrices"] = report.embedded.matrix_type
+        return report
+    head = Path(head) if head is not None else find_head(gguf)
+    if head is None and info is None:
+        return report  # the GGUF itself is unreadable: that finding says it all
+    if head is None:
+        report.add("error", "pair.headless", f"no head for {gguf.name}: {HEADLESS}",
+                   f"{HEAD_HOME}; put the safetensors head beside the GGUF as joint_head.safetensors or pass --head")
+        return report
+    report.head = str(head)
+    report.facts.update({"head_source": "safetensors", "head": str(head)})
+    if info is not None and info.architecture == CLEF_ARCH:
+        report.add("info", "clef.head_replaced", f"{gguf.name} embeds a head, but {head.name} is served instead")
+    found = check_head(head, report)
+    if info is None or found is None:
+        return report
+    cfg, _ = found
+    n_embd = info.arch_key("embedding_length")
+    if isinstance(n_embd, int) and cfg.hidden_size != n_embd:
+        report.add("error", "pair.hidden_size", f"the head expects hidden_size {cfg.hidden_size} but the GGUF's "
+                   f"embedding length is {n_embd}: this head belongs to another model",
+                   "Clef-flash (9B) uses hidden 4096, Clef (27B) hidden 5120: pair each GGUF with its own head")
+    return report
+
+
+# --- provenance --------------------------------------------------------------------------------
+
+def check_pins(report: Report, gguf: Path, head: Path | None, gguf_sha256: str | None,
+               head_sha256: str | None) -> None:
+    for label, path, pin in (("gguf", gguf, gguf_sha256), ("head", head, head_sha256)):
+        if not pin or path is None or not path.is_file():
+            continue
+        actual = sha256_file(path)
+        report.facts[f"{label}_sha256"] = actual
+        if actual != pin.lower():
+            report.add("error", f"pin.{label}_sha256", f"{path.name} has sha256 {actual}, but models.toml pins "
+                       f"{pin}", "the file changed or is damaged: download it again, or update the pin")
+
+
+def check_record(report: Report, gguf: Path, head: Path, record: dict[str, Any]) -> None:
+    """Compare a pairing record's head hash and backbone fingerprint with this GGUF and head."""
+    if record.get("version") not in (1, 2):
+        report.add("error", "pair.record", f"unknown pairing record version {record.get('version')!r}",
+                   "write it again with `clef-bridge pair`")
+        return
+    if sha256_file(head) != record["head_sha256"]:
+        report.add("error", "pair.head_changed", "the head is not the one this pairing record was made with",
+                   "use the paired head, or pair again with `clef-bridge pair GGUF HEAD`")
+    cosine, norm_diff = compare_fingerprints(record["fingerprint"], fingerprint(gguf))
+    report.facts.update({"fingerprint_min_cosine": round(cosine, 4), "fingerprint_norm_diff": round(norm_diff, 4)})
+    if cosine < MIN_ROW_COSINE or norm_diff > MAX_NORM_DIFF:
+        report.add("error", "pair.backbone_mismatch", f"the backbone is not the one the head was paired with "
+                   f"(sampled output rows: cosine {cosine:.3f}, at least {MIN_ROW_COSINE} expected; norm weights "
+                   f"differ by {norm_diff:.3f})", "use a GGUF of the same release as the head (any quantization)")
+
+
+def check_canaries(report: Report, record: dict[str, Any], probabilities: list[dict[str, list[float]]],
+                   states: list[dict[str, Any]]) -> None:
+    """Compare the record's canaries (hidden states, then probabilities) with those of the loaded pair."""
+    if "canary_states" not in record:
+        report.add("info", "pair.record_v1", "the pairing record predates hidden-state canaries: a fine-tune of the "
+                   "same base is caught only by its probabilities", "write it again with `clef-bridge pair`")
+    else:
+        drift = state_drift(record["canary_states"], states)
+        report.facts["canary_state_drift"] = round(drift, 5)
+        if drift > MAX_STATE_DRIFT:
+            report.add("error", "pair.canary_mismatch", f"the canaries' hidden states moved by {drift:.4f} (mean 1 - "
+                       f"cosine; at most {MAX_STATE_DRIFT} expected from quantization): the backbone's inner layers "
+                       "are not the ones the head was paired with (another model or a fine-tune)",
+                       "pair the head with its own backbone")
+            return
+        if drift > WARN_STATE_DRIFT:
+            report.add("warning", "pair.canary_drift", f"the canaries' hidden states moved by {drift:.4f}: a coarse "
+                       "quantization (or a small fine-tune); answers will differ measurably from the reference",
+                       "prefer Q8_0 or F16 where memory allows (clef-bridge drift measures it)")
+    diff = canary_difference(record["canaries"], probabilities)
+    report.facts["canary_max_diff"] = round(diff, 4)
+    if diff > MAX_CANARY_DIFF:
+        report.add("error", "pair.canary_mismatch", f"canary probabilities moved by {diff:.3f} (at most "
+                   f"{MAX_CANARY_DIFF} expected from quantization): the backbone's inner layers are not the ones "
+                   "the head was paired with", "pair the head with its own backbone")
+    elif diff > WARN_CANARY_DIFF and not any(f.code == "pair.canary_drift" for f in report.findings):
+        report.add("warning", "pair.canary_drift", f"canary probabilities moved by {diff:.3f}: a coarse "
+                   "quantization; answers will differ measurably from the reference",
+                   "prefer Q8_0 or F16 where memory allows (clef-bridge drift measures it)")
+
+
+def load_record(path: Path, report: Report) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        report.add("error", "pair.record", f"{path}: cannot read the pairing record: {exc}",
+                   "write it again with `clef-bridge pair`")
+        return None
+    if not isinstance(record, dict) or not {"head_sha256", "fingerprint", "canaries"} <= record.keys():
+        report.add("error", "pair.record", f"{path}: not a pairing record", "write it again with `clef-bridge pair`")
+        return None
+    return record
+
+
+def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha256: str = "",
+              head_sha256: str = "", want_record: bool = True) -> Report:
+    """Static checks, pins, and the static part of the pairing record (pair, or <gguf stem>.pair.json).
+
+    The record's canaries need a loaded model: the loader runs them (check_canaries) with the record
+    this report keeps in `record`.
+    """
+    report = check_pair(gguf, head)
+    head = Path(report.head) if report.head else None
+    check_pins(report, Path(gguf), head, gguf_sha256, head_sha256)
+    pair = pair or (default_pair_path(gguf) if default_pair_path(gguf).is_file() else None)
+    if head is None or not report.accepted:
+        return report
+    if pair is None and want_record:
+        report.add("warning", "pair.no_record", "no pairing record: nothing proves this backbone is the one the "
+                   "head was trained with (a same-shape backbone of another model would answer nonsense)",
+                   f"write one with `clef-bridge pair {Path(gguf).name}"
+                   f"{'' if report.embedded else ' ' + head.name}` once you trust the pair, or fetch it with "
+                   "`clef-bridge pull`")
+    if pair is None:
+        return report
+    report.facts["pair"] = str(pair)
+    record = load_record(Path(pair), report)
+    if record is not None:
+        check_record(report, Path(gguf), head, record)
+        report.record = record
+    return report
+
+
+class ModelRefused(ClefError):
+    """A models.toml entry failed its integrity checks."""
+
+    error_type = "model_refused"
+
+    def __init__(self, name: str, report: Report):
+        self.name, self.report = name, report
+        lines = [f"model {name!r} refused ({report.gguf} + {report.head or 'no head'}):"]
+        for f in report.findings:
+            if f.level == "error":
+                lines.append(f"  {f.code}: {f.message}" + (f"\n    fix: {f.fix}" if f.fix else ""))
+        super().__init__("\n".join(lines))
+
+
+# --- the vision projector -------------------------------------------------------------------
+
+def check_projector(report: Report, gguf: Path, configured: Path | None) -> None:
+    """The projector's findings on an entry's report: found or not, readable, paired with the backbone."""
+    try:
+        path = projector_for(gguf, configured)
+    except ProjectorError as exc:
+        report.add("error", "mmproj.ambiguous", str(exc), exc.fix)
+        return
+    report.facts["mmproj"] = str(path) if path else None  # None: text only (image requests get a 422)
+    if path is None:
+        return
+    if not path.is_file():
+        report.add("error", "mmproj.missing", f"{path}: no such projector file",
+                   "fix mmproj in models.toml (relative paths start at the models.toml folder)")
+        return
+    try:
+        info = projector_info(path)
+    except (ProjectorError, GGUFError) as exc:
+        report.add("error", "mmproj.invalid", str(exc), PROJECTOR_HOME)
+        return
+    report.facts.update({"mmproj_type": info.projector_type, "mmproj_width": info.n_embd,
+                         "mmproj_weight_bytes": info.weight_bytes, "mmproj_compute_bytes": compute_bytes(info)})
+    n_embd = report.facts.get("embedding_length")
+    for problem in pairing_problems(info, n_embd) if isinstance(n_embd, int) else []:
+        report.add("error", "mmproj.pairing", f"{path.name} does not fit this backbone: {problem}",
+                   "use the mmproj GGUF converted from the same Qwen3.5 model as the backbone")
+
+
+def check_image_canary(report: Report, record: dict, current: dict | None) -> None:
+    """Compare a pairing record's image canary (hidden states of a fixed picture through the projector) with
+    the loaded model's: a projector of the right width from another model or a fine-tune moves them."""
+    recorded = record.get("image_canary")
+    if recorded is None or current is None:
+        if current is not None:
+            report.add("info", "mmproj.no_canary", "the pairing record predates this projector: nothing proves it "
+                       "is the backbone's own beyond its type and width", "write the record again with `clef-bridge "
+                       "pair` once you trust the projector")
+        return
+    drift = state_drift([recorded], [current])
+    report.facts["image_canary_drift"] = round(drift, 5)
+    if drift > MAX_STATE_DRIFT:
+        report.add("error", "mmproj.canary_mismatch", f"the image canary's hidden states moved by {drift:.4f} (mean "
+                   f"1 - cosine; at most {MAX_STATE_DRIFT} expected from quantization): the projector is not the one "
+                   "the pair was recorded with", "use the mmproj GGUF of this model, or pair again with it")
+    elif drift > WARN_STATE_DRIFT:
+        report.add("warning", "mmproj.canary_drift", f"the image canary's hidden states moved by {drift:.4f}: a "
+                   "coarser projector or backbone quantization than the recorded one")

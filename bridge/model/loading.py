@@ -1,0 +1,158 @@
+"""The one checked way to load a model, for `serve` and every command.
+
+Integrity checks (bridge/integrity.py) inspect the files and return findings; this module acts on
+them: it refuses a failing pair before loading anything heavy, runs the pairing record's canaries
+on the loaded model, and returns the model together with the warnings it is served with.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...head.config import HeadConfig, config_path_for, load_config
+from ...head.errors import HeadConfigError
+from ...head.schema import Limits
+from ...head.weights import load_state_dict, params_from
+from ..gguf.clef_format import CLEF_ARCH
+from ..gguf.clef_split import ensure_backbone
+from ..gguf.projector import vision_bytes
+from ..gguf.reader import read_gguf
+from ..host.gpu import host_rows_for, release_cached
+from ..host.paths import cache_dir
+from ..llama.backbone import Backbone
+from ..llama.embedding import OutputEmbedding
+from ..llama.vision import Projector, ProjectorOptions
+from .clef_model import ClefModel, Head
+from .integrity import ModelRefused, Report, check_all, check_canaries, check_image_canary, check_projector
+from .memory_plan import gpu_layers_for, head_gpu_bytes
+from .provenance import canary_probabilities, canary_states, image_canary
+from .registry import ModelSpec
+
+log = logging.getLogger("clef_bridge.loading")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A checked model, the report of its checks, and the warnings it is served with."""
+
+    model: ClefModel
+    report: Report
+    warnings: tuple[str, ...]
+
+
+def array_module_for(device: str) -> Any:
+    if device == "cpu":
+        return np
+    try:
+        import cupy
+    except ImportError:
+        raise HeadConfigError("head_device = \"cuda\" needs CuPy", fix="pip install 'clef-bridge[cuda]', or set "
+                              "head_device = \"cpu\" in models.toml") from None
+    return cupy
+
+
+def materialize(spec: ModelSpec) -> None:
+    """Build the files of a built-in model if they are not there yet."""
+    if spec.builtin == "demo":
+        from .demo import make_demo
+
+        make_demo(spec.gguf.parent)
+
+
+def inspect_spec(spec: ModelSpec) -> Report:
+    """Every static check of a models.toml entry (files, pins, pairing record), without loading it."""
+    materialize(spec)
+    report = check_all(spec.gguf, spec.head, spec.pair, spec.gguf_sha256, spec.head_sha256,
+                       want_record=not spec.builtin)
+    check_projector(report, spec.gguf, spec.mmproj)
+    return report
+
+
+def checked_projector(report: Report) -> Path | None:
+    """The projector inspect_spec checked for this entry (None: none, or a report without projector checks)."""
+    path = report.facts.get("mmproj")
+    return Path(path) if path else None
+
+
+def open_projector(spec: ModelSpec, report: Report, backbone: Backbone) -> Projector | None:
+    """The entry's checked vision projector on the backbone's device, or None when it has none."""
+    path = checked_projector(report)
+    options = ProjectorOptions(n_threads=spec.backbone.n_threads, verbose=spec.backbone.verbose)
+    return Projector(path, backbone, options) if path is not None else None
+
+
+def backbone_file(gguf: Path) -> Path:
+    """The qwen35 GGUF llama.cpp loads: the file itself, or a clef GGUF's backbone, written once into the cache."""
+    if read_gguf(gguf).architecture != CLEF_ARCH:
+        return gguf
+    path, done = ensure_backbone(gguf, cache_dir() / "backbones")
+    if done.action == "converted":
+        log.info("wrote the qwen35 backbone of %s to %s (%.2f GB in %.1f s; llama-cpp-python cannot load arch clef, "
+                 "so the backbone is kept apart; the head is read from the clef GGUF)", gguf.name, path,
+                 done.bytes / 1e9, done.seconds)
+        for old in done.superseded:
+            log.info("removed %s: its clef GGUF changed", old)
+    else:
+        log.info("using the qwen35 backbone of %s converted earlier: %s (%.2f GB)", gguf.name, path, done.bytes / 1e9)
+    return path
+
+
+def _head_weights(report: Report) -> tuple[HeadConfig, dict[str, np.ndarray], dict[str, float]]:
+    """The head's config, torch-named float32 weights and GGUF temperatures (a clef GGUF's own, or none)."""
+    if report.embedded is not None:
+        head = report.embedded
+        return head.config, head.state_dict, head.temperatures
+    config = load_config(config_path_for(report.head))
+    return config, load_state_dict(report.head, config), {}
+
+
+def open_model(spec: ModelSpec, report: Report, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:
+    """Load the backbone and head of an entry whose static checks passed (report); memory-plan warnings.
+
+    The memory plan reads the GPU's free memory before this head is uploaded and counts the head
+    once; CuPy's cached blocks go back to the driver first, so they count as free for llama.cpp.
+    """
+    config, flat, temperatures = _head_weights(report)
+    xp = array_module_for(spec.head_device)
+    path = backbone_file(spec.gguf)
+    release_cached(xp)
+    head_bytes = head_gpu_bytes(config, spec.head_device, spec.head_dtype)
+    n_gpu_layers, warnings = gpu_layers_for(path, spec.backbone, head_bytes,
+                                            vision_bytes=vision_bytes(checked_projector(report)))
+    head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
+    backbone = Backbone(path, replace(spec.backbone, n_gpu_layers=n_gpu_layers), host_rows_for(xp))
+    try:
+        embedding = OutputEmbedding(spec.gguf)
+        projector = open_projector(spec, report, backbone)
+    except BaseException:
+        backbone.close()
+        raise
+    # models.toml's temperatures win over the GGUF's, key by key
+    answer = replace(spec.answer, temperature=temperatures | spec.answer.temperature)
+    return ClefModel(spec.name, backbone, embedding, head, spec.encode, answer, limits, projector), warnings
+
+
+def load_checked(spec: ModelSpec, limits: Limits = Limits()) -> Loaded:
+    """A model only if its pair passes every check, canaries included; raises ModelRefused otherwise."""
+    report = inspect_spec(spec)
+    if not report.accepted:
+        raise ModelRefused(spec.name, report)
+    model, warnings = open_model(spec, report, limits)
+    report.embedded = None  # a clef GGUF's head now lives in the model: the report need not hold a host copy
+    if report.record is not None:
+        try:
+            check_canaries(report, report.record, canary_probabilities(model), canary_states(model))
+            check_image_canary(report, report.record, image_canary(model))
+        except BaseException:
+            model.close()
+            raise
+        if not report.accepted:
+            model.close()
+            raise ModelRefused(spec.name, report)
+    warnings += [f"{f.code}: {f.message}" for f in report.warnings]
+    return Loaded(model, report, tuple(warnings))

@@ -1,0 +1,269 @@
+"""models.toml: the registry of served models, parsed strictly into frozen dataclasses.
+
+Each models.toml key maps onto one field of an options dataclass (BackboneOptions, EncodeOptions,
+AnswerOptions, Limits, ...), so every default is written once, in that dataclass. Validation
+collects every problem of the file and raises one RegistryError listing them with their keys.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ...head.answer import AnswerOptions
+from ...head.encoder import EncodeOptions
+from ...head.errors import ClefError
+from ...head.schema import Limits
+from ..llama.backbone import BackboneOptions
+from ..llama.prefix_cache import PrefixCacheOptions
+from ..media.images import ImageLimits
+from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
+
+LATEST = "jev-latest"
+DEFAULT_NAMES = (LATEST, "jev-preview")  # the names that mean the registry's default model
+CLOUDFLARE_NAMES = {4096: "clef-flash", 5120: "clef"}  # Workers AI's model names by backbone width
+
+
+class RegistryError(ClefError):
+    """models.toml is missing, malformed, or names something that does not exist."""
+
+    error_type = "registry_error"
+
+
+class UnknownModel(ClefError):
+    """A request named a model this server does not serve."""
+
+    error_type = "model_not_found"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    gguf: Path
+    head: Path | None = None  # None: embedded in a clef GGUF, or joint_head.safetensors beside the GGUF
+    backbone: BackboneOptions = BackboneOptions()
+    encode: EncodeOptions = EncodeOptions()
+    answer: AnswerOptions = AnswerOptions()
+    head_device: str = "cpu"  # "cuda": the head runs on CuPy
+    head_dtype: str = "float32"  # "float16": the head's matrices stored in half the GPU memory (head_device cuda)
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    release_date: str = ""
+    gguf_sha256: str = ""  # optional pins, checked at load
+    head_sha256: str = ""
+    pair: Path | None = None  # pairing record; default <gguf stem>.pair.json beside the GGUF when present
+    builtin: str = ""  # "demo": the embedded demo model, built into the cache on first use
+    mmproj: Path | None = None  # vision projector GGUF; None: mmproj*.gguf beside the GGUF, if there is one
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    api_keys_file: Path | None = None  # one key per line; none = auth off
+    max_body_bytes: int = 4 * 1024 * 1024  # after decompression too
+    max_queue: int = 64  # requests waiting per model; beyond it, 429
+    request_timeout_s: float = 60.0  # per request, queue included; beyond it, 503
+    retry_after_s: int = 1  # the Retry-After sent with 429 and 503
+    body_timeout_s: float = 30.0  # a client must deliver its body within this; slower ones get 408
+    write_timeout_s: float = 30.0  # a client must take its answer within this; one that does not read is cut off
+    cache_size: int = 0  # answers kept for exact repeats (identical in-flight requests always share one run)
+    limits: Limits = Limits()
+    images: ImageLimits = ImageLimits()
+
+
+@dataclass(frozen=True)
+class RaySpec:
+    """[ray]: the replicas of `serve --ray` (bridge/ray_plan.py); 0 derives a value, as n_threads = 0 does."""
+
+    min_replicas: int = 1
+    max_replicas: int = 1  # above min_replicas: Serve autoscales on ongoing requests
+    num_gpus: float | str = "auto"  # per replica; "auto": 1 where the cluster has GPUs, else 0
+    num_cpus: float = 1.0  # per replica; a CPU replica's llama.cpp runs this many threads unless n_threads is set
+    target_ongoing_requests: int = 0  # 0: the default model's n_seq_max, one full batch per replica
+    max_ongoing_requests: int = 0  # 0: twice the target, a batch decoding while the next one forms
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    look_back_period_s: float = 30.0
+    health_check_period_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Registry:
+    path: Path
+    default: str
+    models: dict[str, ModelSpec]
+    server: ServerSpec = ServerSpec()
+    ray: RaySpec = RaySpec()
+
+
+# --- names -------------------------------------------------------------------------------------
+
+def name_table(registry: Registry, hidden_sizes: dict[str, int]) -> dict[str, str]:
+    """Every name a request may use -> the model it means.
+
+    Explicit names and aliases first; then jev-latest / jev-preview for the default model; then
+    Cloudflare's names (clef-flash for hidden 4096, clef for 5120; the demo answers to both) for the
+    default model when it has that width, else the first model that does.
+    """
+    table = {n: spec.name for spec in registry.models.values() for n in (spec.name, *spec.aliases)}
+    for n in DEFAULT_NAMES:
+        table.setdefault(n, registry.default)
+    order = [registry.default] + [n for n in registry.models if n != registry.default]
+    for hidden, cf_name in CLOUDFLARE_NAMES.items():
+        match = next((n for n in order if hidden_sizes.get(n) == hidden or registry.models[n].builtin == "demo"), None)
+        if match is not None:
+            table.setdefault(cf_name, match)
+    return table
+
+
+def resolve(table: dict[str, str], name: str) -> str:
+    """The model a request's `model` field names."""
+    if name in table:
+        return table[name]
+    raise UnknownModel(f"model {name!r} is not served here; served: {', '.join(table)}")
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+def _absolute(path: Path) -> Path:
+    # abspath, not resolve(): a Hugging Face cache file is a symlink into blobs/, and its
+    # joint_head_config.json lies beside the link, not beside the blob
+    return Path(os.path.abspath(path))
+
+
+def _combinations(spec: ModelSpec, where: str) -> list[str]:
+    """Problems of keys that are valid alone but not together."""
+    problems = []
+    if spec.head_dtype != "float32" and spec.head_device != "cuda":
+        problems.append(f"{where}.head_dtype: \"{spec.head_dtype}\" needs head_device = \"cuda\": on the CPU numpy "
+                        "converts every matrix back to float32 on each request (the head runs up to 2x slower); "
+                        "drop head_dtype or set head_device = \"cuda\"")
+    if spec.encode.max_length > spec.backbone.n_ctx:
+        problems.append(f"{where}: max_length ({spec.encode.max_length}) exceeds n_ctx ({spec.backbone.n_ctx}); a "
+                        "prompt that long could not be decoded: raise n_ctx or lower max_length")
+    return problems
+
+
+def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> ModelSpec | None:
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a table")
+        return None
+    if "builtin" in raw:
+        if "gguf" in raw or "head" in raw:
+            problems.append(f"{where}: a builtin model takes no gguf or head")
+        from .demo import demo_entry
+
+        raw = {**demo_entry(), **{k: v for k, v in raw.items() if k not in ("gguf", "head")}}
+    elif "gguf" not in raw:
+        problems.append(f"{where}.gguf: missing: the backbone GGUF file (a path relative to models.toml) is "
+                        "required; `clef-bridge pull` writes complete entries")
+    count = len(problems)
+    groups = values_by_group(raw, MODEL_KEYS, where, problems)
+    if len(problems) > count or "gguf" not in raw:
+        return None
+    top = groups.pop("", {})
+    for key in ("gguf", "head", "pair", "mmproj"):
+        if key in top:
+            top[key] = _absolute(base / top[key])
+    # the prefix cache is on unless prefix_cache_mb = 0; it keeps the head's memory rows with its checkpoints
+    cache = PrefixCacheOptions(**groups.get("prefix", {}), payloads=True)
+    spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {}), prefix_cache=cache),
+                     encode=EncodeOptions(**groups.get("encode", {})), answer=AnswerOptions(**groups.get("answer", {})))
+    problems += _combinations(spec, where)
+    return spec
+
+
+def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec:
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a table")
+        return ServerSpec()
+    groups = values_by_group(raw, SERVER_KEYS, where, problems)
+    top = groups.get("", {})
+    if "api_keys_file" in top:
+        top["api_keys_file"] = _absolute(base / top["api_keys_file"])
+    return ServerSpec(**top, limits=Limits(**groups.get("limits", {})),
+                      images=ImageLimits(**groups.get("images", {})))
+
+
+def _ray(raw: Any, where: str, problems: list[str]) -> RaySpec:
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a table")
+        return RaySpec()
+    count = len(problems)
+    spec = RaySpec(**values_by_group(raw, RAY_KEYS, where, problems).get("", {}))
+    if len(problems) == count and spec.min_replicas > spec.max_replicas:
+        problems.append(f"{where}: min_replicas ({spec.min_replicas}) exceeds max_replicas ({spec.max_replicas})")
+    return spec
+
+
+def model_spec(name: str, gguf: str | Path, head: str | Path | None = None, base: Path = Path("."),
+               **keys: Any) -> ModelSpec:
+    """A ModelSpec from models.toml keys (validated exactly as the file is), for commands and tests."""
+    raw = {"gguf": str(gguf), **({"head": str(head)} if head is not None else {}),
+           **{k: str(v) if isinstance(v, Path) else v for k, v in keys.items()}}
+    problems: list[str] = []
+    spec = _model(name, raw, base, f"models.{name}", problems)
+    if problems or spec is None:
+        raise RegistryError("\n".join(problems))
+    return spec
+
+
+def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
+    """spec with some models.toml keys changed (validated like the file)."""
+    problems: list[str] = []
+    keys = {k: str(v) if isinstance(v, Path) else v for k, v in keys.items()}
+    groups = values_by_group(keys, MODEL_KEYS, f"models.{spec.name}", problems)
+    if problems:
+        raise RegistryError("\n".join(problems))
+    top = groups.pop("", {})
+    if "prefix" in groups:
+        groups.setdefault("backbone", {})["prefix_cache"] = replace(spec.backbone.prefix_cache, **groups.pop("prefix"))
+    nested = {g: replace(getattr(spec, g), **values) for g, values in groups.items()}
+    changed = replace(spec, **top, **nested)
+    problems = _combinations(changed, f"models.{spec.name}")
+    if problems:
+        raise RegistryError("\n".join(problems))
+    return changed
+
+
+def demo_registry(path: Path) -> Registry:
+    """What `serve` uses when there is no models.toml: the built-in demo alone."""
+    return parse_registry({"default": "demo", "models": {"demo": {"builtin": "demo"}}}, path)
+
+
+def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
+    problems: list[str] = []
+    unknown = sorted(set(raw) - {"default", "models", "server", "ray"})
+    if unknown:
+        problems.append(f"unknown top-level key(s) {unknown}; known: default, models, server, ray")
+    models_raw = raw.get("models")
+    if not isinstance(models_raw, dict) or not models_raw:
+        raise RegistryError(f"{path}: no models; add a [models.NAME] table with at least gguf = \"...\"")
+    specs = {name: _model(name, spec, path.parent, f"models.{name}", problems) for name, spec in models_raw.items()}
+    default = raw.get("default", next(iter(models_raw)))
+    if default not in models_raw:
+        problems.append(f"default = {default!r} is not one of the models {sorted(models_raw)}")
+    seen: dict[str, str] = {}
+    for spec in filter(None, specs.values()):
+        for n in (spec.name, *spec.aliases):
+            if n in seen or n in DEFAULT_NAMES:
+                problems.append(f"the name {n!r} is used twice (models.{seen.get(n, spec.name)})")
+            seen[n] = spec.name
+    server = _server(raw.get("server", {}), path.parent, "server", problems)
+    ray = _ray(raw.get("ray", {}), "ray", problems)
+    if problems:
+        raise RegistryError(f"{path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+    return Registry(path=path, default=default, models={n: s for n, s in specs.items() if s}, server=server, ray=ray)
+
+
+def load_registry(path: str | Path) -> Registry:
+    path = _absolute(Path(path))
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RegistryError(f"{path}: not found; pass --models PATH or create models.toml") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RegistryError(f"{path}: cannot parse: {exc}") from None
+    return parse_registry(raw, path)

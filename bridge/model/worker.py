@@ -1,0 +1,208 @@
+"""One inference thread per model: admission, batching into one decode, results back to asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ...head.errors import ClefError
+from .clef_model import ClefModel, Decision, Prefilled, Prepared
+
+log = logging.getLogger("clef_bridge.worker")
+
+# Image requests wait with their decoded pixels (up to 4 x 48 MiB at the default limits): this many per
+# model bounds that memory; more get 429 before their images are decoded.
+MAX_IMAGE_JOBS = 8
+
+
+class Overloaded(ClefError):
+    """The admission queue is full."""
+
+    error_type = "overloaded"
+
+    def __init__(self, model: str, depth: int, what: str = "requests"):
+        super().__init__(f"model {model!r} has {depth} {what} waiting, the most this server queues; retry shortly")
+
+
+class WorkerStopped(ClefError):
+    """The server is shutting down or the worker died."""
+
+    error_type = "unavailable"
+
+
+@dataclass(eq=False)
+class Job:
+    body: Any
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    images: tuple[Any, ...] = ()  # decoded pixels (bridge.assets.decode_all), in prompt order
+    enqueued: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # set from the event loop when the client is gone or the deadline passed
+    queue_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    size: int
+    tokens: int
+
+
+class InferenceWorker:
+    """Owns a ClefModel; the event loop never touches llama.cpp or numpy.
+
+    With the backbone on a GPU, two threads form a pipeline: one batches and prefills (llama.cpp),
+    the other runs the head per request, so the next batch's prefill overlaps this batch's heads.
+    On a CPU-only backbone the head runs right after its prefill in the same thread: llama.cpp's
+    spinning CPU threads and BLAS fighting over the same cores would slow both.
+    """
+
+    def __init__(self, model: ClefModel, max_queue: int, on_batch: Callable[[BatchStats], None] = lambda s: None,
+                 overlap: bool | None = None, max_image_jobs: int = MAX_IMAGE_JOBS):
+        self.model = model
+        self.max_image_jobs = max_image_jobs
+        self.overlap = model.backbone.on_gpu if overlap is None else overlap
+        self.name = model.name
+        self.max_queue = max_queue
+        self._on_batch = on_batch
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._heads: queue.SimpleQueue[list[tuple[Job, Prefilled]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"clef-prefill-{self.name}", daemon=True)
+        self._head_thread = threading.Thread(target=self._run_heads, name=f"clef-head-{self.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._head_thread.start()
+
+    def stop(self) -> None:
+        """Finish what is queued, then end both threads."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._thread.join()
+        self._heads.put(None)
+        self._head_thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self._head_thread.is_alive() and not self._stopping
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def check_image_room(self, has_images: bool) -> None:
+        """Refuse (429) an image request while max_image_jobs of them wait: their pixels are held in memory."""
+        if has_images and sum(1 for job in tuple(self._queue) if job.images) >= self.max_image_jobs:
+            raise Overloaded(self.name, self.max_image_jobs, "image requests")
+
+    def submit(self, body: Any, images: tuple[Any, ...] = ()) -> Job:
+        """Queue one request body and its decoded images (call from the event loop)."""
+        loop = asyncio.get_running_loop()
+        job = Job(body, loop.create_future(), loop, images)
+        with self._cv:
+            if self._stopping or not self._thread.is_alive():
+                raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
+            if len(self._queue) >= self.max_queue:
+                raise Overloaded(self.name, len(self._queue))
+            self.check_image_room(bool(images))
+            self._queue.append(job)
+            self._cv.notify()
+        return job
+
+    def _take(self) -> list[Job]:
+        with self._cv:
+            while not self._queue and not self._stopping:
+                self._cv.wait()
+            jobs = []
+            while self._queue and len(jobs) < self.model.n_seq_max:
+                jobs.append(self._queue.popleft())
+            return jobs
+
+    def _run(self) -> None:
+        while True:
+            jobs = self._take()
+            if not jobs:
+                return  # stopping, and the queue is empty
+            now = time.perf_counter()
+            ready: list[tuple[Job, Prepared]] = []
+            for job in jobs:
+                if job.cancelled:
+                    continue
+                job.queue_s = now - job.enqueued
+                try:
+                    ready.append((job, self.model.prepare(job.body, job.images)))
+                except Exception as exc:  # noqa: BLE001 - every failure goes back to its own request
+                    self._deliver(job, exc)
+            for batch in self._batches(ready):
+                self._decide(batch)
+
+    def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
+        """Greedy packing of text requests under the decode's token budget (n_ctx); a request with images
+        decodes alone (llama.cpp takes token ids or embeddings in one batch, not both)."""
+        budget = self.model.backbone.n_ctx
+        batches = [[item] for item in ready if item[1].images]
+        current, used = [], 0
+        for item in (item for item in ready if not item[1].images):
+            n = len(item[1].encoded.input_ids)
+            if current and used + n > budget:
+                batches.append(current)
+                current, used = [], 0
+            current.append(item)
+            used += n
+        if current:
+            batches.append(current)
+        return batches
+
+    def _decide(self, batch: list[tuple[Job, Prepared]]) -> None:
+        try:
+            items = self.model.prefill_batch([p for _, p in batch])
+        except Exception as exc:  # noqa: BLE001 - MemoryError and the unexpected too: one request must not sink others
+            if len(batch) == 1:
+                if not isinstance(exc, ClefError):
+                    log.error("request failed in the backbone: %r", exc)
+                self._deliver(batch[0][0], exc)
+                return
+            log.warning("batch of %d failed (%r); retrying one request at a time", len(batch), exc)
+            for item in batch:
+                self._decide([item])
+            return
+        self._on_batch(BatchStats(len(batch), sum(len(p.encoded.input_ids) for _, p in batch)))
+        work = [(job, item) for (job, _), item in zip(batch, items)]
+        if self.overlap:
+            self._heads.put(work)
+        else:
+            self._finish(work)
+
+    def _run_heads(self) -> None:
+        while (work := self._heads.get()) is not None:
+            self._finish(work)
+
+    def _finish(self, work: list[tuple[Job, Prefilled]]) -> None:
+        for job, item in work:
+            try:
+                self._deliver(job, self.model.finish(item))
+            except Exception as exc:  # noqa: BLE001 - a fault in one head answers that request only
+                self._deliver(job, exc)
+
+    @staticmethod
+    def _deliver(job: Job, outcome: Decision | BaseException) -> None:
+        def resolve() -> None:
+            if job.future.done():
+                return
+            if isinstance(outcome, BaseException):
+                job.future.set_exception(outcome)
+            else:
+                job.future.set_result(outcome)
+
+        try:
+            job.loop.call_soon_threadsafe(resolve)
+        except RuntimeError:  # the loop closed: nobody is waiting any more
+            pass

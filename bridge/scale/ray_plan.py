@@ -1,0 +1,69 @@
+"""How `serve --ray` runs its replicas, planned from models.toml alone (no Ray import: checked without it).
+
+One replica serves every model of the registry, as `serve` does. Serve autoscales on ongoing requests
+(running and queued) per replica; a replica's worker decodes n_seq_max requests at once, so one full
+batch per replica is the target, and twice that the most a replica is sent: one batch decoding while
+the next one forms in its queue. More would only wait in the replica's queue instead of Serve's, where
+another replica could still take them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..model.registry import Registry, with_keys
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """The registry each replica serves and the @serve.deployment options that run it."""
+
+    registry: Registry  # a CPU replica's n_threads = 0 ("every core") becomes its share, num_cpus
+    num_gpus: float
+    num_cpus: float
+    target_ongoing_requests: int
+    max_ongoing_requests: int
+    min_replicas: int
+    max_replicas: int
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.max_replicas > self.min_replicas
+
+    def deployment_options(self) -> dict[str, Any]:
+        ray = self.registry.ray
+        options: dict[str, Any] = {
+            "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "health_check_period_s": ray.health_check_period_s,
+            # a replica going away (scale-down, redeploy) first finishes what it holds, as `serve` does on SIGTERM
+            "graceful_shutdown_timeout_s": self.registry.server.request_timeout_s,
+        }
+        if not self.autoscaling:
+            return options | {"num_replicas": self.min_replicas}
+        return options | {"autoscaling_config": {
+            "min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests, "upscale_delay_s": ray.upscale_delay_s,
+            "downscale_delay_s": ray.downscale_delay_s, "look_back_period_s": ray.look_back_period_s}}
+
+    def describe(self) -> str:
+        count = f"{self.min_replicas} replica(s)" if not self.autoscaling else \
+            f"{self.min_replicas} to {self.max_replicas} replica(s), autoscaled on ongoing requests"
+        device = f"{self.num_gpus:g} GPU + {self.num_cpus:g} CPU" if self.num_gpus else f"{self.num_cpus:g} CPU"
+        return (f"{count}, each {device}; target {self.target_ongoing_requests} ongoing requests per replica, "
+                f"at most {self.max_ongoing_requests}")
+
+
+def plan_replicas(registry: Registry, cluster_gpus: float) -> ReplicaPlan:
+    """The replicas for a registry on a cluster with cluster_gpus GPUs (num_gpus = "auto" looks at it)."""
+    ray = registry.ray
+    gpus = float(ray.num_gpus) if ray.num_gpus != "auto" else (1.0 if cluster_gpus >= 1 else 0.0)
+    if not gpus:  # llama.cpp's "every core" would have each replica of a node fight over all of them
+        threads = max(1, int(ray.num_cpus))
+        models = {name: with_keys(spec, n_threads=threads) if spec.backbone.n_threads == 0 else spec
+                  for name, spec in registry.models.items()}
+        registry = replace(registry, models=models)
+    target = ray.target_ongoing_requests or registry.models[registry.default].backbone.n_seq_max
+    return ReplicaPlan(registry, gpus, float(ray.num_cpus), target, ray.max_ongoing_requests or 2 * target,
+                       ray.min_replicas, ray.max_replicas)

@@ -1,0 +1,333 @@
+"""The Jev / TypeSafe System One API over aiohttp.
+
+App factory, state in typed web.AppKeys (appstate.py), models opened and closed in cleanup_ctx,
+routes in one place, short handlers; errors become HTTP in one middleware (middleware.py), keys are
+checked by auth.py, and identical requests share one computation (coalesce.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from datetime import date
+from typing import Any, AsyncIterator
+
+from aiohttp import hdrs, web
+
+from ...head.errors import ClefError
+from ...head.schema import is_unicode, parse_request
+from ..model.clef_model import Decision
+from ..model.integrity import ModelRefused
+from ..model.loading import Loaded, load_checked
+from ..model.registry import ModelSpec, Registry, name_table, resolve
+from ..model.worker import BatchStats, InferenceWorker
+from .appstate import COALESCER, KEYS, LOADER, METRICS, NAMES, REGISTRY, SERVED, Loader, Served
+from .assets import body_limit, decode_for, find_images
+from .auth import ApiKeys, auth_middleware, install_sighup
+from .body import check_content_type, decode, header, media_type, parse_json, read_capped
+from .coalesce import Coalescer
+from .middleware import INFO, UNMATCHED, BodyTimeout, DeadlineExceeded, ProtocolLog, context_middleware, json_response
+from .multipart import RequestBody, is_form, parse_body
+from .openapi import openapi_spec
+from .prometheus import Metrics, PrefixCacheCollector, create_metrics
+
+log = logging.getLogger("clef_bridge.server")
+
+INLINE_BYTES = 64 * 1024  # bigger bodies are decompressed and parsed off the event loop
+
+
+# --- the decision path -------------------------------------------------------------------------
+
+async def read_json(request: web.Request) -> RequestBody:
+    """The body: JSON, or multipart/form-data (a `request` part and image parts), capped for text and images."""
+    server = request.app[REGISTRY].server
+    takes_images = any(served.worker.model.projector is not None for served in request.app[SERVED].values())
+    limit = body_limit(server.max_body_bytes, server.images, takes_images)
+    content_type = media_type(request) if request.body_exists else ""
+    form = (header(request, hdrs.CONTENT_TYPE) or "") if is_form(content_type) else ""
+    if not form:
+        check_content_type(content_type)
+    try:  # a client trickling its body is cut off; it never reaches a worker
+        raw = await asyncio.wait_for(read_capped(request, limit), server.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise BodyTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
+                          "(body_timeout_s)") from None
+    encoding = header(request, hdrs.CONTENT_ENCODING) or ""
+    if not form and len(raw) <= INLINE_BYTES and encoding in ("", "identity"):
+        return RequestBody(parse_json(raw), None, len(raw))
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: parse_body(decode(raw, encoding, limit),
+                                                                                      form))
+
+
+async def decide(request: web.Request, body: RequestBody, model_name: Any) -> Decision:
+    """Queue a body on its model's worker (images decoded first) and wait, within the deadline, for the decision."""
+    info = request[INFO]
+    server = request.app[REGISTRY].server
+    media = await find_images(body, server.max_body_bytes, server.images, server.limits)
+    if not isinstance(media.body, dict) or not isinstance(model_name, str) or not is_unicode(model_name):
+        parse_request(media.body)  # reports every problem of the body at once
+    served = request.app[SERVED][resolve(request.app[NAMES], model_name)]
+    info.model = served.spec.name
+    served.worker.check_image_room(bool(media.images))  # a full queue refuses before decoding anything
+    t0 = time.perf_counter()
+    pixels = await decode_for(served.worker.model, media)
+    images_s = time.perf_counter() - t0
+    shared = request.app[COALESCER].submit(served.worker, media.body, pixels, tuple(i.digest for i in media.images))
+    metrics = request.app[METRICS]
+    metrics.queue_depth.labels(served.spec.name).set(served.worker.depth)
+    timeout = request.app[REGISTRY].server.request_timeout_s
+    try:
+        decision: Decision = await asyncio.wait_for(asyncio.shield(shared.future), timeout)
+    except asyncio.TimeoutError:
+        raise DeadlineExceeded(f"no answer within {timeout:g} s (request_timeout_s); the server is busy, "
+                               "retry later") from None
+    finally:
+        shared.leave()
+    t = decision.timings
+    info.input_tokens, info.batch_size = decision.input_tokens, t.batch_size
+    stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
+    if media.images:
+        stages.update(images=images_s, vision=t.vision)  # Pillow decoding here, the vision tower in the worker
+    info.timings = {f"{stage}_ms": round(seconds * 1e3, 3) for stage, seconds in stages.items()}
+    info.timings["reused_tokens"] = t.reused_tokens  # prompt tokens restored from the prefix cache
+    for stage, seconds in stages.items():
+        metrics.latency.labels(served.spec.name, stage).observe(seconds)
+    metrics.tokens.labels(served.spec.name).inc(decision.input_tokens)
+    return decision
+
+
+async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]:
+    """Both decision routes: read, decide, and the response with its x_ extensions."""
+    start = time.perf_counter()
+    body = await read_json(request)
+    if path_model is not None and isinstance(body.data, dict):  # Workers AI: the route names the model
+        body = dataclasses.replace(body, data={**body.data, "model": path_model})
+    data = body.data
+    decision = await decide(request, body, data.get("model") if isinstance(data, dict) else None)
+    info = request[INFO]
+    total_ms = round((time.perf_counter() - start) * 1e3, 3)
+    info.timings["total_ms"] = total_ms
+    request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
+    return {**decision.response, "x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+
+
+async def systemone_handler(request: web.Request) -> web.Response:
+    return json_response(await answer(request, None))
+
+
+async def workers_ai_handler(request: web.Request) -> web.Response:
+    """Cloudflare's Workers AI route: the model comes from the path, the answer in its envelope."""
+    return json_response({"success": True, "result": await answer(request, request.match_info["model"])})
+
+
+# --- the rest of the API ----------------------------------------------------------------------
+
+async def models_handler(request: web.Request) -> web.Response:
+    names = request.app[NAMES]
+    models = []
+    for name, served in request.app[SERVED].items():
+        spec = served.spec
+        entry: dict[str, Any] = {
+            "name": name, "description": spec.description or f"Clef decision model {name}",
+            "release_date": served.release_date, "x_aliases": [n for n, m in names.items() if m == name and n != name],
+            "x_status": "ready" if served.worker.alive else "down"}
+        if served.warnings:
+            entry["x_warnings"] = list(served.warnings)
+        models.append(entry)
+    return json_response({"models": models})
+
+
+async def health_handler(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def ready_handler(request: web.Request) -> web.Response:
+    """Counts only: /ready is public under auth, and no public route names a model (/v1/models has x_status)."""
+    served = request.app[SERVED]
+    up = sum(s.worker.alive for s in served.values())
+    ok = bool(served) and up == len(served)
+    return json_response({"status": "ready" if ok else "not_ready", "models_ready": up, "models_served": len(served)},
+                         200 if ok else 503)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    for name, served in request.app[SERVED].items():
+        metrics.queue_depth.labels(name).set(served.worker.depth)
+    return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+async def openapi_handler(request: web.Request) -> web.Response:
+    return json_response(openapi_spec(request.app[REGISTRY], request.app[NAMES]))
+
+
+async def unmatched_handler(request: web.Request) -> web.Response:
+    """Any path no route serves: 404, or 405 with Allow where the path exists under other methods.
+
+    A route of ours rather than aiohttp's system route, so that every request takes our path (our
+    Expect handling above all: aiohttp's own answers a non-UTF-8 Expect with a 500).
+    """
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is not request.match_info.route.resource:
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, allowed)
+    raise web.HTTPNotFound()
+
+
+async def defer_expect(request: web.Request) -> None:
+    """Expect: 100-continue is answered by httpbody.read_capped, after auth and the size check, so a
+    client announcing 10 MB gets its 413 (or 401) at once instead of an invitation to send them."""
+
+
+ROUTES = (  # method, path, handler, name
+    ("POST", "/v1/systemone", systemone_handler, "systemone"),
+    ("GET", "/v1/models", models_handler, "models"),
+    ("POST", "/accounts/{account_id}/ai/run/@cf/cloudflare/{model}", workers_ai_handler, "workers_ai"),
+    ("GET", "/health", health_handler, "health"),
+    ("GET", "/ready", ready_handler, "ready"),
+    ("GET", "/metrics", metrics_handler, "metrics"),
+    ("GET", "/openapi.json", openapi_handler, "openapi"),
+    ("*", "/{path:.*}", unmatched_handler, UNMATCHED),  # last: the router tries it after every other
+)
+
+
+def setup_routes(app: web.Application) -> None:
+    for method, path, handler, name in ROUTES:
+        if method == "GET":
+            app.router.add_get(path, handler, name=name, expect_handler=defer_expect)
+        else:
+            app.router.add_route(method, path, handler, name=name, expect_handler=defer_expect)
+
+
+# --- resources ---------------------------------------------------------------------------------
+
+class ModelLoadError(ClefError):
+    error_type = "model_load_error"
+
+    def __init__(self, name: str, cause: ClefError):
+        self.name, self.cause = name, cause
+        super().__init__(f"model {name!r} failed to load: {cause}", fix=cause.fix)
+
+
+def load_models(registry: Registry) -> dict[str, Loaded]:
+    """Every model of the registry, each checked (loading.load_checked), or an error naming the one that failed."""
+    models: dict[str, Loaded] = {}
+    try:
+        for name, spec in registry.models.items():
+            log.info("loading model %s: %s + %s", name, spec.gguf, spec.head or "(head beside the GGUF)")
+            try:
+                models[name] = load_checked(spec, registry.server.limits)
+            except ModelRefused:
+                raise
+            except ClefError as exc:
+                raise ModelLoadError(name, exc) from exc
+            for warning in models[name].warnings:
+                log.warning("model %s is served with a warning: %s", name, warning)
+    except BaseException:
+        for loaded in models.values():
+            loaded.model.close()
+        raise
+    return models
+
+
+def _release_date(spec: ModelSpec) -> str:
+    return spec.release_date or date.fromtimestamp(spec.gguf.stat().st_mtime).isoformat()
+
+
+async def models_ctx(app: web.Application) -> AsyncIterator[None]:
+    registry = app[REGISTRY]
+    loaded = await asyncio.get_running_loop().run_in_executor(None, app[LOADER], registry)
+    metrics = app[METRICS]
+
+    def on_batch(name: str):
+        def record(stats: BatchStats) -> None:
+            metrics.batch_size.labels(name).observe(stats.size)
+            metrics.backbone_runs.labels(name).inc()
+        return record
+
+    for name, item in loaded.items():
+        spec = registry.models[name]
+        worker = InferenceWorker(item.model, registry.server.max_queue, on_batch(name))
+        worker.start()
+        app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
+                                   _release_date(spec), dict(item.report.facts))
+    app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()}))
+    caches = {name: item.model.backbone.prefix_cache for name, item in loaded.items()
+              if item.model.backbone.prefix_cache is not None}
+    metrics.registry.register(PrefixCacheCollector(lambda: {name: c.stats() for name, c in caches.items()}))
+    install_sighup(app[KEYS])
+    yield
+    for served in app[SERVED].values():
+        await asyncio.get_running_loop().run_in_executor(None, served.worker.stop)
+    for item in loaded.values():
+        item.model.close()
+
+
+RUNNER_OPTIONS = {"handler_cancellation": True}  # a client that hangs up cancels its request (499)
+
+
+def handler_args(registry: Registry, metrics: Metrics) -> dict[str, Any]:
+    """aiohttp's per-connection options, held by the app so that every runner gets them."""
+    return {
+        # aiohttp closes a connection that has not completed a request within keepalive_timeout: that is
+        # what cuts off a client trickling its headers, and idle keep-alive connections after as long
+        "keepalive_timeout": registry.server.body_timeout_s,
+        "auto_decompress": False,  # read_json decodes bodies itself, with the size cap
+        "access_log": None,  # the middleware writes one line per request
+        "logger": ProtocolLog(metrics),  # parser errors: one line each, counted
+    }
+
+
+def banner(app: web.Application, url: str) -> list[str]:
+    """What is running, said once at start: every model, its files, its names, its warnings; auth."""
+    lines = [f"clef-bridge serving on {url} (auth {'on' if app[KEYS].enabled else 'off'})"]
+    for name, served in app[SERVED].items():
+        spec, facts = served.spec, served.facts
+        others = [n for n, m in app[NAMES].items() if m == name and n != name]
+        head = "embedded in the GGUF" if facts.get("head_source") == "embedded" else str(spec.head or facts.get(
+            "head", "beside the GGUF"))
+        lines += [f"  model {name}" + (f" (also answers to {', '.join(others)})" if others else ""),
+                  f"    gguf  {spec.gguf} ({facts.get('architecture')}, hidden {facts.get('embedding_length')}, "
+                  f"{facts.get('block_count')} layers)",
+                  f"    head  {head}"]
+        if spec.builtin == "demo":
+            lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
+                         "`clef-bridge pull clef-flash` and a models.toml")
+        lines += [f"    warning: {w}" for w in served.warnings]
+    return lines
+
+
+def serve(registry: Registry, host: str, port: int) -> None:
+    """Run the server until SIGINT/SIGTERM; in-flight requests finish before the exit."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if host not in ("127.0.0.1", "localhost", "::1") and not registry.server.api_keys_file:
+        log.warning("WARNING: binding %s without API keys: anyone who can reach this address can run decisions "
+                    "on your hardware and read your model list; set api_keys_file in models.toml [server], or "
+                    "bind 127.0.0.1", host)
+    app = create_app(registry)
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+    web.run_app(app, host=host, port=port, **RUNNER_OPTIONS,
+                shutdown_timeout=registry.server.request_timeout_s,
+                print=lambda _: log.info("\n".join(banner(app, url))))
+
+
+def create_app(registry: Registry, loader: Loader = load_models) -> web.Application:
+    metrics = create_metrics()
+    app = web.Application(middlewares=[context_middleware, auth_middleware(KEYS)],
+                          client_max_size=registry.server.max_body_bytes,
+                          handler_args=handler_args(registry, metrics))
+    app[REGISTRY] = registry
+    app[METRICS] = metrics
+    app[KEYS] = ApiKeys(registry.server.api_keys_file)
+    app[LOADER] = loader
+    app[SERVED] = {}
+    app[NAMES] = {}
+    app[COALESCER] = Coalescer(registry.server.cache_size,
+                               lambda model, source: metrics.coalesced.labels(model, source).inc())
+    app.cleanup_ctx.append(models_ctx)
+    setup_routes(app)
+    return app

@@ -1,0 +1,38 @@
+"""What the aiohttp app holds, as typed web.AppKeys (one place, so middleware and handlers share them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from aiohttp import web
+
+from ..model.loading import Loaded
+from ..model.registry import ModelSpec, Registry
+from ..model.worker import InferenceWorker
+from .auth import ApiKeys
+from .coalesce import Coalescer
+from .prometheus import Metrics
+
+
+@dataclass(frozen=True)
+class Served:
+    """One loaded model as the server runs it."""
+
+    spec: ModelSpec
+    worker: InferenceWorker
+    warnings: tuple[str, ...]
+    hidden_size: int
+    release_date: str  # YYYY-MM-DD, read at load time (no stat() on the event loop)
+    facts: dict  # what the integrity checks found out about the files (architecture, head source, ...)
+
+
+Loader = Callable[[Registry], dict[str, Loaded]]
+
+REGISTRY = web.AppKey("registry", Registry)
+METRICS = web.AppKey("metrics", Metrics)
+KEYS = web.AppKey("keys", ApiKeys)
+LOADER = web.AppKey("loader", Loader)  # type: ignore[type-abstract]
+SERVED = web.AppKey("served", dict[str, Served])
+NAMES = web.AppKey("names", dict[str, str])  # every accepted model name -> the served model it means
+COALESCER = web.AppKey("coalescer", Coalescer)

@@ -1,0 +1,89 @@
+"""Identical requests share one computation: in flight always, and from an LRU answer cache when sized.
+
+Clients retry on timeouts (the official SDK up to 3 times), so the same body can arrive while its
+first copy is still queued; it waits on that job instead of queueing another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import orjson
+
+from ..model.clef_model import Decision
+from ..model.worker import InferenceWorker, Job
+
+Key = tuple[str, bytes]
+
+
+@dataclass(eq=False)
+class Shared:
+    """One computation that identical requests wait on together; job is None for a cached answer."""
+
+    future: asyncio.Future
+    job: Job | None
+    waiters: int = 0
+
+    @property
+    def queue_s(self) -> float:
+        return self.job.queue_s if self.job is not None else 0.0
+
+    def leave(self) -> None:
+        """One waiter is gone; when none is left the worker skips the job if it has not started."""
+        self.waiters -= 1
+        if self.waiters == 0 and self.job is not None and not self.future.done():
+            self.job.cancelled = True
+
+
+def request_key(model: str, body: Any, digests: tuple[bytes, ...] = ()) -> Key | None:
+    """(model, canonical body + the sha256 of each image, in prompt order)."""
+    try:
+        return model, orjson.dumps(body, option=orjson.OPT_SORT_KEYS) + b"".join(digests)
+    except (orjson.JSONEncodeError, TypeError):
+        return None
+
+
+class Coalescer:
+    """In-flight jobs and finished answers by (model, canonical body)."""
+
+    def __init__(self, cache_size: int, on_shared: Callable[[str, str], None] = lambda model, source: None):
+        self.cache_size = cache_size
+        self._on_shared = on_shared
+        self._inflight: dict[Key, Shared] = {}
+        self._cache: OrderedDict[Key, Decision] = OrderedDict()
+
+    def submit(self, worker: InferenceWorker, body: Any, images: tuple[Any, ...] = (),
+               digests: tuple[bytes, ...] = ()) -> Shared:
+        """The computation for this body and its images (decoded pixels, and their bytes' sha256 digests):
+        a cached answer, one in flight, or a new job on the worker."""
+        key = request_key(worker.name, body, digests)
+        if key is not None and key in self._cache:
+            self._cache.move_to_end(key)
+            self._on_shared(worker.name, "cache")
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(self._cache[key])
+            return self._join(Shared(done, None))
+        if key is not None and key in self._inflight:
+            self._on_shared(worker.name, "in_flight")
+            return self._join(self._inflight[key])
+        job = worker.submit(body, images)
+        shared = Shared(job.future, job)
+        if key is not None:
+            self._inflight[key] = shared
+            job.future.add_done_callback(lambda future: self._finished(key, future))
+        return self._join(shared)
+
+    @staticmethod
+    def _join(shared: Shared) -> Shared:
+        shared.waiters += 1
+        return shared
+
+    def _finished(self, key: Key, future: asyncio.Future) -> None:
+        self._inflight.pop(key, None)
+        if self.cache_size and not future.cancelled() and future.exception() is None:
+            self._cache[key] = future.result()
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)

@@ -1,0 +1,90 @@
+"""Cloudflare's reference code as an oracle, from clef-finetune's unmodified vendored copy.
+
+Used by the tests and by bench-head; it needs the test extra (torch) and
+`pip install --no-deps clef-finetune==0.1.0`. The product never imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from clef_bridge.head.config import HeadConfig
+from clef_bridge.head.errors import ClefError
+from clef_bridge.head.model import Layout
+
+REFERENCE_SHA256 = "0e304cf7c6500e8bb59bef7e2afd2c6373f82596dfb3b57d1aa93c175e2dc3a3"
+INSTALL_HINT = "pip install -e '.[test]' && pip install --no-deps clef-finetune==0.1.0"
+
+
+class ReferenceUnavailable(ClefError):
+    """torch or clef-finetune is not installed."""
+
+    error_type = "reference_unavailable"
+
+
+@cache
+def reference() -> Any:
+    """The joint_schema_model module; refuses a vendored file whose sha256 drifted."""
+    for package in ("torch", "clef_finetune"):
+        if importlib.util.find_spec(package) is None:
+            raise ReferenceUnavailable(f"{package} is not installed", fix=INSTALL_HINT)
+    spec = importlib.util.find_spec("clef_finetune")
+    path = Path(spec.origin).parent / "_vendor" / "joint_schema_model.py"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != REFERENCE_SHA256:
+        raise RuntimeError(f"{path}: sha256 {digest}, expected {REFERENCE_SHA256}; the oracle drifted")
+    name = "clef_reference_joint_schema_model"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # its dataclasses look the module up in sys.modules
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def torch_head(cfg: HeadConfig, flat: dict[str, np.ndarray]) -> Any:
+    """The reference JointSchemaHead in float32 holding exactly these weights."""
+    import torch
+
+    head = reference().JointSchemaHead(**{k: v for k, v in vars(cfg).items()})
+    head.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in flat.items()}, strict=True)
+    return head.eval()
+
+
+def reference_record(input_ids: np.ndarray, layout: Layout) -> Any:
+    """An EncodedRecord for the reference head from our layout."""
+    ref = reference()
+    bounds = list(layout.option_offsets) + [len(layout.option_spans)]
+    questions = tuple(
+        ref.EncodedQuestion(
+            question_id=f"q{i}",
+            question_type=int(layout.types[i]),
+            question_span=tuple(int(v) for v in layout.question_spans[i]),
+            option_spans=tuple((int(s), int(e)) for s, e in layout.option_spans[bounds[i]:bounds[i + 1]]),
+            option_ids=tuple(str(j) for j in range(bounds[i + 1] - bounds[i])),
+        )
+        for i in range(len(layout.types))
+    )
+    return ref.EncodedRecord(input_ids=tuple(int(t) for t in input_ids), questions=questions, record_id="x")
+
+
+def reference_logits(head: Any, hidden: np.ndarray, input_ids: np.ndarray, layout: Layout,
+                     output_embedding: np.ndarray) -> np.ndarray:
+    """The reference head's logits, flat in layout order, float32."""
+    import torch
+
+    record = reference_record(input_ids, layout)
+    with torch.inference_mode():
+        out = head(
+            torch.from_numpy(np.asarray(hidden, dtype=np.float32))[None],
+            torch.from_numpy(np.asarray(input_ids, dtype=np.int64))[None],
+            torch.ones((1, len(input_ids)), dtype=torch.long),
+            [record],
+            torch.from_numpy(np.asarray(output_embedding, dtype=np.float32)),
+        )[0]
+    return torch.cat(out).numpy()

@@ -1,0 +1,119 @@
+"""fit: a GPU memory plan for a GGUF (with the head that lies beside it) or for published dimensions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..bridge.gguf.clef_format import CLEF_ARCH
+from ..bridge.gguf.projector import compute_bytes, projector_for, projector_info
+from ..bridge.gguf.reader import GGUFInfo, read_gguf
+from ..bridge.llama.backbone import BackboneOptions
+from ..bridge.llama.prefix_cache import PrefixCacheOptions
+from ..bridge.model.integrity import find_head
+from ..bridge.model.memory_plan import (
+    ARCHES,
+    Arch,
+    Plan,
+    arch_from_gguf,
+    arch_preset,
+    head_gpu_bytes,
+    options_plan,
+    serving_plan,
+)
+from ..bridge.model.registry import model_spec
+from ..head.config import CLEF_FLASH_HEAD, HeadConfig, config_path_for, load_config
+from ..head.errors import ClefError
+from ..head.weights import stored_bytes
+
+
+class FitError(ClefError):
+    error_type = "fit_error"
+
+
+@dataclass(frozen=True)
+class FitReport:
+    plan: Plan
+    arch: Arch
+    vram_bytes: int
+    head_on_gpu: bool
+    head_dtype: str
+    head_bytes_float32: int  # the loaded head's size in float32, wherever it runs
+    head_source: str  # where its size comes from
+    device: str = ""  # the GPU NVML read, when --vram was not given
+    vision_weight_bytes: int = 0  # the vision projector, on the GPU with the backbone (0: none)
+    vision_compute_bytes: int = 0  # its compute buffer for the largest image (16,384 tokens)
+    vision_source: str = ""  # the mmproj GGUF counted, or "" without one
+
+    @property
+    def ok(self) -> bool:
+        return self.plan.fits
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.summary(), "head_dtype": self.head_dtype, "head_bytes_float32": self.head_bytes_float32,
+                "head_source": self.head_source, "device": self.device, "vision_weight_bytes": self.vision_weight_bytes,
+                "vision_compute_bytes": self.vision_compute_bytes, "vision_source": self.vision_source or None}
+
+
+def released_head(hidden: int) -> HeadConfig:
+    """The joint head's shape in both releases (Clef-flash's, at the backbone's width)."""
+    return HeadConfig(**{**vars(CLEF_FLASH_HEAD), "hidden_size": hidden})
+
+
+def _embedded_config(info: GGUFInfo) -> HeadConfig | None:
+    """A clef GGUF's embedded head's shape, from its keys and tensor shapes (nothing dequantized)."""
+    keys = ("clef.embedding_length", "clef.decision.routing_block_count", "clef.decision.block_count")
+    memory, up = info.tensors.get("decision.proj_memory.weight"), info.tensors.get("dec.blk.0.ffn_up.weight")
+    if info.architecture != CLEF_ARCH or memory is None or up is None or \
+            not all(isinstance(info.metadata.get(k), int) for k in keys):
+        return None
+    hidden, routing, layers = (info.metadata[k] for k in keys)
+    heads = info.metadata.get("clef.decision.head_count")
+    return HeadConfig(hidden, memory.shape[1], routing, layers, heads if isinstance(heads, int) else 1, up.shape[1])
+
+
+def head_config(gguf: Path, info: GGUFInfo, hidden: int, head: Path | None = None) -> tuple[HeadConfig, str]:
+    """The head given, embedded in a clef GGUF or lying beside the GGUF, else the released head's shape."""
+    if head is not None:
+        return load_config(config_path_for(head)), str(head)
+    embedded = _embedded_config(info)
+    if embedded is not None:
+        return embedded, f"the head embedded in {gguf.name}"
+    head = find_head(gguf)
+    if head is not None and config_path_for(head).is_file():
+        return load_config(config_path_for(head)), str(head)
+    return released_head(hidden), f"the released head's shape at hidden {hidden} (no head beside the GGUF)"
+
+
+def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: int, parallel: int, ubatch: int,
+        head_on_gpu: bool, head_dtype: str = "float32", device: str = "", head: Path | None = None,
+        mmproj: Path | None = None) -> FitReport:
+    """The plan; the vision projector counted is mmproj, else the one beside the GGUF (none with --arch alone)."""
+    if (gguf is None) == (arch_name is None):
+        raise FitError("give a GGUF or --arch NAME (not both)")
+    if head is not None and gguf is None:
+        raise FitError("--head goes with a GGUF (--arch plans the released head)")
+    head_device = "cuda" if head_on_gpu else "cpu"
+    projector = mmproj if gguf is None else projector_for(gguf, mmproj)
+    vision = projector_info(projector) if projector is not None else None
+    weights, compute = (vision.weight_bytes, compute_bytes(vision)) if vision else (0, 0)
+    if arch_name is not None:
+        try:
+            arch = arch_preset(arch_name, quant)
+        except KeyError as exc:
+            raise FitError(exc.args[0]) from None
+        cfg, source = released_head(ARCHES[arch_name]["head_hidden"]), f"the released {arch_name} head"
+        options = BackboneOptions(n_ctx=ctx, n_seq_max=parallel, n_ubatch=ubatch,
+                                  prefix_cache=PrefixCacheOptions(payloads=True))  # models.toml's default cache
+        result = options_plan(arch, options, head_gpu_bytes(cfg, head_device, head_dtype), vram, weights + compute)
+    else:
+        info = read_gguf(gguf)
+        arch = arch_from_gguf(info)
+        cfg, source = head_config(gguf, info, arch.n_embd, head)
+        # models.toml's defaults for the rest (the prefix cache's sequences and cells included), as serve has them
+        options = model_spec("fit", gguf, n_ctx=ctx, max_length=ctx, n_seq_max=parallel, n_ubatch=ubatch).backbone
+        result = serving_plan(gguf, options, head_gpu_bytes(cfg, head_device, head_dtype), vram,
+                              weights + compute)  # what serve does
+    return FitReport(result, arch, vram, head_on_gpu, head_dtype, stored_bytes(cfg, "float32"), source, device,
+                     weights, compute, str(projector) if projector else "")
