@@ -31,7 +31,7 @@ serve = pytest.importorskip("ray.serve", reason=NO_RAY)
 
 from clef_bridge.bridge.model.loading import materialize  # noqa: E402
 from clef_bridge.bridge.model.registry import RaySpec, demo_registry, load_registry, with_keys  # noqa: E402
-from clef_bridge.bridge.scale import ray_serve
+from clef_bridge.bridge.scale import ray_serve  # noqa: E402
 from clef_bridge.bridge.scale.ray_plan import plan_replicas  # noqa: E402
 
 from .serverkit import metric_sum  # noqa: E402

@@ -1,1 +1,5 @@
-"""GGUF files without llama.cpp: the header reader, the writer, llama.cpp's `clef` format, split/join, projector headers. May import: head, host."""
+"""GGUF files without llama.cpp: the header reader, the writer, llama.cpp's `clef` format and its
+embedded head, split and join, projector headers.
+
+May import: head, host.
+"""

@@ -1,1 +1,4 @@
-"""This machine: cache folders, progress bars, the GPU (CuPy, NVML). May import: head."""
+"""This machine: cache folders, progress bars, the GPU (CuPy, NVML).
+
+May import: head.
+"""

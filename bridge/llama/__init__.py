@@ -1,1 +1,5 @@
-"""llama.cpp through llama-cpp-python: the backbone, its log, output rows, the prefix cache, mtmd's towers. May import: head, host, gguf, media."""
+"""llama.cpp through llama-cpp-python: the backbone, its log, output-embedding rows, the prefix cache,
+mtmd's towers.
+
+May import: head, host, gguf, media.
+"""

@@ -1,1 +1,5 @@
-"""A served model: the registry, integrity checks, memory plans, loading, the ClefModel pipeline, its worker. May import: head, host, gguf, media, llama."""
+"""A served model: the registry, integrity checks, memory plans, the one checked way to load, the
+ClefModel pipeline and its worker.
+
+May import: head, host, gguf, media, llama.
+"""

@@ -1,1 +1,4 @@
-"""The HTTP server (aiohttp): routes, bodies, auth, middleware, metrics, OpenAPI. May import: head, host, gguf, media, llama, model."""
+"""The HTTP server (aiohttp): the app, routes, bodies, auth, middleware, metrics, OpenAPI.
+
+May import: head, host, gguf, media, llama, model.
+"""
