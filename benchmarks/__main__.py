@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "to float32 (default: float32, no extra side)")
     p.add_argument("--repeats", type=int, default=7, help="timed runs per side; medians are reported (default: 7)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p = sub.add_parser("bench", help="clef-bridge bench with baselines: the reference code (--reference) or the prefix cache "
+    p = sub.add_parser("bench", help="clef-bridge bench with baselines: the reference code (--reference) or the "
+                                     "prefix cache "
                                      "on agent traffic (--agent-loop)")
     p.add_argument("--url", help="server root, e.g. http://127.0.0.1:8792 (not with --agent-loop)")
     p.add_argument("--agent-loop", action="store_true",

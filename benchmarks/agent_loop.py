@@ -90,7 +90,7 @@ def message(rng: np.random.Generator, model: ClefModel, tokens: int) -> str:
 
 def _timed(model: ClefModel, body: dict) -> tuple[float, Timings]:
     t0 = time.perf_counter()
-    [decision] = model.decide_many([model.prepare(body)])
+    [decision] = model.decide_batch([model.prepare(body)])
     return (time.perf_counter() - t0) * 1e3, decision.timings
 
 

@@ -178,7 +178,7 @@ def joint_schema_head(hidden, option_rows, layout: Layout, n_head: int, *, hidde
     option-span token, in order (the spans concatenated).
     """
     h, memory = hidden_memory(hidden, hidden_norm, memory_projection)  # [t, H], [t, w]
-    return decide(h, memory, option_rows, layout, n_head, **decision)
+    return option_logits(h, memory, option_rows, layout, n_head, **decision)
 
 
 def hidden_memory(hidden, hidden_norm, memory_projection):
@@ -190,10 +190,10 @@ def hidden_memory(hidden, hidden_norm, memory_projection):
     return h, linear(h, **memory_projection)  # [t, H], [t, w]
 
 
-def decide(h, memory, option_rows, layout: Layout, n_head: int, *, question_projection, option_question_projection,
-           global_projection, option_context_projection, option_lexical_projection, type_embedding,
-           evidence_layers, option_summary_norm, layers, field_norm, option_norm, residual_scorer,
-           prior_logit_scale, joint_logit_scale, residual_gate):
+def option_logits(h, memory, option_rows, layout: Layout, n_head: int, *, question_projection,
+                  option_question_projection, global_projection, option_context_projection,
+                  option_lexical_projection, type_embedding, evidence_layers, option_summary_norm, layers,
+                  field_norm, option_norm, residual_scorer, prior_logit_scale, joint_logit_scale, residual_gate):
     """The head after hidden_memory: option logits from the normed states of the prompt's tail and the memory.
 
     h: [t', H] the normed states of the prompt's last t' tokens (the layout's spans and the last token

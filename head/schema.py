@@ -202,7 +202,7 @@ def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
     for field in MEDIA_FIELDS:  # the server (bridge.assets) takes images out of the body before parsing it
         if body.get(field):
             problems.append(Problem(("body", field), "this path reads text only: send images through the server "
-                                    "or ClefModel.decide, which take them out of the body first",
+                                    "or ClefModel.respond, which take them out of the body first",
                                     "images_not_supported"))
     raw_questions = body.get("questions")
     questions: list[Question] = []

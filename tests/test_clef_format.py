@@ -12,7 +12,7 @@ from clef_bridge.bridge.gguf.clef_head import ClefHeadError, read_embedded_head,
 from clef_bridge.bridge.gguf.clef_split import join
 from clef_bridge.bridge.gguf.reader import GGUFError, StringArray, read_gguf, read_strings
 from clef_bridge.bridge.model.demo import make_demo
-from clef_bridge.bridge.model.integrity import Report
+from clef_bridge.bridge.model.integrity import CheckReport
 from clef_bridge.head.config import HeadConfig, config_path_for
 from clef_bridge.head.encoder import encode
 from clef_bridge.head.model import joint_schema_head
@@ -112,12 +112,12 @@ def test_embedded_head_gives_the_safetensors_logits(clef_fx, flat, which, tolera
 
 # --- damage: every problem refused by name ------------------------------------------------------------
 
-def _check(path) -> tuple[Report, object]:
-    report = Report(str(path), None)
+def _check(path) -> tuple[CheckReport, object]:
+    report = CheckReport(str(path), None)
     return report, validate_embedded_head(read_gguf(path), report)
 
 
-def _errors(report: Report) -> dict[str, list[str]]:
+def _errors(report: CheckReport) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for f in report.findings:
         if f.level == "error":

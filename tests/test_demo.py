@@ -91,6 +91,6 @@ def test_the_demo_takes_a_64_question_request(tmp_path, monkeypatch):
         body = {"model": "demo", "state": "The printer is on fire and the invoice is wrong. " * 10,
                 "questions": questions}
         tokens = len(model.prepare(body).encoded.input_ids)  # refused with 413 if it did not fit
-        assert 16384 < tokens <= model.encode_options.max_length <= model.backbone.n_ctx
+        assert 16384 < tokens <= model.encode_options.max_length <= model.backbone.decode_budget
     finally:
         model.close()

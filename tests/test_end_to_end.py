@@ -101,7 +101,7 @@ def test_f32_gguf_matches_reference(oracle, tiny_model, index):
 
     # The whole response: same structure and choices, numbers within the tolerance (plus rounding).
     expected = oracle.ref.systemone(oracle.model, oracle.processor, request, max_length=8192)
-    got = tiny_model.decide(request)
+    got = tiny_model.respond(request)
     assert got["model"] == expected["model"]
     assert got["usage"] == expected["usage"]
     assert list(got["answers"]) == list(expected["answers"])

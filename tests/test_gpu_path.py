@@ -82,7 +82,7 @@ def test_the_pipeline_runs_on_the_stand_in_with_one_pinned_upload(fx, tiny_model
 def test_the_pipeline_with_its_prefix_cache_on_the_stand_in(on_device, tiny_model):
     model, _ = on_device
     for request in REQUESTS + REQUESTS:  # the second round reuses cached prefixes (memory rows uploaded)
-        assert_close(model.decide(request), tiny_model.decide(request))
+        assert_close(model.respond(request), tiny_model.respond(request))
     assert model.backbone.prefix_cache is not None
 
 
@@ -92,7 +92,7 @@ def test_the_worker_runs_on_the_stand_in(on_device, tiny_model, overlap):
     xp.transfer_threads.clear()
     decisions = run_worker(model, REQUESTS, overlap)
     for decision, request in zip(decisions, REQUESTS):
-        assert_close(decision.response, tiny_model.decide(request))
+        assert_close(decision.response, tiny_model.respond(request))
     assert max(d.timings.batch_size for d in decisions) > 1
     head_thread = f"clef-head-{model.name}" if overlap else f"clef-prefill-{model.name}"
     assert xp.transfer_threads == {head_thread}  # the head's uploads and downloads ran in the thread meant to

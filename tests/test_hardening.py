@@ -108,11 +108,11 @@ class FaultyModel(WrappedModel):
         self.nan_for |= {id(p.encoded) for p, s in zip(batch, states) if "NANHEAD" in s}
         return self._model.prefill_batch(real)
 
-    def finish(self, item):
+    def decide(self, item):
         if id(item.prepared.encoded) in self.nan_for:
-            decision = self._model.finish(replace(item, hidden=item.hidden * np.nan))
+            decision = self._model.decide(replace(item, hidden=item.hidden * np.nan))
             return decision
-        return self._model.finish(item)
+        return self._model.decide(item)
 
 
 def faulty_loader(registry):
@@ -276,7 +276,7 @@ def test_the_cupy_path_runs_with_an_array_module_switch(fx, monkeypatch):
         device_logits = on_device.logits(prepared.encoded, hidden)
         assert type(device_logits) is np.ndarray  # back on the host
         np.testing.assert_allclose(device_logits, on_host.logits(prepared.encoded, hidden), rtol=1e-6, atol=1e-6)
-        assert on_device.decide(request) == on_host.decide(request)
+        assert on_device.respond(request) == on_host.respond(request)
     finally:
         on_device.close()
         on_host.close()

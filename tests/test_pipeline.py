@@ -35,7 +35,7 @@ def test_decide_command_prints_the_response(tmp_path, fx, tiny_model):
                            str(_registry(tmp_path, fx)), "--model", "tiny", str(request)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == tiny_model.decide(ROUTER)
+    assert json.loads(done.stdout) == tiny_model.respond(ROUTER)
 
 
 def test_decide_command_errors_go_to_stderr(tmp_path, fx):
@@ -64,7 +64,7 @@ def test_over_length_request_through_the_model(fx):
     model = open_spec(tiny_spec(fx, max_length=120, n_ctx=512))
     try:
         with pytest.raises(ContextLengthExceeded) as info:
-            model.decide(ROUTER)
+            model.respond(ROUTER)
         assert info.value.limit == 120 and info.value.n_tokens > 120
     finally:
         model.close()
@@ -82,7 +82,7 @@ def test_truncation_matches_the_reference(fx, tiny_model):
         theirs = reference().encode_record(AutoTokenizer.from_pretrained(fx.tokenizer_dir), request, max_length=300)
         assert ours.input_ids.tolist() == list(theirs.input_ids) and len(ours.input_ids) == 300
         assert ours.state_tokens_dropped > 0
-        assert model.decide(request)["usage"]["input_tokens"] == 300
+        assert model.respond(request)["usage"]["input_tokens"] == 300
     finally:
         model.close()
 
@@ -90,7 +90,7 @@ def test_truncation_matches_the_reference(fx, tiny_model):
 def test_temperature_sharpens_without_moving_the_argmax(fx, tiny_model):
     cold = open_spec(tiny_spec(fx, temperature={"noul": 0.25, "choice": 0.25, "score": 1.0}))
     try:
-        base, sharp = tiny_model.decide(ROUTER)["answers"], cold.decide(ROUTER)["answers"]
+        base, sharp = tiny_model.respond(ROUTER)["answers"], cold.respond(ROUTER)["answers"]
     finally:
         cold.close()
     for qid, answer in base.items():
@@ -116,7 +116,7 @@ def test_jev_confidence_formulas():
 def test_jev_confidence_mode(fx, tiny_model):
     jev = open_spec(tiny_spec(fx, confidence="jev"))
     try:
-        a, b = tiny_model.decide(ROUTER)["answers"], jev.decide(ROUTER)["answers"]
+        a, b = tiny_model.respond(ROUTER)["answers"], jev.respond(ROUTER)["answers"]
     finally:
         jev.close()
     for qid, answer in a.items():

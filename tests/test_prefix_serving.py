@@ -142,7 +142,7 @@ def test_interleaved_clients_over_http(fx, plain, tmp_path):
         reused = srv.metric("clef_prefix_cache_tokens_reused_total", model="tiny")
     assert all(status == 200 for _, status, _ in results)
     for request, _, served in results:
-        expected = plain.decide(request)["answers"]
+        expected = plain.respond(request)["answers"]
         for qid, answer in served["answers"].items():
             a, b = answer.get("probabilities", {"p": answer.get("noul")}), \
                 expected[qid].get("probabilities", {"p": expected[qid].get("noul")})
@@ -164,7 +164,7 @@ def test_a_fault_leaves_no_poisoned_checkpoint(fx, plain, tmp_path):
     assert faults >= 1  # the failed decode emptied the cache
     for state, reply in zip(states, replies):
         got = reply.json()["answers"]["urgent"]["noul"]
-        assert abs(got - plain.decide(body(state))["answers"]["urgent"]["noul"]) <= TOLERANCE + 1e-4
+        assert abs(got - plain.respond(body(state))["answers"]["urgent"]["noul"]) <= TOLERANCE + 1e-4
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from /proc")
@@ -184,7 +184,7 @@ def test_memory_stays_within_the_budget(fx):
         samples, peak = [], 0
         for i in range(50):  # 50 batches of 8 = 400 requests
             batch = [body(conversations[(i * 8 + j) % 100][(i * 8 + j) // 100], "urgent") for j in range(8)]
-            cached.decide_many([cached.prepare(b) for b in batch])
+            cached.decide_batch([cached.prepare(b) for b in batch])
             stats = cached.backbone.prefix_cache.stats()
             peak = max(peak, stats.bytes)
             assert stats.bytes <= stats.max_bytes

@@ -33,7 +33,7 @@ def test_http_answers_equal_in_process_answers(server, tiny_model):
     for request in REQUESTS:
         reply = server.post(request)
         assert reply.status == 200, reply.body
-        assert strip_extensions(reply.json()) == tiny_model.decide(request)
+        assert strip_extensions(reply.json()) == tiny_model.respond(request)
 
 
 def test_response_extensions_and_headers(server):
@@ -85,7 +85,7 @@ def test_workers_ai_route(server, tiny_model):
     assert reply.status == 200
     envelope = reply.json()
     assert envelope["success"] is True
-    assert strip_extensions(envelope["result"]) == tiny_model.decide({**body, "model": "clef-flash"})
+    assert strip_extensions(envelope["result"]) == tiny_model.respond({**body, "model": "clef-flash"})
     missing = server.request("POST", "/accounts/abc123/ai/run/@cf/cloudflare/clef", body)
     assert missing.status == 404
     assert missing.json()["success"] is False and missing.json()["errors"][0]["code"] == 404
@@ -108,7 +108,7 @@ def test_compressed_bodies(server, tiny_model):
     for encoding, data in (("gzip", gzip.compress(raw)), ("zstd", zstd.compress(raw))):
         reply = server.post(None, raw=data, headers={"Content-Encoding": encoding})
         assert reply.status == 200, (encoding, reply.body)
-        assert strip_extensions(reply.json()) == tiny_model.decide(REQUESTS[5])
+        assert strip_extensions(reply.json()) == tiny_model.respond(REQUESTS[5])
 
 
 def test_multipart_images_for_a_model_without_projector(server):
@@ -150,7 +150,7 @@ def _close(a: dict, b: dict, tol: float) -> bool:
 
 
 def test_concurrent_clients_are_batched_and_exact(fx, tmp_path, tiny_model):
-    alone = {i: tiny_model.decide(_mixed(i)) for i in range(10)}
+    alone = {i: tiny_model.respond(_mixed(i)) for i in range(10)}
     with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml")) as srv:
         async def client(session: aiohttp.ClientSession, c: int) -> list[tuple[int, int, dict]]:
             out = []

@@ -349,7 +349,7 @@ def test_the_workers_ai_result_names_the_routes_model(server, tiny_model):
     assert reply.status == 200 and reply.headers["server"] == "clef-bridge"
     result = reply.json()["result"]
     assert result["model"] == "clef-flash"
-    assert strip_extensions(result) == tiny_model.decide({**NOUL, "model": "clef-flash"})
+    assert strip_extensions(result) == tiny_model.respond({**NOUL, "model": "clef-flash"})
 
 
 @pytest.mark.parametrize("garbage", [b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header Here\r\n\r\n",

@@ -100,7 +100,7 @@ def server(served):
 
 
 def expected(direct, state, images, questions=QUESTIONS):
-    return direct.decide({"model": "tiny", "state": state, "questions": questions,
+    return direct.respond({"model": "tiny", "state": state, "questions": questions,
                           "images": [data_url(d) for d in images]}, LIMITS)
 
 

@@ -30,7 +30,7 @@ def run_worker(model, requests: list, overlap: bool) -> list:
 @pytest.mark.parametrize("overlap", [False, True], ids=["inline-head", "pipelined-head"])
 def test_worker_answers_equal_decide(tiny_model, overlap):
     decisions = run_worker(tiny_model, REQUESTS, overlap)
-    assert [d.response for d in decisions] == [tiny_model.decide(r) for r in REQUESTS]
+    assert [d.response for d in decisions] == [tiny_model.respond(r) for r in REQUESTS]
     assert max(d.timings.batch_size for d in decisions) > 1  # queued together, decoded together
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bridge.model.integrity import ModelRefused, Report, check_pair, check_projector
+from ..bridge.model.integrity import CheckReport, ModelRefused, check_pair, check_projector
 from ..bridge.model.loading import inspect_spec, load_checked, open_model
 from ..bridge.model.provenance import default_pair_path, pair_record
 from ..bridge.model.registry import CLOUDFLARE_NAMES, ModelSpec, Registry, model_spec
@@ -21,7 +21,7 @@ CHECK_CONTEXT = 4096  # enough for the canaries; keeps a check's llama.cpp conte
 
 @dataclass(frozen=True)
 class CheckResult:
-    reports: tuple[tuple[str | None, Report], ...]  # (models.toml name or None, report)
+    reports: tuple[tuple[str | None, CheckReport], ...]  # (models.toml name or None, report)
 
     @property
     def ok(self) -> bool:
@@ -41,7 +41,7 @@ class PairResult:
     head_sha256: str
     fingerprint_rows: int
     canary_requests: int
-    report: Report
+    report: CheckReport
 
     @property
     def ok(self) -> bool:
@@ -59,7 +59,7 @@ def file_spec(gguf: Path, head: Path | None, pair: Path | None = None) -> ModelS
     return model_spec("check", gguf, head, **keys)
 
 
-def check_spec(spec: ModelSpec) -> Report:
+def check_spec(spec: ModelSpec) -> CheckReport:
     """Every check the server runs before serving spec, canaries included (the model is loaded only for them)."""
     report = inspect_spec(spec)
     if not report.accepted or report.record is None:
@@ -83,7 +83,7 @@ def check_files(gguf: Path, head: Path | None, pair: Path | None, verify_repo: s
     return CheckResult(((None, report),))
 
 
-def release_repo(report: Report) -> str:
+def release_repo(report: CheckReport) -> str:
     """The release repository of the head's model, by its width (Clef-flash 4096, Clef 5120)."""
     width = report.facts.get("embedding_length")
     if width not in RELEASE_BY_WIDTH:
@@ -91,7 +91,7 @@ def release_repo(report: Report) -> str:
     return RELEASE_BY_WIDTH[width]
 
 
-def add_verification(report: Report, verification: Verification) -> None:
+def add_verification(report: CheckReport, verification: Verification) -> None:
     report.facts["verified_against"] = verification.to_dict()
     if verification.ok:
         report.add("info", "provenance.verified", f"sampled tensors equal {verification.repo}'s release (min row "

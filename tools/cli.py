@@ -78,7 +78,7 @@ def _read_json_file(path: str) -> Any:
 def _decide(args: argparse.Namespace) -> int:
     body = _read_json_file(args.request)
     with checked_model(args.models, args.model) as model:
-        response = model.decide(body)
+        response = model.respond(body)
     print(json.dumps(response, ensure_ascii=False, indent=None if args.compact else 2))
     return EXIT_OK
 
@@ -155,12 +155,13 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from ..bridge.model.registry_file import set_model_keys
+    from ..head.schema import QUESTION_TYPES
     from .calibrate import CalibrateResult, calibrate
     from .evaldata import load_examples
 
     examples = load_examples(args.data)
     with checked_model(args.models, args.model) as model:
-        current = {kind: model.answer_options.temperature.get(kind, 1.0) for kind in ("noul", "choice", "score")}
+        current = {kind: model.answer_options.temperature.get(kind, 1.0) for kind in QUESTION_TYPES}
         calibrations = calibrate(model, examples, current)
         name = model.name
     temperatures = dict(current) | {c.kind: c.temperature for c in calibrations}

@@ -25,7 +25,7 @@ class Outcome:
 
 
 @dataclass
-class Report:
+class EvalReport:
     requests: int
     errors: list[dict[str, Any]]
     by_type: dict[str, dict[str, Any]]
@@ -53,7 +53,7 @@ def metrics(ds: list[Decision], kind: str | None) -> dict[str, Any]:
     return out
 
 
-def build_report(outcomes: list[Outcome]) -> Report:
+def build_report(outcomes: list[Outcome]) -> EvalReport:
     errors = [{"line": o.example.line, "error": o.error} for o in outcomes if o.error is not None]
     by_type: dict[str, list[Decision]] = {}
     by_question: dict[str, tuple[str, list[Decision]]] = {}
@@ -66,7 +66,7 @@ def build_report(outcomes: list[Outcome]) -> Report:
             by_type.setdefault(question.type, []).append(d)
             by_question.setdefault(qid, (question.type, []))[1].append(d)
     everything = [d for ds in by_type.values() for d in ds]
-    return Report(
+    return EvalReport(
         requests=len(outcomes), errors=errors,
         by_type={t: metrics(ds, t) for t, ds in sorted(by_type.items())},
         by_question={q: {"type": t, **metrics(ds, t)} for q, (t, ds) in sorted(by_question.items())},
@@ -126,7 +126,7 @@ def _fmt(v: Any) -> str:
     return "-" if v is None or (isinstance(v, float) and v != v) else f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def markdown(report: Report) -> str:
+def markdown(report: EvalReport) -> str:
     lines = ["# Evaluation report", "", f"**Errors: {len(report.errors)} of {report.requests} requests** "
              "(a failed request is an error, never a dropped example)", ""]
     for e in report.errors[:20]:
@@ -143,7 +143,7 @@ def markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(report: Report, out: Path) -> list[str]:
+def write_report(report: EvalReport, out: Path) -> list[str]:
     """report.json, report.md and, with matplotlib installed, the plots; returns notes for the user."""
     from .plots import coverage_curves, reliability_diagrams
 

@@ -7,14 +7,13 @@ from typing import Any
 
 from ..bridge.gguf.clef_split import JoinResult
 from ..bridge.model.demo import DemoFiles
-from ..bridge.model.integrity import Report
+from ..bridge.model.integrity import CheckReport
 from ..bridge.model.memory_plan import GIB, MIB
 from .bench import BenchResult
 from .calibrate import SPLITS, CalibrateResult
 from .checks import CheckResult, PairResult
 from .drift import CONFIDENT, DriftResult
-from .evaluate import Report as EvalReport
-from .evaluate import markdown
+from .evaluate import EvalReport, markdown
 from .fit import FitReport
 from .pull import Pulled
 from .split_join import SplitReport
@@ -25,7 +24,7 @@ def text(result: Any) -> str:
     raise TypeError(f"no text renderer for {type(result).__name__}")
 
 
-def report_lines(report: Report, name: str | None) -> list[str]:
+def report_lines(report: CheckReport, name: str | None) -> list[str]:
     title = f"model {name}: " if name else ""
     lines = [f"{title}{report.gguf} + {report.head or '(no head)'}: {'ACCEPTED' if report.accepted else 'REFUSED'}"]
     for f in report.findings:

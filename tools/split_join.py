@@ -9,6 +9,7 @@ from typing import Any
 
 from ..bridge.gguf.clef_split import JoinResult, SplitResult, join, split
 from ..head.errors import ClefError
+from ..head.schema import QUESTION_TYPES
 from .checks import PairResult, pair_files
 
 
@@ -50,7 +51,7 @@ def parse_temperatures(text: str | None, calibration: Path | None) -> dict[str, 
                 from None
     for item in filter(None, (text or "").split(",")):
         key, sep, value = item.rpartition("=")
-        keys = [key.strip()] if sep else ["noul", "choice", "score"]
+        keys = [key.strip()] if sep else list(QUESTION_TYPES)
         try:
             t = float(value)
         except ValueError:

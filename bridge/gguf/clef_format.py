@@ -16,7 +16,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 
+from ...head.answer import BUCKETS as OPTION_BUCKETS
 from ...head.config import HeadConfig
+from ...head.schema import QUESTION_TYPES
 from ...head.weights import expected_shapes
 
 CLEF_ARCH = "clef"
@@ -27,8 +29,8 @@ TEMPLATE_KEY = "tokenizer.chat_template.systemone"
 TEMPLATES_KEY = "tokenizer.chat_templates"
 TEMPLATE_NAME = "systemone"
 TEMPERATURE_PREFIX = "clef.decision.temperature."
-QUESTION_TYPES = ("noul", "choice", "score")
-BUCKETS = ("2", "3_5", "6_10", "11")  # the server's option-count buckets: <= 2, <= 5, <= 10, more
+# the question types and llama-server's option-count buckets are head/'s facts; the GGUF keys spell them
+BUCKETS = tuple(name for name, _ in OPTION_BUCKETS)
 
 # Every key the server and loader read, with the GGUF value type they check (arrays: element type too).
 HEAD_KEYS: dict[str, tuple[V, V | None]] = {

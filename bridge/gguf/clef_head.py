@@ -1,7 +1,7 @@
 """The joint schema head embedded in a `clef` GGUF: validated like a safetensors head, then read.
 
 validate_embedded_head appends findings to a report (anything with add(level, code, message, fix),
-such as integrity.Report) and returns the head when nothing is wrong; read_embedded_head is the strict
+such as integrity.CheckReport) and returns the head when nothing is wrong; read_embedded_head is the strict
 form that raises one error listing every problem.
 """
 
@@ -28,7 +28,7 @@ _W, _F = 10007, 10009  # distinct primes standing in for width and feed-forward 
 _NUMERIC = {V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.FLOAT32, V.UINT64, V.INT64, V.FLOAT64}
 
 
-class Report(Protocol):
+class FindingSink(Protocol):
     def add(self, level: str, code: str, message: str, fix: str = "") -> None: ...
 
 
@@ -65,7 +65,7 @@ class EmbeddedHead:
 class _Tracker:
     """Forwards findings to the caller's report and remembers what this module added."""
 
-    def __init__(self, report: Report):
+    def __init__(self, report: FindingSink):
         self.report, self.errors, self.warnings = report, [], []
 
     def add(self, level: str, code: str, message: str, fix: str = "") -> None:
@@ -243,7 +243,7 @@ def _check_values(arrays: dict[str, np.ndarray], t: _Tracker) -> None:
               "(0, 100] and the gate in (0, 1)", REDOWNLOAD)
 
 
-def validate_embedded_head(info: GGUFInfo, report: Report) -> EmbeddedHead | None:
+def validate_embedded_head(info: GGUFInfo, report: FindingSink) -> EmbeddedHead | None:
     """Every check of a clef GGUF's head, as findings on report; the head when no error was found."""
     t = _Tracker(report)
     if info.architecture != cf.CLEF_ARCH:

@@ -250,8 +250,8 @@ class Backbone:
         self.n_embd = lc.llama_model_n_embd(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         # the decode budget: the nextn buffer holds n_batch rows, and n_batch <= n_ctx
-        self.n_ctx = min(lc.llama_n_ctx(self._ctx), lc.llama_n_batch(self._ctx))
-        self._batch = _Batch(self.n_ctx)
+        self.decode_budget = min(lc.llama_n_ctx(self._ctx), lc.llama_n_batch(self._ctx))
+        self._batch = _Batch(self.decode_budget)
         self._tokenizer = Tokenizer(self._vocab, unicode_normalization(self._model))
         self.prefix_cache = PrefixCache(self, cache, options.n_seq_max, lc.llama_n_ctx(self._ctx)) if cache else None
 
@@ -323,8 +323,8 @@ class Backbone:
         if not sequences or len(sequences) > self.options.n_seq_max:
             raise ValueError(f"prefill takes 1 to {self.options.n_seq_max} sequences, got {len(sequences)}")
         lengths = [len(s) for s in sequences]
-        if min(lengths) == 0 or sum(lengths) > self.n_ctx:
-            raise ValueError(f"sequences of {lengths} tokens do not fit a batch of {self.n_ctx}")
+        if min(lengths) == 0 or sum(lengths) > self.decode_budget:
+            raise ValueError(f"sequences of {lengths} tokens do not fit a batch of {self.decode_budget}")
 
     # Sequence-level memory operations (the prefix cache's SequenceMemory). Sequence ids below
     # options.n_seq_max are the decode's own; the prefix cache keeps its cells in the ids above.
@@ -382,8 +382,8 @@ class Backbone:
 
         It runs in sequence 0 alone, so a prefix cache's sequences stay as they are.
         """
-        if not chunks or sum(len(c) for c in chunks) > self.n_ctx:
-            raise ValueError(f"chunks of {[len(c) for c in chunks]} tokens do not fit a context of {self.n_ctx}")
+        if not chunks or sum(len(c) for c in chunks) > self.decode_budget:
+            raise ValueError(f"chunks of {[len(c) for c in chunks]} tokens do not fit a decode of {self.decode_budget}")
         self.drop_sequence(0)
         try:
             out = []

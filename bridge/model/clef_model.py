@@ -16,7 +16,7 @@ import numpy as np
 from ...head.answer import AnswerOptions, answers
 from ...head.config import HeadConfig
 from ...head.encoder import Encoded, EncodeOptions, encode
-from ...head.model import Layout, decide, hidden_memory
+from ...head.model import Layout, hidden_memory, option_logits
 from ...head.schema import DecisionRequest, Limits, Question, parse_request
 from ..host.gpu import device_out_of_memory, to_device
 from ..llama.backbone import Backbone
@@ -26,7 +26,7 @@ from ..llama.vision import Projector
 from ..media.images import ImageGeometry, ImageLimits
 from ..media.request import decode_all, extract, no_projector
 
-MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; decide takes the rest
+MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; option_logits the rest
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,10 @@ class Head:
         """Normed states and memory rows of hidden states, on the head's device: [t, H] -> [t, H], [t, w]."""
         return hidden_memory(to_device(self.xp, hidden), self.params["hidden_norm"], self.params["memory_projection"])
 
-    def decide(self, h: Any, memory: Any, rows: np.ndarray, layout: Layout) -> np.ndarray:
-        """Flat option logits on the host (see head.model.decide)."""
+    def option_logits(self, h: Any, memory: Any, rows: np.ndarray, layout: Layout) -> np.ndarray:
+        """Flat option logits on the host (see head.model.option_logits)."""
         rest = {k: v for k, v in self.params.items() if k not in MEMORY_PARAMS}
-        out = decide(h, memory, to_device(self.xp, rows), layout, self.config.heads, **rest)
+        out = option_logits(h, memory, to_device(self.xp, rows), layout, self.config.heads, **rest)
         return out if self.xp is np else self.xp.asnumpy(out)
 
 
@@ -153,7 +153,7 @@ class ClefModel:
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
         """The head's flat option logits for one request prefilled in full, on the host."""
         h, memory = self.head.memory(hidden)
-        return self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids), encoded.layout)
+        return self.head.option_logits(h, memory, self.embedding.rows(encoded.option_token_ids), encoded.layout)
 
     @_device_memory_errors
     def cached_logits(self, item: Prefilled) -> np.ndarray:
@@ -168,7 +168,7 @@ class ClefModel:
         try:
             h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
             memory = xp.concatenate([to_device(xp, m) for m in item.prefix_memory] + [new]) if item.reused else new
-            logits = self.head.decide(h, memory, self.embedding.rows(encoded.option_token_ids),
+            logits = self.head.option_logits(h, memory, self.embedding.rows(encoded.option_token_ids),
                                       encoded.layout.shifted(item.reused))
             if item.ticket and np.isfinite(logits).all() and bool(xp.isfinite(new).all()):
                 # host copies: the cache's budget is host memory, and views would pin whole arrays
@@ -203,7 +203,7 @@ class ClefModel:
         hidden = self.projector.prefill(prepared.encoded.input_ids, images)
         return [Prefilled(prepared, hidden, time.perf_counter() - t1, 1, vision_s=t1 - t0)]
 
-    def finish(self, item: Prefilled) -> Decision:
+    def decide(self, item: Prefilled) -> Decision:
         """The head and the answers for one prefilled request."""
         t0 = time.perf_counter()
         prepared = item.prepared
@@ -217,17 +217,17 @@ class ClefModel:
                           item.vision_s)
         return Decision(body, len(prepared.encoded.input_ids), timings)
 
-    def decide_many(self, batch: list[Prepared]) -> list[Decision]:
+    def decide_batch(self, batch: list[Prepared]) -> list[Decision]:
         """One batched prefill, then the head per request."""
-        return [self.finish(item) for item in self.prefill_batch(batch)]
+        return [self.decide(item) for item in self.prefill_batch(batch)]
 
-    def decide(self, body: Any, image_limits: ImageLimits = ImageLimits()) -> dict[str, Any]:
+    def respond(self, body: Any, image_limits: ImageLimits = ImageLimits()) -> dict[str, Any]:
         """A System One request body in (images in `images` or `assets`, as JSON), the response body out."""
         media = extract(body, None, image_limits, self.limits)
         if media.images and self.projector is None:
             raise no_projector(self.name)
         pixels = decode_all(media.images, self.geometry) if media.images else ()
-        return self.decide_many([self.prepare(media.body, pixels)])[0].response
+        return self.decide_batch([self.prepare(media.body, pixels)])[0].response
 
     def question_logits(self, body: Any) -> list[tuple[Question, np.ndarray]]:
         """Unrounded option logits per question (prompt order, before any temperature)."""

@@ -63,7 +63,7 @@ class Finding:
 
 
 @dataclass
-class Report:
+class CheckReport:
     gguf: str
     head: str | None
     findings: list[Finding] = field(default_factory=list)
@@ -89,7 +89,7 @@ class Report:
 
 # --- the GGUF ----------------------------------------------------------------------------------
 
-def check_gguf(path: Path, report: Report) -> GGUFInfo | None:
+def check_gguf(path: Path, report: CheckReport) -> GGUFInfo | None:
     try:
         info = read_gguf(path)
         stored = info.metadata.get("tokenizer.ggml.tokens")
@@ -174,7 +174,7 @@ def find_head(gguf: Path) -> Path | None:
     return None
 
 
-def check_head(path: Path, report: Report) -> tuple[HeadConfig, SafetensorsHeader] | None:
+def check_head(path: Path, report: CheckReport) -> tuple[HeadConfig, SafetensorsHeader] | None:
     if not path.is_file():
         report.add("error", "head.missing", f"{path}: no such file", HEAD_HOME)
         return None
@@ -224,13 +224,13 @@ def check_head(path: Path, report: Report) -> tuple[HeadConfig, SafetensorsHeade
 
 # --- together ----------------------------------------------------------------------------------
 
-def check_pair(gguf: Path, head: Path | None) -> Report:
+def check_pair(gguf: Path, head: Path | None) -> CheckReport:
     """Every check of a GGUF and its head; head None means the clef GGUF's own head, or the one beside the GGUF.
 
     For a clef GGUF with its embedded head, report.head is the GGUF itself and report.embedded holds the head.
     """
     gguf = Path(gguf)
-    report = Report(str(gguf), None)
+    report = CheckReport(str(gguf), None)
     info = check_gguf(gguf, report)
     if head is None and info is not None and info.architecture == CLEF_ARCH:
         report.head = str(gguf)
@@ -265,7 +265,7 @@ def check_pair(gguf: Path, head: Path | None) -> Report:
 
 # --- provenance --------------------------------------------------------------------------------
 
-def check_pins(report: Report, gguf: Path, head: Path | None, gguf_sha256: str | None,
+def check_pins(report: CheckReport, gguf: Path, head: Path | None, gguf_sha256: str | None,
                head_sha256: str | None) -> None:
     for label, path, pin in (("gguf", gguf, gguf_sha256), ("head", head, head_sha256)):
         if not pin or path is None or not path.is_file():
@@ -277,7 +277,7 @@ def check_pins(report: Report, gguf: Path, head: Path | None, gguf_sha256: str |
                        f"{pin}", "the file changed or is damaged: download it again, or update the pin")
 
 
-def check_record(report: Report, gguf: Path, head: Path, record: dict[str, Any]) -> None:
+def check_record(report: CheckReport, gguf: Path, head: Path, record: dict[str, Any]) -> None:
     """Compare a pairing record's head hash and backbone fingerprint with this GGUF and head."""
     if record.get("version") not in (1, 2):
         report.add("error", "pair.record", f"unknown pairing record version {record.get('version')!r}",
@@ -294,7 +294,7 @@ def check_record(report: Report, gguf: Path, head: Path, record: dict[str, Any])
                    f"differ by {norm_diff:.3f})", "use a GGUF of the same release as the head (any quantization)")
 
 
-def check_canaries(report: Report, record: dict[str, Any], probabilities: list[dict[str, list[float]]],
+def check_canaries(report: CheckReport, record: dict[str, Any], probabilities: list[dict[str, list[float]]],
                    states: list[dict[str, Any]]) -> None:
     """Compare the record's canaries (hidden states, then probabilities) with those of the loaded pair."""
     if "canary_states" not in record:
@@ -325,7 +325,7 @@ def check_canaries(report: Report, record: dict[str, Any], probabilities: list[d
                    "prefer Q8_0 or F16 where memory allows (clef-bridge drift measures it)")
 
 
-def load_record(path: Path, report: Report) -> dict[str, Any] | None:
+def load_record(path: Path, report: CheckReport) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -339,7 +339,7 @@ def load_record(path: Path, report: Report) -> dict[str, Any] | None:
 
 
 def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha256: str = "",
-              head_sha256: str = "", want_record: bool = True) -> Report:
+              head_sha256: str = "", want_record: bool = True) -> CheckReport:
     """Static checks, pins, and the static part of the pairing record (pair, or <gguf stem>.pair.json).
 
     The record's canaries need a loaded model: the loader runs them (check_canaries) with the record
@@ -372,7 +372,7 @@ class ModelRefused(ClefError):
 
     error_type = "model_refused"
 
-    def __init__(self, name: str, report: Report):
+    def __init__(self, name: str, report: CheckReport):
         self.name, self.report = name, report
         lines = [f"model {name!r} refused ({report.gguf} + {report.head or 'no head'}):"]
         for f in report.findings:
@@ -383,7 +383,7 @@ class ModelRefused(ClefError):
 
 # --- the vision projector -------------------------------------------------------------------
 
-def check_projector(report: Report, gguf: Path, configured: Path | None) -> None:
+def check_projector(report: CheckReport, gguf: Path, configured: Path | None) -> None:
     """The projector's findings on an entry's report: found or not, readable, paired with the backbone."""
     try:
         path = projector_for(gguf, configured)
@@ -410,7 +410,7 @@ def check_projector(report: Report, gguf: Path, configured: Path | None) -> None
                    "use the mmproj GGUF converted from the same Qwen3.5 model as the backbone")
 
 
-def check_image_canary(report: Report, record: dict, current: dict | None) -> None:
+def check_image_canary(report: CheckReport, record: dict, current: dict | None) -> None:
     """Compare a pairing record's image canary (hidden states of a fixed picture through the projector) with
     the loaded model's: a projector of the right width from another model or a fine-tune moves them."""
     recorded = record.get("image_canary")

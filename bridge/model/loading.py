@@ -28,7 +28,7 @@ from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
 from ..llama.vision import Projector, ProjectorOptions
 from .clef_model import ClefModel, Head
-from .integrity import ModelRefused, Report, check_all, check_canaries, check_image_canary, check_projector
+from .integrity import CheckReport, ModelRefused, check_all, check_canaries, check_image_canary, check_projector
 from .memory_plan import gpu_layers_for, head_gpu_bytes
 from .provenance import canary_probabilities, canary_states, image_canary
 from .registry import ModelSpec
@@ -41,7 +41,7 @@ class Loaded:
     """A checked model, the report of its checks, and the warnings it is served with."""
 
     model: ClefModel
-    report: Report
+    report: CheckReport
     warnings: tuple[str, ...]
 
 
@@ -64,7 +64,7 @@ def materialize(spec: ModelSpec) -> None:
         make_demo(spec.gguf.parent)
 
 
-def inspect_spec(spec: ModelSpec) -> Report:
+def inspect_spec(spec: ModelSpec) -> CheckReport:
     """Every static check of a models.toml entry (files, pins, pairing record), without loading it."""
     materialize(spec)
     report = check_all(spec.gguf, spec.head, spec.pair, spec.gguf_sha256, spec.head_sha256,
@@ -73,13 +73,13 @@ def inspect_spec(spec: ModelSpec) -> Report:
     return report
 
 
-def checked_projector(report: Report) -> Path | None:
+def checked_projector(report: CheckReport) -> Path | None:
     """The projector inspect_spec checked for this entry (None: none, or a report without projector checks)."""
     path = report.facts.get("mmproj")
     return Path(path) if path else None
 
 
-def open_projector(spec: ModelSpec, report: Report, backbone: Backbone) -> Projector | None:
+def open_projector(spec: ModelSpec, report: CheckReport, backbone: Backbone) -> Projector | None:
     """The entry's checked vision projector on the backbone's device, or None when it has none."""
     path = checked_projector(report)
     options = ProjectorOptions(n_threads=spec.backbone.n_threads, verbose=spec.backbone.verbose)
@@ -102,7 +102,7 @@ def backbone_file(gguf: Path) -> Path:
     return path
 
 
-def _head_weights(report: Report) -> tuple[HeadConfig, dict[str, np.ndarray], dict[str, float]]:
+def _head_weights(report: CheckReport) -> tuple[HeadConfig, dict[str, np.ndarray], dict[str, float]]:
     """The head's config, torch-named float32 weights and GGUF temperatures (a clef GGUF's own, or none)."""
     if report.embedded is not None:
         head = report.embedded
@@ -111,7 +111,7 @@ def _head_weights(report: Report) -> tuple[HeadConfig, dict[str, np.ndarray], di
     return config, load_state_dict(report.head, config), {}
 
 
-def open_model(spec: ModelSpec, report: Report, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:
+def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:
     """Load the backbone and head of an entry whose static checks passed (report); memory-plan warnings.
 
     The memory plan reads the GPU's free memory before this head is uploaded and counts the head

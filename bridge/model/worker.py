@@ -147,7 +147,7 @@ class InferenceWorker:
     def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
         """Greedy packing of text requests under the decode's token budget (n_ctx); a request with images
         decodes alone (llama.cpp takes token ids or embeddings in one batch, not both)."""
-        budget = self.model.backbone.n_ctx
+        budget = self.model.backbone.decode_budget
         batches = [[item] for item in ready if item[1].images]
         current, used = [], 0
         for item in (item for item in ready if not item[1].images):
@@ -188,7 +188,7 @@ class InferenceWorker:
     def _finish(self, work: list[tuple[Job, Prefilled]]) -> None:
         for job, item in work:
             try:
-                self._deliver(job, self.model.finish(item))
+                self._deliver(job, self.model.decide(item))
             except Exception as exc:  # noqa: BLE001 - a fault in one head answers that request only
                 self._deliver(job, exc)
 

@@ -28,10 +28,11 @@ from .assets import body_limit, decode_for, find_images
 from .auth import ApiKeys, auth_middleware, install_sighup
 from .body import check_content_type, decode, header, media_type, parse_json, read_capped
 from .coalesce import Coalescer
-from .middleware import INFO, UNMATCHED, BodyTimeout, DeadlineExceeded, ProtocolLog, context_middleware, json_response
+from .middleware import INFO, BodyTimeout, DeadlineExceeded, ProtocolLog, context_middleware, json_response
 from .multipart import RequestBody, is_form, parse_body
 from .openapi import openapi_spec
 from .prometheus import Metrics, PrefixCacheCollector, create_metrics
+from .routes import ROUTES, UNMATCHED
 
 log = logging.getLogger("clef_bridge.server")
 
@@ -183,24 +184,18 @@ async def defer_expect(request: web.Request) -> None:
     client announcing 10 MB gets its 413 (or 401) at once instead of an invitation to send them."""
 
 
-ROUTES = (  # method, path, handler, name
-    ("POST", "/v1/systemone", systemone_handler, "systemone"),
-    ("GET", "/v1/models", models_handler, "models"),
-    ("POST", "/accounts/{account_id}/ai/run/@cf/cloudflare/{model}", workers_ai_handler, "workers_ai"),
-    ("GET", "/health", health_handler, "health"),
-    ("GET", "/ready", ready_handler, "ready"),
-    ("GET", "/metrics", metrics_handler, "metrics"),
-    ("GET", "/openapi.json", openapi_handler, "openapi"),
-    ("*", "/{path:.*}", unmatched_handler, UNMATCHED),  # last: the router tries it after every other
-)
+HANDLERS = {"systemone": systemone_handler, "models": models_handler, "workers_ai": workers_ai_handler,
+            "health": health_handler, "ready": ready_handler, "metrics": metrics_handler, "openapi": openapi_handler,
+            UNMATCHED: unmatched_handler}
 
 
 def setup_routes(app: web.Application) -> None:
-    for method, path, handler, name in ROUTES:
-        if method == "GET":
-            app.router.add_get(path, handler, name=name, expect_handler=defer_expect)
+    for route in ROUTES:
+        handler = HANDLERS[route.name]
+        if route.method == "GET":
+            app.router.add_get(route.path, handler, name=route.name, expect_handler=defer_expect)
         else:
-            app.router.add_route(method, path, handler, name=name, expect_handler=defer_expect)
+            app.router.add_route(route.method, route.path, handler, name=route.name, expect_handler=defer_expect)
 
 
 # --- resources ---------------------------------------------------------------------------------

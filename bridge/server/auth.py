@@ -13,13 +13,10 @@ from aiohttp import hdrs, web
 
 from ...head.errors import ClefError
 from .body import BadHeader, header
+from .routes import PUBLIC  # with auth on, only these answer without a key; none names a model
 
 log = logging.getLogger("clef_bridge.auth")
 
-# With auth on, only these answer without a key, and none of them names a served model: liveness,
-# readiness (counts only) and the API description (no model enum). /metrics labels carry model names,
-# so it needs a key like /v1/models (Prometheus sends one with `authorization: {credentials_file: ..}`).
-PUBLIC = ("/health", "/ready", "/openapi.json")
 CHALLENGE = 'Bearer realm="clef-bridge"'  # the WWW-Authenticate of every 401 (RFC 9110 section 11.6.1)
 
 

@@ -26,13 +26,13 @@ from .appstate import METRICS, REGISTRY
 from .auth import CHALLENGE, Unauthorized
 from .body import BadEncoding, BadHeader, BodyTooLarge, ExpectationFailed, UnsupportedMediaType, header
 from .prometheus import Metrics
+from .routes import UNMATCHED, WORKERS_AI_PREFIX
 
 log = logging.getLogger("clef_bridge.server")
 access_log = logging.getLogger("clef_bridge.access")
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
 SERVER_NAME = "clef-bridge"  # the Server header: no Python or aiohttp version for scanners to match
-UNMATCHED = "unmatched"  # the catch-all route's name, and the route access lines and metrics give it
 CLIENT_CLOSED = 499  # nginx's status for a client gone before its answer: counted apart from 5xx
 
 
@@ -82,7 +82,7 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 def is_workers_ai(request: web.Request) -> bool:
     """Cloudflare's routes answer in the Workers AI envelope, unmatched ones included."""
-    return request.match_info.route.name == "workers_ai" or request.path.startswith("/accounts/")
+    return request.match_info.route.name == "workers_ai" or request.path.startswith(WORKERS_AI_PREFIX)
 
 
 def client_gone(request: web.BaseRequest) -> bool:

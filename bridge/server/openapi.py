@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...head.schema import QUESTION_TYPES
 from ..model.registry import LATEST, Registry
+from .routes import PATHS
 
 TEXT = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"type": "null"}]}
 PROBABILITY = {"type": "number", "minimum": 0, "maximum": 1}
@@ -16,7 +18,7 @@ def _schemas(names: list[str]) -> dict[str, Any]:
         "Question": {
             "type": "object", "required": ["type"],
             "properties": {
-                "type": {"type": "string", "enum": ["noul", "choice", "score"]},
+                "type": {"type": "string", "enum": list(QUESTION_TYPES)},
                 "instructions": TEXT,
                 "criteria": {"description": f"choice: object name -> description ({limits_note}); score: array of "
                                             "2 to 10 levels, lowest first; noul: null or {true?, false?}"},
@@ -117,12 +119,12 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
         "info": {"title": "clef-bridge", "version": "0.1.0",
                  "description": "Jev / TypeSafe System One API for self-hosted Clef decision models"},
         "paths": {
-            "/v1/systemone": {"post": {"operationId": "systemone", "requestBody": json_body, "security": security,
+            PATHS["systemone"]: {"post": {"operationId": "systemone", "requestBody": json_body, "security": security,
                                        "responses": {"200": ok, **decision_errors}}},
-            "/v1/models": {"get": {"operationId": "models", "security": security, "responses": {
+            PATHS["models"]: {"get": {"operationId": "models", "security": security, "responses": {
                 "200": {"description": "served models", "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/ModelList"}}}}, **_errors(401)}}},
-            "/accounts/{account_id}/ai/run/@cf/cloudflare/{model}": {"post": {
+            PATHS["workers_ai"]: {"post": {
                 "operationId": "workers_ai", "security": security,
                 "parameters": [{"name": "account_id", "in": "path", "required": True, "schema": {"type": "string"}},
                                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
@@ -130,10 +132,10 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
                 "responses": {"200": {"description": "Workers AI envelope {success, result}"},
                               **{k: {"description": "Workers AI envelope {success: false, errors}"}
                                  for k in ("400", "401", "404", "413", "415", "422", "429", "503")}}}},
-            "/health": {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
-            "/ready": {"get": {"operationId": "ready", "responses": {"200": {"description": "every model loaded"},
+            PATHS["health"]: {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
+            PATHS["ready"]: {"get": {"operationId": "ready", "responses": {"200": {"description": "every model loaded"},
                                                                      "503": {"description": "not ready"}}}},
-            "/metrics": {"get": {"operationId": "metrics", "security": security, "responses": {
+            PATHS["metrics"]: {"get": {"operationId": "metrics", "security": security, "responses": {
                 "200": {"description": "Prometheus text format (labels name the models)",
                         "content": {"text/plain": {}}}, **_errors(401)}}},
         },
