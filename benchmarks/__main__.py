@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from clef_bridge.head.errors import ClefError
+from clef_bridge.head.weights import dtype_name
 from clef_bridge.tools.bench import median_ms
 from clef_bridge.tools.cli import EXIT_USAGE, UsageError, emit
 
@@ -47,14 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt length; with --options, the state's length before the question (default: 750)")
     p.add_argument("--options", type=int, help="one choice question with this many options (at most 255) instead of "
                                                "the router schema (4 questions, 19 options)")
-    p.add_argument("--weights", choices=["F32", "BF16", "F16"], default="F32",
+    p.add_argument("--weights", type=dtype_name, choices=["f32", "bf16", "f16"], default="f32",
                    help="round the random weights as a safetensors file of this dtype holds them; Cloudflare ships "
-                        "BF16 (default: F32)")
+                        "bf16 (default: f32)")
     p.add_argument("--head", type=Path, help="joint_head.safetensors (default: a clef GGUF's embedded head, or the "
                                             "one beside the GGUF, else the released head's shape)")
-    p.add_argument("--head-dtype", choices=["float32", "float16"], default="float32",
+    p.add_argument("--head-dtype", type=dtype_name, choices=["f32", "f16"], default="f32",
                    help="also time our head with its matrices stored in this dtype, with its largest differences "
-                        "to float32 (default: float32, no extra side)")
+                        "to float32 (default: f32, no extra side)")
     p.add_argument("--repeats", type=int, default=7, help="timed runs per side; medians are reported (default: 7)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p = sub.add_parser("bench", help="clef-bridge bench with baselines: the reference code (--reference) or the "
@@ -134,7 +135,7 @@ def _soak(args: argparse.Namespace) -> int:
 def _bench_head(args: argparse.Namespace) -> int:
     from .bench_head import run
 
-    return emit(run(args.tokens, args.repeats, args.options, args.weights, args.head_dtype), args.json)
+    return emit(run(args.tokens, args.repeats, args.options, args.weights.upper(), args.head_dtype), args.json)
 
 
 def _gpu_check(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from clef_bridge.head.answer import softmax64
 from clef_bridge.head.model import Layout, joint_schema_head
-from clef_bridge.head.weights import DTYPES, ENCODERS, store_matrices, unflatten
+from clef_bridge.head.weights import DTYPES, ENCODERS, dtype_name, store_matrices, unflatten
 
 from tests.randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
 from tests.reference import ReferenceUnavailable, reference_logits, torch_head
@@ -93,7 +93,7 @@ def turns_ms(fns, repeats: int) -> list[list[float]]:
 
 
 def run(tokens: int = 750, repeats: int = 7, options: int | None = None, weights: str = "F32",
-        head_dtype: str = "float32") -> HeadBench:
+        head_dtype: str = "f32") -> HeadBench:
     """Time our head and the reference's on the same random Clef-flash-shaped weights and inputs."""
     try:
         import torch
@@ -111,7 +111,7 @@ def run(tokens: int = 750, repeats: int = 7, options: int | None = None, weights
     reference = ours()
     diff = float(np.abs(reference - theirs()).max())
     sides, labels, half = [ours, theirs], ["numpy", "torch"], None
-    if head_dtype != "float32":
+    if dtype_name(head_dtype) != "f32":
         stored = unflatten(store_matrices(flat, head_dtype))
         sides.append(lambda: joint_schema_head(hidden, rows, layout, cfg.heads, **stored))
         labels.append(f"numpy {head_dtype}")

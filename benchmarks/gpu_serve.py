@@ -102,7 +102,7 @@ class PeakMemory:
 def router_body(gguf: Path, tokens: int) -> tuple[dict, int]:
     """The router request (4 questions, 19 options) with the state grown to about `tokens` tokens
     in this GGUF's vocabulary (0: the shortest); the body and its token count."""
-    from clef_bridge.bridge.llama.backbone import VocabOnly
+    from tests.vocab import VocabOnly
 
     vocab = VocabOnly(gguf)
     try:

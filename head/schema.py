@@ -49,6 +49,14 @@ def render(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
+def option_order(qtype: str, keys: Any) -> list[Any]:
+    """The order the prompt lists a question's criteria in: noul true then false, choice by code point (so
+    request order cannot move an answer), score levels as given. Media placeholders are numbered in it."""
+    if qtype == "noul":
+        return [k for k in ("true", "false") if k in keys]
+    return sorted(keys) if qtype == "choice" or isinstance(keys, dict) else list(keys)
+
+
 def is_unicode(text: str) -> bool:
     """False when text holds an unpaired surrogate, which no UTF-8 encoder, tokenizer or JSON writer takes."""
     return text.isascii() or SURROGATE.search(text) is None
@@ -128,7 +136,7 @@ def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list
             if not _is_text(value):
                 problems.append(_text_problem(loc + (key,), "a criterion"))
         merged = NOUL_DEFAULTS | {k: v for k, v in criteria.items() if k in NOUL_DEFAULTS}
-        return tuple((k, merged[k]) for k in ("true", "false")), ("true", "false")
+        return tuple((k, merged[k]) for k in option_order(qtype, merged)), ("true", "false")
     if qtype == "choice":
         if not isinstance(criteria, dict):
             problems.append(Problem(loc, "choice criteria must be an object of option name -> description",
@@ -140,8 +148,7 @@ def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list
         for key, value in criteria.items():
             if not _is_text(value):
                 problems.append(_text_problem(loc + (key,), "an option description"))
-        # The prompt lists options sorted by code point, so request order cannot move an answer.
-        return tuple(sorted(criteria.items())), tuple(criteria)
+        return tuple((k, criteria[k]) for k in option_order(qtype, criteria)), tuple(criteria)
     if not isinstance(criteria, list):
         problems.append(Problem(loc, "score criteria must be an array of levels, lowest first", "type_error"))
         return None

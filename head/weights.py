@@ -177,7 +177,17 @@ def _listify(node: Any) -> Any:
 # float32 (as llama.cpp's Clef converter keeps them), and every matrix computes in float32
 # (model.linear): float16 halves the head's memory, and Cloudflare's bf16 weights convert to it
 # exactly inside float16's normal range (6.1e-5 to 65504; larger values are refused).
-STORAGE_DTYPES: dict[str, type[np.floating]] = {"float32": np.float32, "float16": np.float16}
+STORAGE_DTYPES: dict[str, type[np.floating]] = {"f32": np.float32, "f16": np.float16}
+
+# One vocabulary for dtypes on every flag and models.toml key: ggml's lowercase names (f32, f16, bf16,
+# q8_0). Earlier spellings (float32, float16, bfloat16, F32, BF16, ...) still read, as these names.
+DTYPE_ALIASES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def dtype_name(spelling: str) -> str:
+    """The vocabulary's name for a dtype however it is spelled: "float16", "F16" and "f16" are "f16"."""
+    lowered = spelling.strip().lower()
+    return DTYPE_ALIASES.get(lowered, lowered)
 
 
 def is_matrix(name: str, shape: tuple[int, ...]) -> bool:
@@ -186,9 +196,9 @@ def is_matrix(name: str, shape: tuple[int, ...]) -> bool:
 
 
 def _storage(dtype: str) -> type[np.floating]:
-    if dtype not in STORAGE_DTYPES:
+    if dtype_name(dtype) not in STORAGE_DTYPES:
         raise HeadConfigError(f"head_dtype {dtype!r} is not supported: use one of {', '.join(STORAGE_DTYPES)}")
-    return STORAGE_DTYPES[dtype]
+    return STORAGE_DTYPES[dtype_name(dtype)]
 
 
 def stored_bytes(cfg: HeadConfig, dtype: str) -> int:
@@ -208,7 +218,7 @@ def store_matrices(flat: dict[str, np.ndarray], dtype: str, path: str | Path = "
             peak = float(np.abs(value).max(initial=0.0))
             if peak > largest:
                 problems.append(f"{name}: |value| up to {peak:g} overflows {dtype} (largest {largest:g}); "
-                                "use head_dtype = \"float32\"")
+                                "use head_dtype = \"f32\"")
                 continue
             value = value.astype(target)
         out[name] = value
@@ -217,12 +227,12 @@ def store_matrices(flat: dict[str, np.ndarray], dtype: str, path: str | Path = "
     return out
 
 
-def load_params(path: str | Path, cfg: HeadConfig, xp: Any = np, dtype: str = "float32") -> dict[str, Any]:
+def load_params(path: str | Path, cfg: HeadConfig, xp: Any = np, dtype: str = "f32") -> dict[str, Any]:
     """The head's parameters as a nested dict of arrays on the array module xp (matrices stored in dtype)."""
     return params_from(load_state_dict(path, cfg), xp, dtype, path)
 
 
-def params_from(flat: dict[str, np.ndarray], xp: Any = np, dtype: str = "float32",
+def params_from(flat: dict[str, np.ndarray], xp: Any = np, dtype: str = "f32",
                 source: str | Path = "") -> dict[str, Any]:
     """A flat torch-named state dict as the nested parameters the head's functions unpack, on xp."""
     flat = store_matrices(flat, dtype, source)

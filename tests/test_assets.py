@@ -1,4 +1,4 @@
-"""Finding a request's images (bridge/assets.py, bridge/multipart.py) without a model: placement in order
+"""Finding a request's images (bridge/media/request.py, bridge/server/multipart.py) without a model: placement in order
 of first reference, the markers that replace placeholders, every refusal with its location, and the
 SDK's own multipart bodies parsed back."""
 

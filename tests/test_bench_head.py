@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clef_bridge.head.weights import load_state_dict, save_state_dict
-from clef_bridge.tools.cli import main
 
+from benchmarks.__main__ import main
 from benchmarks.bench_head import rounded, schema_layout, turns_ms
 
 from .randomhead import random_state_dict

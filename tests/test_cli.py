@@ -61,8 +61,7 @@ def test_commands_explain_their_failures(capsys, tmp_path, fx, argv, fragment):
 
 
 def test_soak_names_the_threshold_that_failed():
-    from clef_bridge.tools.render import text
-
+    from benchmarks.render import text
     from benchmarks.soak import judge
 
     summary = {"requests": 100, "errors": 0, "rss_growth_pct": 7.5, "p99_last_over_first": 1.05}

@@ -1,4 +1,4 @@
-"""The manifests of deploy/ say true things about clef-bridge, and the README shows them as they are.
+"""The manifests of deploy/ say true things about clef-bridge, and the docs link them rather than paste them.
 
 No cluster here: what is checked is each manifest's part in clef-bridge (the app builder it names,
 the command it runs, the routes it probes, the metric it scales on, the models.toml it reads).
@@ -17,7 +17,7 @@ from clef_bridge.bridge.server.app import setup_routes
 from clef_bridge.bridge.server.prometheus import create_metrics
 from clef_bridge.tools.cliargs import build_parser
 
-from .test_readme import blocks
+from .test_readme import PAGES, blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -28,9 +28,12 @@ def manifests(name: str) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("name", ["models.toml", "rayservice.yaml", "kubernetes.yaml"])
-def test_readme_shows_each_file_as_it_is(name):
-    shown = [body for _, tags, body in blocks() if f"deploy/{name}" in tags]
-    assert shown == [(DEPLOY / name).read_text().rstrip("\n")]
+def test_the_docs_link_each_file_and_paste_none(name):
+    """The manifests live only in deploy/: docs/ray.md links each one, and no page holds a copy of one."""
+    assert f"](../deploy/{name})" in (ROOT / "docs" / "ray.md").read_text(encoding="utf-8")
+    text = (DEPLOY / name).read_text().strip()
+    assert [p.name for p in PAGES if text in p.read_text(encoding="utf-8")] == []
+    assert [tags for _, tags, _ in blocks() if f"deploy/{name}" in tags] == []
 
 
 def test_models_toml_asks_for_one_gpu_per_replica_even_before_gpus_exist():
@@ -46,7 +49,7 @@ def test_rayservice_runs_the_app_builder_on_the_models_volume():
     (application,) = serve_config["applications"]
     module, name = application["import_path"].split(":")
     assert module == "clef_bridge.bridge.scale.ray_serve"
-    tree = ast.parse((ROOT / "bridge" / "ray_serve.py").read_text())
+    tree = ast.parse(ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py").read_text())  # bridge/scale/ray_serve.py
     assert name in {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}
     assert application["args"]["models"] == "/models/models.toml" and application["route_prefix"] == "/"
     cluster = service["spec"]["rayClusterConfig"]

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.bridge.model.demo import Qwen35Dims, matrix_type, write_qwen35_gguf
-from clef_bridge.tools.cli import main
 from gguf import GGMLQuantizationType as Q
 
+from benchmarks.__main__ import main
 from benchmarks.gpu_models import FULL, SMOKE, qwen_vocab
 
 from .strictcupy import StrictCuPy

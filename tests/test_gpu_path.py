@@ -255,13 +255,15 @@ def test_serve_counts_the_head_once_and_plans_as_fit_does(fx, monkeypatch, capsy
         model.close()
 
 
-def test_head_dtype_float16_needs_the_gpu(fx):
-    with pytest.raises(RegistryError, match='head_dtype: "float16" needs head_device = "cuda"') as info:
-        tiny_spec(fx, head_dtype="float16")
+def test_head_dtype_f16_needs_the_gpu(fx):
+    with pytest.raises(RegistryError, match='head_dtype: "f16" needs head_device = "cuda"') as info:
+        tiny_spec(fx, head_dtype="f16")
     assert "2x slower" in str(info.value)
     with pytest.raises(RegistryError, match="must be one of"):
-        tiny_spec(fx, head_device="cuda", head_dtype="bfloat16")
-    assert tiny_spec(fx, head_device="cuda", head_dtype="float16").head_dtype == "float16"
+        tiny_spec(fx, head_device="cuda", head_dtype="bf16")
+    assert tiny_spec(fx, head_device="cuda", head_dtype="f16").head_dtype == "f16"
+    # the earlier spelling reads as the same name
+    assert tiny_spec(fx, head_device="cuda", head_dtype="float16").head_dtype == "f16"
 
 
 def test_host_rows_are_pinned_only_for_a_device_head():

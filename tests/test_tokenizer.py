@@ -7,11 +7,11 @@ import json
 import unicodedata
 
 import pytest
-from clef_bridge.bridge.llama.backbone import VocabOnly
 from clef_bridge.head.encoder import PREFIX, SCHEMA_HEADER, SUFFIX
 from clef_bridge.head.schema import render
 
 from .fixturegen import _vocab, qwen35_tokenizer
+from .vocab import VocabOnly
 
 SEP = "\n__ggml_vocab_test__\n"
 

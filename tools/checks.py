@@ -85,14 +85,14 @@ def check_files(gguf: Path, head: Path | None, pair: Path | None, verify_repo: s
 
 def release_repo(report: CheckReport) -> str:
     """The release repository of the head's model, by its width (Clef-flash 4096, Clef 5120)."""
-    width = report.facts.get("embedding_length")
+    width = report.facts.embedding_length
     if width not in RELEASE_BY_WIDTH:
         raise VerifyError(f"no Clef release has hidden size {width}", fix="name the repository: --verify-against REPO")
     return RELEASE_BY_WIDTH[width]
 
 
 def add_verification(report: CheckReport, verification: Verification) -> None:
-    report.facts["verified_against"] = verification.to_dict()
+    report.facts.verified_against = verification.to_dict()
     if verification.ok:
         report.add("info", "provenance.verified", f"sampled tensors equal {verification.repo}'s release (min row "
                    f"cosine {verification.min_cosine:.4f}, {verification.bytes_read} bytes read)")
@@ -125,8 +125,8 @@ def pair_files(gguf: Path, head: Path | None, output: Path | None, verify_repo: 
         record = pair_record(gguf, Path(report.head), model)
     finally:
         model.close()
-    if "verified_against" in report.facts:
-        record["verified_against"] = report.facts["verified_against"]
+    if report.facts.verified_against is not None:
+        record["verified_against"] = report.facts.verified_against
     out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return PairResult(out, record["head_sha256"], len(record["fingerprint"]["row_ids"]), len(record["canaries"]),
                       report)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..head.weights import dtype_name
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand with its flags (each flag has help=); dispatch is the caller's."""
@@ -25,8 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="GPU memory plan for a GGUF and its head (exit 0 fits, 1 does not)")
     p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF")
     p.add_argument("--arch", choices=["clef-flash", "clef"], help="plan from published dimensions instead of a file")
-    p.add_argument("--quant", default="Q8_0", help="quantization for --arch: F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M "
-                                                   "(default: Q8_0)")
+    p.add_argument("--quant", type=str.upper, default="Q8_0",
+                   help="quantization for --arch: F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M (default: Q8_0)")
     p.add_argument("--vram", help="GPU memory to plan for, e.g. 16GiB (default: free memory read through NVML)")
     p.add_argument("--ctx", type=int, default=16384, help="context (n_ctx) in tokens (default: 16384)")
     p.add_argument("--parallel", type=int, default=1, help="sequences decoded together (n_seq_max, default: 1)")
@@ -36,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                                               "the GGUF, if any)")
     p.add_argument("--head", type=Path, help="joint_head.safetensors (default: a clef GGUF's embedded head, or the "
                                             "one beside the GGUF, else the released head's shape)")
-    p.add_argument("--head-dtype", choices=["float32", "float16"], default="float32",
-                   help="the head's matrices on the GPU, as models.toml's head_dtype (default: float32)")
+    p.add_argument("--head-dtype", type=dtype_name, choices=["f32", "f16"], default="f32",
+                   help="the head's matrices on the GPU, as models.toml's head_dtype (default: f32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "joint_head_config.json + a pairing record")
     p.add_argument("clef", type=Path, help="the clef GGUF (backbone and head in one file)")
     p.add_argument("-o", "--output", type=Path, required=True, help="folder to write the files to")
-    p.add_argument("--head-dtype", choices=["bf16", "f16", "f32"],
+    p.add_argument("--head-dtype", type=dtype_name, choices=["bf16", "f16", "f32"],
                    help="safetensors dtype of the head (default: bf16 like the release; f32 when the GGUF's is)")
     p.add_argument("--overwrite", action="store_true", help="replace files already in the folder")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -90,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("backbone", type=Path, help="the qwen35 backbone GGUF (any quantization; tensors are copied)")
     p.add_argument("head", type=Path, help="joint_head.safetensors (joint_head_config.json beside it)")
     p.add_argument("-o", "--output", type=Path, required=True, help="the clef GGUF to write")
-    p.add_argument("--head-type", choices=["f32", "f16", "bf16", "q8_0"],
+    p.add_argument("--head-type", type=dtype_name, choices=["f32", "f16", "bf16", "q8_0"],
                    help="type of the head's matrices (default: the safetensors dtype; norms, biases, scales stay F32)")
     p.add_argument("--temperature", help="write clef.decision.temperature.* keys: 0.7 for every type, or "
                                          "choice=0.7,score=0.9 (TYPE.BUCKET=T for llama-server's option buckets)")

@@ -87,7 +87,7 @@ def head_config(gguf: Path, info: GGUFInfo, hidden: int, head: Path | None = Non
 
 
 def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: int, parallel: int, ubatch: int,
-        head_on_gpu: bool, head_dtype: str = "float32", device: str = "", head: Path | None = None,
+        head_on_gpu: bool, head_dtype: str = "f32", device: str = "", head: Path | None = None,
         mmproj: Path | None = None) -> FitReport:
     """The plan; the vision projector counted is mmproj, else the one beside the GGUF (none with --arch alone)."""
     if (gguf is None) == (arch_name is None):
@@ -115,5 +115,5 @@ def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: in
         options = model_spec("fit", gguf, n_ctx=ctx, max_length=ctx, n_seq_max=parallel, n_ubatch=ubatch).backbone
         result = serving_plan(gguf, options, head_gpu_bytes(cfg, head_device, head_dtype), vram,
                               weights + compute)  # what serve does
-    return FitReport(result, arch, vram, head_on_gpu, head_dtype, stored_bytes(cfg, "float32"), source, device,
+    return FitReport(result, arch, vram, head_on_gpu, head_dtype, stored_bytes(cfg, "f32"), source, device,
                      weights, compute, str(projector) if projector else "")

@@ -32,14 +32,13 @@ def report_lines(report: CheckReport, name: str | None) -> list[str]:
         if f.fix:
             lines.append(f"          fix: {f.fix}")
     facts = report.facts
-    if report.accepted and facts.get("architecture"):
-        lines.append(f"  {facts.get('architecture')}, hidden {facts.get('embedding_length')}, "
-                     f"{facts.get('block_count')} layers ({facts.get('full_attention_layers')} full attention), "
-                     f"vocab {facts.get('vocab_size')}")
-    if report.accepted and facts.get("mmproj"):
-        lines.append(f"  vision projector {facts['mmproj']}: {facts.get('mmproj_type')}, width "
-                     f"{facts.get('mmproj_width')}, {facts.get('mmproj_weight_bytes', 0) / 2**20:.1f} MiB of weights")
-    elif report.accepted and "mmproj" in facts:
+    if report.accepted and facts.architecture:
+        lines.append(f"  {facts.architecture}, hidden {facts.embedding_length}, {facts.block_count} layers "
+                     f"({facts.full_attention_layers} full attention), vocab {facts.vocab_size}")
+    if report.accepted and facts.mmproj:
+        lines.append(f"  vision projector {facts.mmproj}: {facts.mmproj_type}, width {facts.mmproj_width}, "
+                     f"{(facts.mmproj_weight_bytes or 0) / 2**20:.1f} MiB of weights")
+    elif report.accepted and facts.projector_checked:
         lines.append("  no vision projector: text only (image requests get a 422)")
     return lines
 

@@ -3,7 +3,7 @@
 A `clef` GGUF is a `qwen35` backbone with every `qwen35.*` key under `clef.*`, plus the joint schema
 head as GGUF tensors (torch names mapped, in_proj split in three, the three scalars turned into
 `decision.scales`). Facts: llama.cpp's src/models/clef.cpp and conversion/clef.py (see the team's
-clef-gguf-format notes). This module is the mapping only; clef_head reads and validates, clef_convert
+clef-gguf-format notes). This module is the mapping only; clef_head reads and validates, clef_split
 writes.
 """
 

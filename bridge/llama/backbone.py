@@ -84,9 +84,6 @@ class _Batch:
         self.struct.seq_id = self.seq_ptr.ctypes.data_as(ctypes.POINTER(ctypes.POINTER(lc.llama_seq_id)))
         self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
-    def fill(self, sequences: list[np.ndarray]) -> int:
-        return self.fill_chunks([(seq_id, 0, ids) for seq_id, ids in enumerate(sequences)])
-
     def fill_chunks(self, chunks: list[tuple[int, int, np.ndarray]]) -> int:
         """Chunks of (sequence id, position of the first token, token ids); each chunk's last token is an output."""
         n = 0
@@ -160,31 +157,6 @@ def _occurrences(text: str, needle: str) -> list[int]:
         out.append(at)
         at = text.find(needle, at + 1)
     return out
-
-
-class VocabOnly:
-    """A GGUF's tokenizer without its weights (llama.cpp's vocab_only load)."""
-
-    def __init__(self, path: str | Path, verbose: bool = False, normalize: bool = True):
-        """normalize=False: llama.cpp's own tokenization, without the original tokenizer's Unicode form."""
-        lc.llama_backend_init()
-        llama_log.install(verbose)
-        mparams = lc.llama_model_default_params()
-        mparams.vocab_only = True
-        self._model = lc.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._model:
-            raise BackboneError(f"{path}: llama.cpp could not load this GGUF's vocabulary")
-        form = unicode_normalization(self._model) if normalize else None
-        self._tokenizer = Tokenizer(lc.llama_model_get_vocab(self._model), form)
-        self.tokenize = self._tokenizer.tokenize
-
-    def close(self) -> None:
-        if getattr(self, "_model", None):
-            lc.llama_model_free(self._model)
-            self._model = None
-
-    def __del__(self) -> None:
-        self.close()
 
 
 class Backbone:
@@ -309,7 +281,7 @@ class Backbone:
         return np.split(hidden, np.cumsum([len(s) for s in sequences])[:-1])
 
     def prefill_cached(self, requests: list[PrefillRequest]) -> list[CachedPrefill]:
-        """Like prefill_many, from each request's longest cached prefix on (see bridge/prefix_cache.py).
+        """Like prefill_many, from each request's longest cached prefix on (see bridge/llama/prefix_cache.py).
 
         Without a prefix cache every request is a miss: the hidden states of all its tokens.
         """

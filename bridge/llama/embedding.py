@@ -8,7 +8,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from ..gguf.reader import read_gguf, tensor_rows
+from ..gguf.reader import GGUFInfo, read_gguf, tensor_rows
 from .backbone import BackboneError
 
 OUTPUT = "output.weight"
@@ -20,8 +20,9 @@ SUPPORTED = {GGMLQuantizationType[n] for n in ("F32", "F16", "BF16", "Q8_0", "Q6
 class OutputEmbedding:
     """Dequantizes only the rows asked for and caches them per token id (up to max_rows)."""
 
-    def __init__(self, path: str | Path, max_rows: int = 16384):
-        info = read_gguf(path)
+    def __init__(self, path: str | Path, max_rows: int = 16384, info: GGUFInfo | None = None):
+        """info: the GGUF's header when the caller read it already."""
+        info = info or read_gguf(path)
         tensor = info.tensors.get(OUTPUT) or info.tensors.get(TIED)
         if tensor is None:
             raise BackboneError(f"{path}: neither {OUTPUT} nor {TIED} is in this GGUF; the head needs the output "

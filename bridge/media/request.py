@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...head.errors import ClefError, Problem, RequestInvalid
-from ...head.schema import Limits, json_depth
+from ...head.schema import Limits, json_depth, option_order
 from ..gguf.projector import PROJECTOR_HOME
 from .images import (
     ImageGeometry,
@@ -198,9 +198,8 @@ def _question(question: Any, walk) -> Any:
     if "instructions" in out:
         out["instructions"] = walk(out["instructions"])
     criteria = out.get("criteria")
-    if isinstance(criteria, dict):  # options in prompt order: true then false for noul, else by code point
-        keys = [k for k in ("true", "false") if k in criteria] if out.get("type") == "noul" else sorted(criteria)
-        replaced = {k: walk(criteria[k]) for k in keys}
+    if isinstance(criteria, dict):
+        replaced = {k: walk(criteria[k]) for k in option_order(out.get("type"), criteria)}
         out["criteria"] = {k: replaced.get(k, v) for k, v in criteria.items()}
     elif isinstance(criteria, list):
         out["criteria"] = walk(criteria)

@@ -1,6 +1,6 @@
 """One served model: parse -> encode -> prefill -> head -> answer.
 
-A ClefModel is put together from loaded parts by bridge/loading.py (the one checked way in);
+A ClefModel is put together from loaded parts by bridge/model/loading.py (the one checked way in);
 it owns them and closes the backbone.
 """
 

@@ -111,11 +111,6 @@ def random_tensor(kind: str, shape: tuple[int, ...], scale: float, rng: np.rando
     return (0.1 * rng.standard_normal(shape)).astype(np.float32)
 
 
-def _tensors(d: Qwen35Dims, n_vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """numpy arrays in numpy (row-major) shape: [ne1, ne0]."""
-    return {name: random_tensor(*spec, rng) for name, spec in tensor_specs(d, n_vocab).items()}
-
-
 # Random quantized blocks: (bytes per block, offset of the f16 scale d, offset of a second f16 (dmin) or
 # None, the weight std per unit of d). Q4_K's w = d*sc*q - dmin*m (dmin = 7.5 d centres it), Q6_K's
 # w = d*sc*(q - 32), Q8_0's w = d*q; random bytes give the quants and sub-block scales.

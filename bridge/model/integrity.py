@@ -7,7 +7,7 @@ Every check reads headers through memory maps; nothing loads a whole file into m
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +63,58 @@ class Finding:
 
 
 @dataclass
+class Facts:
+    """What the checks found out about the files (None: not found out, or the check did not run)."""
+
+    gguf_version: int | None = None
+    architecture: str | None = None
+    tensors: int | None = None
+    embedding_length: int | None = None
+    block_count: int | None = None
+    vocab_size: int | None = None
+    full_attention_layers: int | None = None
+    head_source: str | None = None  # "safetensors" or "embedded" (a clef GGUF's own head)
+    head_tensors: int | None = None
+    head_config: dict[str, Any] | None = None
+    head_matrices: str | None = None  # an embedded head's matrix type
+    sha256: dict[str, str] = field(default_factory=dict)  # "gguf"/"head" -> the digest checked against a pin
+    fingerprint_min_cosine: float | None = None
+    fingerprint_norm_diff: float | None = None
+    canary_state_drift: float | None = None
+    canary_max_diff: float | None = None
+    pair: str | None = None  # the pairing record read
+    projector_checked: bool = False  # the projector checks ran; mmproj None then means text only
+    mmproj: Path | None = None
+    mmproj_type: str | None = None
+    mmproj_width: int | None = None
+    mmproj_weight_bytes: int | None = None
+    mmproj_compute_bytes: int | None = None
+    image_canary_drift: float | None = None
+    verified_against: dict[str, Any] | None = None  # tools/verify.py's comparison with a release
+
+    def to_dict(self) -> dict[str, Any]:
+        """The facts found, by name (`check --json`'s "facts")."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "sha256":
+                out |= {f"{label}_sha256": digest for label, digest in value.items()}
+            elif f.name == "mmproj" and self.projector_checked:
+                out["mmproj"] = str(value) if value else None
+            elif f.name != "projector_checked" and value is not None:
+                out[f.name] = value
+        return out
+
+
+@dataclass
 class CheckReport:
     gguf: str
     head: str | None
     findings: list[Finding] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: Facts = field(default_factory=Facts)
     record: dict[str, Any] | None = field(default=None, repr=False)  # the pairing record, for the canaries
     embedded: EmbeddedHead | None = field(default=None, repr=False)  # the head read from a clef GGUF
+    info: GGUFInfo | None = field(default=None, repr=False)  # the GGUF's header, read once for every check
 
     @property
     def accepted(self) -> bool:
@@ -83,7 +128,7 @@ class CheckReport:
         self.findings.append(Finding(level, code, message, fix))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gguf": self.gguf, "head": self.head, "accepted": self.accepted, "facts": self.facts,
+        return {"gguf": self.gguf, "head": self.head, "accepted": self.accepted, "facts": self.facts.to_dict(),
                 "findings": [asdict(f) for f in self.findings]}
 
 
@@ -99,8 +144,9 @@ def check_gguf(path: Path, report: CheckReport) -> GGUFInfo | None:
                "re-download the GGUF; a truncated or foreign file cannot be served")
         report.add("error", exc.code, str(exc), fix)
         return None
-    report.facts.update({"gguf_version": info.version, "architecture": info.architecture,
-                         "tensors": len(info.tensors)})
+    report.info = info
+    facts = report.facts
+    facts.gguf_version, facts.architecture, facts.tensors = info.version, info.architecture, len(info.tensors)
     for t in info.tensors.values():
         if t.n_bytes is None:
             report.add("error", "gguf.tensor_type", f"tensor {t.name} has unknown type {t.type}",
@@ -122,9 +168,9 @@ def check_gguf(path: Path, report: CheckReport) -> GGUFInfo | None:
         return info
     n_embd = info.arch_key("embedding_length")
     pattern = layer_pattern(info)
-    report.facts.update({"embedding_length": n_embd, "block_count": info.arch_key("block_count"),
-                         "vocab_size": len(tokens) if isinstance(tokens, list) else None,
-                         "full_attention_layers": sum(pattern) if pattern else None})
+    facts.embedding_length, facts.block_count = n_embd, info.arch_key("block_count")
+    facts.vocab_size = len(tokens) if isinstance(tokens, list) else None
+    facts.full_attention_layers = sum(pattern) if pattern else None
     if not isinstance(n_embd, int):
         report.add("error", "gguf.metadata", f"{info.architecture}.embedding_length is missing",
                    "the GGUF's metadata is incomplete: convert it again with llama.cpp's converter")
@@ -192,10 +238,10 @@ def check_head(path: Path, report: CheckReport) -> tuple[HeadConfig, Safetensors
     except HeadWeightsError as exc:
         report.add("error", "head.safetensors", str(exc), "the file is damaged: download it again")
         return None
-    report.facts["head_tensors"] = len(header.entries)
+    report.facts.head_tensors = len(header.entries)
     if cfg is None:
         return None
-    report.facts["head_config"] = vars(cfg)
+    report.facts.head_config = vars(cfg)
     want = expected_shapes(cfg)
     for name, shape in want.items():
         entry = header.entries.get(name)
@@ -234,11 +280,11 @@ def check_pair(gguf: Path, head: Path | None) -> CheckReport:
     info = check_gguf(gguf, report)
     if head is None and info is not None and info.architecture == CLEF_ARCH:
         report.head = str(gguf)
-        report.facts["head_source"] = "embedded"
+        report.facts.head_source = "embedded"
         report.embedded = validate_embedded_head(info, report)
         if report.embedded is not None:
-            report.facts["head_config"] = vars(report.embedded.config)
-            report.facts["head_matrices"] = report.embedded.matrix_type
+            report.facts.head_config = vars(report.embedded.config)
+            report.facts.head_matrices = report.embedded.matrix_type
         return report
     head = Path(head) if head is not None else find_head(gguf)
     if head is None and info is None:
@@ -248,7 +294,7 @@ def check_pair(gguf: Path, head: Path | None) -> CheckReport:
                    f"{HEAD_HOME}; put the safetensors head beside the GGUF as joint_head.safetensors or pass --head")
         return report
     report.head = str(head)
-    report.facts.update({"head_source": "safetensors", "head": str(head)})
+    report.facts.head_source = "safetensors"
     if info is not None and info.architecture == CLEF_ARCH:
         report.add("info", "clef.head_replaced", f"{gguf.name} embeds a head, but {head.name} is served instead")
     found = check_head(head, report)
@@ -271,7 +317,7 @@ def check_pins(report: CheckReport, gguf: Path, head: Path | None, gguf_sha256: 
         if not pin or path is None or not path.is_file():
             continue
         actual = sha256_file(path)
-        report.facts[f"{label}_sha256"] = actual
+        report.facts.sha256[label] = actual
         if actual != pin.lower():
             report.add("error", f"pin.{label}_sha256", f"{path.name} has sha256 {actual}, but models.toml pins "
                        f"{pin}", "the file changed or is damaged: download it again, or update the pin")
@@ -286,8 +332,8 @@ def check_record(report: CheckReport, gguf: Path, head: Path, record: dict[str, 
     if sha256_file(head) != record["head_sha256"]:
         report.add("error", "pair.head_changed", "the head is not the one this pairing record was made with",
                    "use the paired head, or pair again with `clef-bridge pair GGUF HEAD`")
-    cosine, norm_diff = compare_fingerprints(record["fingerprint"], fingerprint(gguf))
-    report.facts.update({"fingerprint_min_cosine": round(cosine, 4), "fingerprint_norm_diff": round(norm_diff, 4)})
+    cosine, norm_diff = compare_fingerprints(record["fingerprint"], fingerprint(gguf, report.info))
+    report.facts.fingerprint_min_cosine, report.facts.fingerprint_norm_diff = round(cosine, 4), round(norm_diff, 4)
     if cosine < MIN_ROW_COSINE or norm_diff > MAX_NORM_DIFF:
         report.add("error", "pair.backbone_mismatch", f"the backbone is not the one the head was paired with "
                    f"(sampled output rows: cosine {cosine:.3f}, at least {MIN_ROW_COSINE} expected; norm weights "
@@ -302,7 +348,7 @@ def check_canaries(report: CheckReport, record: dict[str, Any], probabilities: l
                    "same base is caught only by its probabilities", "write it again with `clef-bridge pair`")
     else:
         drift = state_drift(record["canary_states"], states)
-        report.facts["canary_state_drift"] = round(drift, 5)
+        report.facts.canary_state_drift = round(drift, 5)
         if drift > MAX_STATE_DRIFT:
             report.add("error", "pair.canary_mismatch", f"the canaries' hidden states moved by {drift:.4f} (mean 1 - "
                        f"cosine; at most {MAX_STATE_DRIFT} expected from quantization): the backbone's inner layers "
@@ -314,7 +360,7 @@ def check_canaries(report: CheckReport, record: dict[str, Any], probabilities: l
                        "quantization (or a small fine-tune); answers will differ measurably from the reference",
                        "prefer Q8_0 or F16 where memory allows (clef-bridge drift measures it)")
     diff = canary_difference(record["canaries"], probabilities)
-    report.facts["canary_max_diff"] = round(diff, 4)
+    report.facts.canary_max_diff = round(diff, 4)
     if diff > MAX_CANARY_DIFF:
         report.add("error", "pair.canary_mismatch", f"canary probabilities moved by {diff:.3f} (at most "
                    f"{MAX_CANARY_DIFF} expected from quantization): the backbone's inner layers are not the ones "
@@ -359,7 +405,7 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
                    "`clef-bridge pull`")
     if pair is None:
         return report
-    report.facts["pair"] = str(pair)
+    report.facts.pair = str(pair)
     record = load_record(Path(pair), report)
     if record is not None:
         check_record(report, Path(gguf), head, record)
@@ -390,7 +436,7 @@ def check_projector(report: CheckReport, gguf: Path, configured: Path | None) ->
     except ProjectorError as exc:
         report.add("error", "mmproj.ambiguous", str(exc), exc.fix)
         return
-    report.facts["mmproj"] = str(path) if path else None  # None: text only (image requests get a 422)
+    report.facts.projector_checked, report.facts.mmproj = True, path  # None: text only (image requests get a 422)
     if path is None:
         return
     if not path.is_file():
@@ -402,9 +448,10 @@ def check_projector(report: CheckReport, gguf: Path, configured: Path | None) ->
     except (ProjectorError, GGUFError) as exc:
         report.add("error", "mmproj.invalid", str(exc), PROJECTOR_HOME)
         return
-    report.facts.update({"mmproj_type": info.projector_type, "mmproj_width": info.n_embd,
-                         "mmproj_weight_bytes": info.weight_bytes, "mmproj_compute_bytes": compute_bytes(info)})
-    n_embd = report.facts.get("embedding_length")
+    facts = report.facts
+    facts.mmproj_type, facts.mmproj_width = info.projector_type, info.n_embd
+    facts.mmproj_weight_bytes, facts.mmproj_compute_bytes = info.weight_bytes, compute_bytes(info)
+    n_embd = facts.embedding_length
     for problem in pairing_problems(info, n_embd) if isinstance(n_embd, int) else []:
         report.add("error", "mmproj.pairing", f"{path.name} does not fit this backbone: {problem}",
                    "use the mmproj GGUF converted from the same Qwen3.5 model as the backbone")
@@ -421,7 +468,7 @@ def check_image_canary(report: CheckReport, record: dict, current: dict | None) 
                        "pair` once you trust the projector")
         return
     drift = state_drift([recorded], [current])
-    report.facts["image_canary_drift"] = round(drift, 5)
+    report.facts.image_canary_drift = round(drift, 5)
     if drift > MAX_STATE_DRIFT:
         report.add("error", "mmproj.canary_mismatch", f"the image canary's hidden states moved by {drift:.4f} (mean "
                    f"1 - cosine; at most {MAX_STATE_DRIFT} expected from quantization): the projector is not the one "

@@ -1,6 +1,6 @@
 """The one checked way to load a model, for `serve` and every command.
 
-Integrity checks (bridge/integrity.py) inspect the files and return findings; this module acts on
+Integrity checks (bridge/model/integrity.py) inspect the files and return findings; this module acts on
 them: it refuses a failing pair before loading anything heavy, runs the pairing record's canaries
 on the loaded model, and returns the model together with the warnings it is served with.
 """
@@ -73,22 +73,17 @@ def inspect_spec(spec: ModelSpec) -> CheckReport:
     return report
 
 
-def checked_projector(report: CheckReport) -> Path | None:
-    """The projector inspect_spec checked for this entry (None: none, or a report without projector checks)."""
-    path = report.facts.get("mmproj")
-    return Path(path) if path else None
-
-
 def open_projector(spec: ModelSpec, report: CheckReport, backbone: Backbone) -> Projector | None:
     """The entry's checked vision projector on the backbone's device, or None when it has none."""
-    path = checked_projector(report)
+    path = report.facts.mmproj
     options = ProjectorOptions(n_threads=spec.backbone.n_threads, verbose=spec.backbone.verbose)
     return Projector(path, backbone, options) if path is not None else None
 
 
-def backbone_file(gguf: Path) -> Path:
-    """The qwen35 GGUF llama.cpp loads: the file itself, or a clef GGUF's backbone, written once into the cache."""
-    if read_gguf(gguf).architecture != CLEF_ARCH:
+def backbone_file(gguf: Path, architecture: str | None = None) -> Path:
+    """The qwen35 GGUF llama.cpp loads: the file itself, or a clef GGUF's backbone, written once into the cache
+    (architecture: the GGUF's, when the caller read its header already)."""
+    if (architecture or read_gguf(gguf).architecture) != CLEF_ARCH:
         return gguf
     path, done = ensure_backbone(gguf, cache_dir() / "backbones")
     if done.action == "converted":
@@ -119,15 +114,15 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     """
     config, flat, temperatures = _head_weights(report)
     xp = array_module_for(spec.head_device)
-    path = backbone_file(spec.gguf)
+    path = backbone_file(spec.gguf, report.facts.architecture)
     release_cached(xp)
     head_bytes = head_gpu_bytes(config, spec.head_device, spec.head_dtype)
     n_gpu_layers, warnings = gpu_layers_for(path, spec.backbone, head_bytes,
-                                            vision_bytes=vision_bytes(checked_projector(report)))
+                                            vision_bytes=vision_bytes(report.facts.mmproj))
     head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
     backbone = Backbone(path, replace(spec.backbone, n_gpu_layers=n_gpu_layers), host_rows_for(xp))
     try:
-        embedding = OutputEmbedding(spec.gguf)
+        embedding = OutputEmbedding(spec.gguf, info=report.info)
         projector = open_projector(spec, report, backbone)
     except BaseException:
         backbone.close()

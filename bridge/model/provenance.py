@@ -102,10 +102,10 @@ def _vector(info: GGUFInfo, name: str) -> np.ndarray | None:
     return np.fromfile(info.path, dtype=dtype, count=t.shape[0], offset=info.data_start + t.offset).astype(np.float32)
 
 
-def fingerprint(gguf: str | Path) -> dict[str, Any]:
+def fingerprint(gguf: str | Path, info: GGUFInfo | None = None) -> dict[str, Any]:
     """Deterministic sample of the backbone: output-embedding rows and the final norm's weights."""
-    info = read_gguf(gguf)
-    emb = OutputEmbedding(gguf, max_rows=0)
+    info = info or read_gguf(gguf)
+    emb = OutputEmbedding(gguf, max_rows=0, info=info)
     ids = [(i * 7919 + 13) % emb.n_vocab for i in range(FINGERPRINT_ROWS)]
     dims = np.linspace(0, emb.n_embd - 1, min(FINGERPRINT_DIMS, emb.n_embd)).astype(int)
     rows = emb.dequantize(np.array(ids))[:, dims]

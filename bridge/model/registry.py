@@ -48,7 +48,7 @@ class ModelSpec:
     encode: EncodeOptions = EncodeOptions()
     answer: AnswerOptions = AnswerOptions()
     head_device: str = "cpu"  # "cuda": the head runs on CuPy
-    head_dtype: str = "float32"  # "float16": the head's matrices stored in half the GPU memory (head_device cuda)
+    head_dtype: str = "f32"  # "f16": the head's matrices stored in half the GPU memory (head_device cuda)
     aliases: tuple[str, ...] = ()
     description: str = ""
     release_date: str = ""
@@ -75,7 +75,7 @@ class ServerSpec:
 
 @dataclass(frozen=True)
 class RaySpec:
-    """[ray]: the replicas of `serve --ray` (bridge/ray_plan.py); 0 derives a value, as n_threads = 0 does."""
+    """[ray]: the replicas of `serve --ray` (bridge/scale/ray_plan.py); 0 derives a value, as n_threads = 0 does."""
 
     min_replicas: int = 1
     max_replicas: int = 1  # above min_replicas: Serve autoscales on ongoing requests
@@ -136,7 +136,7 @@ def _absolute(path: Path) -> Path:
 def _combinations(spec: ModelSpec, where: str) -> list[str]:
     """Problems of keys that are valid alone but not together."""
     problems = []
-    if spec.head_dtype != "float32" and spec.head_device != "cuda":
+    if spec.head_dtype != "f32" and spec.head_device != "cuda":
         problems.append(f"{where}.head_dtype: \"{spec.head_dtype}\" needs head_device = \"cuda\": on the CPU numpy "
                         "converts every matrix back to float32 on each request (the head runs up to 2x slower); "
                         "drop head_dtype or set head_device = \"cuda\"")

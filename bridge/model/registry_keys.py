@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from ...head.answer import BUCKETS
 from ...head.schema import QUESTION_TYPES, Limits
-from ...head.weights import STORAGE_DTYPES
+from ...head.weights import STORAGE_DTYPES, dtype_name
 
 
 class _Bad(Exception):
@@ -37,6 +37,15 @@ def _one_of(*choices: str) -> Callable[[Any], Any]:
         if value not in choices:
             raise _Bad(f"must be one of {list(choices)}, got {value!r}")
         return value
+    return check
+
+
+def _dtype(*choices: str) -> Callable[[Any], Any]:
+    """A dtype in the one vocabulary (f32, f16, ...), earlier spellings (float16) read as their names."""
+    def check(value: Any) -> Any:
+        if dtype_name(value) not in choices:
+            raise _Bad(f"must be one of {list(choices)}, got {value!r}")
+        return dtype_name(value)
     return check
 
 
@@ -111,7 +120,7 @@ MODEL_KEYS: dict[str, Key] = {
     "gguf": Key("", "gguf", str), "head": Key("", "head", str), "pair": Key("", "pair", str),
     "builtin": Key("", "builtin", str, _one_of("demo")),
     "head_device": Key("", "head_device", str, _one_of("cpu", "cuda")),
-    "head_dtype": Key("", "head_dtype", str, _one_of(*STORAGE_DTYPES)),
+    "head_dtype": Key("", "head_dtype", str, _dtype(*STORAGE_DTYPES)),
     "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
     "mmproj": Key("", "mmproj", str),
     "release_date": Key("", "release_date", str, _date),

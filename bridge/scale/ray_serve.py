@@ -4,7 +4,7 @@ Serve's HTTP ingress is ASGI; the server is aiohttp. Each replica runs the real 
 its routes, validation, error shapes, auth, metrics and access log) on a private unix socket, and the
 replica's ASGI ingress passes every request through unchanged (method, path, query, headers, body,
 streamed) and streams the answer back. So there is one server, and the replica adds only the hop.
-Needs the `ray` extra (pip install 'clef-bridge[ray]'); bridge/ray_plan.py plans the replicas.
+Needs the `ray` extra (pip install 'clef-bridge[ray]'); bridge/scale/ray_plan.py plans the replicas.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def build_app(plan: ReplicaPlan, sockets: str | Path | None = None) -> Any:
 
 
 def app(args: dict[str, str]) -> Any:
-    """Application builder for Serve config files and `serve run`: import_path clef_bridge.bridge.ray_serve:app,
+    """Application builder for Serve config files and `serve run`: import_path clef_bridge.bridge.scale.ray_serve:app,
     args {models: PATH to models.toml}."""
     registry = load_registry(args.get("models", "models.toml"))
     if registry.ray.num_gpus == "auto" and not ray.is_initialized():

@@ -180,7 +180,7 @@ async def unmatched_handler(request: web.Request) -> web.Response:
 
 
 async def defer_expect(request: web.Request) -> None:
-    """Expect: 100-continue is answered by httpbody.read_capped, after auth and the size check, so a
+    """Expect: 100-continue is answered by body.read_capped, after auth and the size check, so a
     client announcing 10 MB gets its 413 (or 401) at once instead of an invitation to send them."""
 
 
@@ -249,7 +249,7 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         worker = InferenceWorker(item.model, registry.server.max_queue, on_batch(name))
         worker.start()
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
-                                   _release_date(spec), dict(item.report.facts))
+                                   _release_date(spec), item.report.facts, item.report.head)
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()}))
     caches = {name: item.model.backbone.prefix_cache for name, item in loaded.items()
               if item.model.backbone.prefix_cache is not None}
@@ -283,11 +283,10 @@ def banner(app: web.Application, url: str) -> list[str]:
     for name, served in app[SERVED].items():
         spec, facts = served.spec, served.facts
         others = [n for n, m in app[NAMES].items() if m == name and n != name]
-        head = "embedded in the GGUF" if facts.get("head_source") == "embedded" else str(spec.head or facts.get(
-            "head", "beside the GGUF"))
+        head = "embedded in the GGUF" if facts.head_source == "embedded" else str(served.head or "beside the GGUF")
         lines += [f"  model {name}" + (f" (also answers to {', '.join(others)})" if others else ""),
-                  f"    gguf  {spec.gguf} ({facts.get('architecture')}, hidden {facts.get('embedding_length')}, "
-                  f"{facts.get('block_count')} layers)",
+                  f"    gguf  {spec.gguf} ({facts.architecture}, hidden {facts.embedding_length}, "
+                  f"{facts.block_count} layers)",
                   f"    head  {head}"]
         if spec.builtin == "demo":
             lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "

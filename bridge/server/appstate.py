@@ -7,6 +7,7 @@ from typing import Callable
 
 from aiohttp import web
 
+from ..model.integrity import Facts
 from ..model.loading import Loaded
 from ..model.registry import ModelSpec, Registry
 from ..model.worker import InferenceWorker
@@ -24,7 +25,8 @@ class Served:
     warnings: tuple[str, ...]
     hidden_size: int
     release_date: str  # YYYY-MM-DD, read at load time (no stat() on the event loop)
-    facts: dict  # what the integrity checks found out about the files (architecture, head source, ...)
+    facts: Facts  # what the integrity checks found out about the files (architecture, head source, ...)
+    head: str | None  # the head file served (a clef GGUF's own path when embedded)
 
 
 Loader = Callable[[Registry], dict[str, Loaded]]

@@ -140,7 +140,7 @@ def media_type(request: web.BaseRequest) -> str:
 
 
 def check_content_type(content_type: str) -> None:
-    """JSON bodies; multipart/form-data (images) is read by bridge/multipart.py before this is asked."""
+    """JSON bodies; multipart/form-data (images) is read by bridge/server/multipart.py before this is asked."""
     if content_type not in ("", "application/json", "application/octet-stream") and \
             not content_type.endswith("+json"):
         raise UnsupportedMediaType(f"Content-Type {content_type!r} is not supported; send application/json")
