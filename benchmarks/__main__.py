@@ -8,10 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from clef_bridge.head.errors import ClefError
 from clef_bridge.head.weights import dtype_name
 from clef_bridge.tools.bench import median_ms
-from clef_bridge.tools.cli import EXIT_USAGE, UsageError, emit
+from clef_bridge.tools.cli import UsageError, dispatch, emit
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,14 +154,7 @@ COMMANDS = {"bench": _bench, "soak": _soak, "bench-head": _bench_head, "gpu-chec
 def main(argv: list[str] | None = None) -> int:
     from . import render  # noqa: F401 - registers the benchmarks' text renderers
 
-    args = build_parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except ClefError as exc:
-        print(f"python -m benchmarks {args.command}: {exc}", file=sys.stderr)
-        if exc.fix:
-            print(f"  fix: {exc.fix}", file=sys.stderr)
-        return EXIT_USAGE
+    return dispatch(COMMANDS, build_parser().parse_args(argv), "python -m benchmarks")
 
 
 if __name__ == "__main__":

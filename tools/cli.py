@@ -263,19 +263,23 @@ COMMANDS = {"serve": _serve, "fit": _fit, "pull": _pull, "make-demo": _make_demo
             "decide": _decide, "bench": _bench, "eval": _eval, "calibrate": _calibrate, "drift": _drift}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def dispatch(commands: dict[str, Any], args: argparse.Namespace, prog: str = "clef-bridge") -> int:
+    """Run args.command; a ClefError becomes its message and fix on stderr and an exit code."""
     try:
-        return COMMANDS[args.command](args)
+        return commands[args.command](args)
     except ClefError as exc:
         from ..bridge.model.integrity import ModelRefused
         from .pull import PullError
 
-        print(f"clef-bridge {args.command}: {exc}", file=sys.stderr)
+        print(f"{prog} {args.command}: {exc}", file=sys.stderr)
         if exc.fix:
             print(f"  fix: {exc.fix}", file=sys.stderr)
         refusals = (RequestInvalid, ContextLengthExceeded, ModelRefused, PullError)
         return EXIT_REFUSED if isinstance(exc, refusals) else EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(COMMANDS, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":
