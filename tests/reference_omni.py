@@ -7,8 +7,6 @@ extra). The product never imports it.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import subprocess
 import sys
 import zipfile
@@ -16,6 +14,7 @@ from functools import cache
 from typing import Any
 
 from .fixturegen import FIXTURES, _lock, _log
+from .reference import load_pinned
 
 WHEEL = "ollajev==0.4.0"
 MEMBER = "ollajev/_vendor/clef_omni/joint_schema_model.py"
@@ -36,12 +35,4 @@ def reference_omni() -> Any:
             [wheel] = out.glob("ollajev-*.whl")
             with zipfile.ZipFile(wheel) as archive:
                 path.write_bytes(archive.read(MEMBER))
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != REFERENCE_SHA256:
-        raise RuntimeError(f"{path}: sha256 {digest}, expected {REFERENCE_SHA256}; the oracle drifted")
-    name = "clef_omni_reference_joint_schema_model"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look the module up in sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_pinned(path, REFERENCE_SHA256, "clef_omni_reference_joint_schema_model")
