@@ -160,6 +160,19 @@ class Reply:
         return json.loads(self.body)
 
 
+def refusal(reply: Reply, status: int, loc: list | None) -> dict:
+    """The first problem of a refused request, checked in the Jev shape: a 422's {loc, msg, type} list (the first
+    loc starting with loc), or another status's {error_type, message}."""
+    assert reply.status == status, (reply.status, reply.body[:400])
+    payload = reply.json()
+    if status != 422:
+        assert set(payload["detail"]) == {"error_type", "message"}
+        return payload["detail"]
+    assert all(set(p) == {"loc", "msg", "type"} and p["msg"] for p in payload["detail"])
+    assert payload["detail"][0]["loc"][:len(loc)] == loc, payload
+    return payload["detail"][0]
+
+
 def strip_extensions(response: dict) -> dict:
     return {k: v for k, v in response.items() if not k.startswith("x_")}
 

@@ -56,7 +56,7 @@ def test_models_health_ready_openapi(server):
     [model] = server.request("GET", "/v1/models").json()["models"]
     warnings = model.pop("x_warnings")
     assert model == {"name": "tiny", "description": "Clef decision model tiny", "release_date": "2026-10-01",
-                     "x_aliases": ["clef-flash", "jev-latest", "jev-preview"], "x_status": "ready"}
+                     "x_aliases": ["clef-flash", "jev-latest", "jev-preview"], "x_status": "ready", "x_media": []}
     assert [w.split(":")[0] for w in warnings] == ["pair.no_record"]  # the tiny pair has no pairing record
     assert server.request("GET", "/health").json() == {"status": "ok"}
     ready = server.request("GET", "/ready")

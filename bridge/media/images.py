@@ -20,34 +20,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...head.errors import Problem, RequestInvalid
+from ...head.errors import Problem
+from .errors import MediaRejected, MediaTooLarge
 
 PNG, JPEG, WEBP = "png", "jpeg", "webp"
 PILLOW_FORMATS = {PNG: "PNG", JPEG: "JPEG", WEBP: "WEBP"}
 MAX_ASPECT = 200  # the reference's smart_resize raises above this ratio
 
 
-class ImageRejected(RequestInvalid):
+class ImageRejected(MediaRejected):
     """An image asset cannot be used (not PNG/JPEG/WebP, corrupt, or of an impossible shape)."""
 
     error_type = "invalid_image"
 
     def __init__(self, loc: tuple[str | int, ...], msg: str = "", kind: str = "value_error.image",
                  problems: list[Problem] | None = None):
-        self.loc = loc
-        super().__init__(problems or [Problem(loc, msg, kind)])
+        super().__init__(loc, msg, kind, problems)
 
 
-class ImageTooLarge(ImageRejected):
+class ImageTooLarge(ImageRejected, MediaTooLarge):
     """An image asset is over a configured limit (bytes or pixels)."""
 
     error_type = "image_too_large"
-
-
-def rejected(errors: list[ImageRejected]) -> ImageRejected:
-    """Several images' problems as one error: too large (413) when every one is about size, else 422."""
-    cls = ImageTooLarge if all(isinstance(e, ImageTooLarge) for e in errors) else ImageRejected
-    return cls(errors[0].loc, problems=[p for e in errors for p in e.problems])
 
 
 @dataclass(frozen=True)

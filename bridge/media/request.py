@@ -1,12 +1,14 @@
 """The media of a request body: found in its fields (the Jev API's `assets`, the reference's and Workers
-AI's `images`, the official SDK's form parts), checked from their header bytes, and decoded to pixels.
+AI's `images` and `audio`, the official SDK's form parts), checked from their header bytes, and decoded
+(images to pixels here, audio clips to samples in audio.py).
 
-Images go where the reference puts them, after `STATE:\\n`, in order of first reference: the prompt's
-order (the state as rendered, then each question's instructions and criteria), then assets that no
-text names, in their `assets` order. Every placeholder inside a string of the state, the instructions
-or the criteria becomes MARKER with the image's number, so the text reads the same whatever random
-placeholder a client picked (answers, and the answer cache, do not move with it), stays a few plain
-tokens (never a control token), and can tell images apart ("[image 2]" is the second image shown).
+Media go where the reference puts them, after `STATE:\\n`: all images, then all audio clips, each
+medium in order of first reference: the prompt's order (the state as rendered, then each question's
+instructions and criteria), then assets that no text names, in their `assets` order. Every placeholder
+inside a string of the state, the instructions or the criteria becomes its medium's marker with its
+number ("[image 2]", "[audio 1]"), so the text reads the same whatever random placeholder a client
+picked (answers, and the answer cache, do not move with it), stays a few plain tokens (never a control
+token), and can tell the media apart ("[image 2]" is the second image shown).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import numpy as np
 from ...head.errors import ClefError, Problem, RequestInvalid
 from ...head.schema import Limits, json_depth, option_order
 from ..gguf.projector import PROJECTOR_HOME
+from . import audio as audio_files
+from .audio import AudioInput, AudioLimits, AudioRejected, AudioTooLarge
+from .errors import MediaRejected, MediaTooLarge
 from .images import (
     ImageGeometry,
     ImageHeader,
@@ -31,16 +36,20 @@ from .images import (
     ImageTooLarge,
     check,
     decode,
-    rejected,
     sniff,
 )
 
 FORM = "multipart/form-data"
 
+IMAGE, AUDIO = "image", "audio"  # an asset's `type`, and the word of its marker
 MARKER = "[image {}]"
-FORMATS = ("png", "jpeg", "jpg", "webp")  # what `format` may declare; the bytes decide
-NO_VIDEO = ("videos are not supported: Qwen3.5's video path through llama.cpp is not proven equal to the "
-            "reference's; send key frames as images")
+MARKERS = {IMAGE: MARKER, AUDIO: "[audio {}]"}
+FORMATS = ("png", "jpeg", "jpg", "webp")  # what an image's `format` may declare; the bytes decide
+NO_VIDEO = ("videos are not supported by any model here: the reference's video processor needs torchvision, "
+            "which has no CPU build beside the CPU torch our tests run the reference with, so its frame sizing "
+            "(2 fps, each frame scaled to at most 262,144 pixels) and Clef-omni's interleaving of a video's "
+            "frames and soundtrack by time could not be run and proven equal; send key frames as images (and "
+            "the soundtrack as audio, to a Clef-omni model)")
 _SPACE = re.compile(rb"\s+")
 _DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.ASCII)
 
@@ -57,11 +66,19 @@ class ImageInput:
 
 @dataclass(frozen=True)
 class Media:
-    """A request body without its media fields (placeholders replaced by markers), and its images in prompt order."""
+    """A request body without its media fields (placeholders replaced by markers), and its images and audio
+    clips, each in prompt order."""
 
     body: Any
     images: tuple[ImageInput, ...]
     inline_chars: int = 0  # characters of base64 taken out of the JSON (its text is what max_body_bytes caps)
+    audio: tuple[AudioInput, ...] = ()
+
+    @property
+    def digests(self) -> tuple[bytes, ...]:
+        """The sha256 of every medium, images then audio (a marker between: an image's bytes never key as audio)."""
+        return tuple(i.digest for i in self.images) + ((b"audio",) + tuple(a.digest for a in self.audio)
+                                                       if self.audio else ())
 
 
 class UnsupportedMediaType(ClefError):
@@ -71,7 +88,7 @@ class UnsupportedMediaType(ClefError):
 @dataclass(frozen=True)
 class FormPart:
     name: str
-    content_type: str  # as labelled by the client; the image format is judged from the bytes
+    content_type: str  # as labelled by the client; the format is judged from the bytes
     data: bytes
 
 
@@ -80,60 +97,126 @@ def no_projector(model: str) -> RequestInvalid:
                                    f"images; {PROJECTOR_HOME}", "images_not_supported")])
 
 
-# --- finding the images ------------------------------------------------------------------------
+def no_audio(model: str) -> RequestInvalid:
+    return RequestInvalid([Problem(("body", "audio"), f"model {model!r} takes no audio: it has no audio encoder "
+                                   "(Clef-omni's projector has one; Clef's and Clef-flash's do not); send the audio "
+                                   "to a Clef-omni model, or leave it out", "audio_not_supported")])
+
+
+@dataclass(frozen=True)
+class _Medium:
+    """What differs between images and audio clips while finding them in a body."""
+
+    kind: str  # IMAGE or AUDIO
+    field: str  # the list field of the reference's and Workers AI's shape
+    noun: str  # one of them, in messages
+    formats: tuple[str, ...]
+    max_count: int
+    count_key: str
+    max_bytes: int
+    bytes_key: str
+    rejected: type[MediaRejected]
+    too_large: type[MediaTooLarge]
+    content_type: str  # a typical one, for messages
+
+    @property
+    def example(self) -> str:
+        return f"data:{self.content_type};base64,..."
+
+
+def _media(limits: ImageLimits, audio_limits: AudioLimits) -> dict[str, _Medium]:
+    return {IMAGE: _Medium(IMAGE, "images", "image", FORMATS, limits.max_images, "max_images", limits.max_bytes,
+                           "max_image_bytes", ImageRejected, ImageTooLarge, "image/png"),
+            AUDIO: _Medium(AUDIO, "audio", "audio clip", audio_files.FORMATS, audio_limits.max_clips,
+                           "max_audio_clips", audio_limits.max_bytes, "max_audio_bytes", AudioRejected,
+                           AudioTooLarge, "audio/wav")}
+
+
+def _rejected(errors: list[MediaRejected]) -> MediaRejected:
+    """Several media's problems as one error: too large (413) when every one is about size, else 422; typed by
+    its medium when they share one."""
+    too_large = all(isinstance(e, MediaTooLarge) for e in errors)
+    for base, big in ((ImageRejected, ImageTooLarge), (AudioRejected, AudioTooLarge), (MediaRejected, MediaTooLarge)):
+        if all(isinstance(e, base) for e in errors):
+            return (big if too_large else base)(errors[0].loc, problems=[p for e in errors for p in e.problems])
+    raise TypeError("not media errors")  # unreachable: every error is a MediaRejected
+
+
+# --- finding the media ---------------------------------------------------------------------------
 
 class _Problems(list):
     def add(self, loc: tuple[str | int, ...], msg: str, kind: str = "value_error") -> None:
         self.append(Problem(loc, msg, kind))
 
 
-def _b64(text: str, loc: tuple[str | int, ...], limits: ImageLimits) -> bytes:
+def _b64(text: str, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
     raw = text.encode("ascii", "replace")
-    if len(raw) * 3 // 4 > limits.max_bytes + 2:  # refused before decoding
-        raise ImageTooLarge(loc, f"holds about {len(raw) * 3 // 4} bytes of image; the limit is {limits.max_bytes} "
-                                 "bytes per image (max_image_bytes)", "value_error.image.bytes")
+    if len(raw) * 3 // 4 > medium.max_bytes + 2:  # refused before decoding
+        raise medium.too_large(loc, f"holds about {len(raw) * 3 // 4} bytes of {medium.kind}; the limit is "
+                                    f"{medium.max_bytes} bytes per {medium.noun} ({medium.bytes_key})",
+                               f"value_error.{medium.kind}.bytes")
     try:
         return base64.b64decode(_SPACE.sub(b"", raw), validate=True)
     except (binascii.Error, ValueError):
-        raise ImageRejected(loc, "is not valid base64 (standard alphabet, with padding)",
-                            "value_error.image.base64") from None
+        raise medium.rejected(loc, "is not valid base64 (standard alphabet, with padding)",
+                              f"value_error.{medium.kind}.base64") from None
 
 
-def _from_url(entry: Any, loc: tuple[str | int, ...], limits: ImageLimits) -> bytes:
-    """An `images` entry: a data: URL or bare base64 (the reference also fetches URLs and reads files; we don't)."""
+def _inline(entry: Any, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
+    """An `images` or `audio` entry: a data: URL, bare base64, or Workers AI's {content_type, base64} object (the
+    reference also fetches URLs and reads files; we don't)."""
+    if isinstance(entry, dict):
+        data, content_type = entry.get("base64"), entry.get("content_type")
+        if not isinstance(data, str):
+            raise medium.rejected(loc + ("base64",), f"an object needs base64: the {medium.noun}'s bytes in base64 "
+                                  f"(with content_type, e.g. \"{medium.content_type}\")",
+                                  "missing" if data is None else "type_error")
+        if content_type is not None and not (isinstance(content_type, str)
+                                             and content_type.startswith(f"{medium.kind}/")):
+            raise medium.rejected(loc + ("content_type",), f"content_type must name an {medium.kind} type such as "
+                                  f"\"{medium.content_type}\", got {content_type!r}",
+                                  f"value_error.{medium.kind}.content_type")
+        return _b64(data, loc, medium)
     if not isinstance(entry, str):
-        raise ImageRejected(loc, "must be a string: a data: URL or base64", "type_error")
+        raise medium.rejected(loc, "must be a data: URL, base64, or an object {\"content_type\", \"base64\"}",
+                              "type_error")
     if entry.startswith(("http://", "https://")):
-        raise ImageRejected(loc, "is a URL; clef-bridge fetches nothing: inline the image as a data: URL or base64",
-                            "value_error.image.url")
+        raise medium.rejected(loc, f"is a URL; clef-bridge fetches nothing: inline the {medium.noun} as a data: URL "
+                                   "or base64", f"value_error.{medium.kind}.url")
     if entry.startswith("data:"):
         match = _DATA_URL.match(entry)
         if match is None or "base64" not in match.group(2).split(";"):
-            raise ImageRejected(loc, "is a data: URL without ;base64; send data:image/png;base64,...",
-                                "value_error.image.data_url")
+            raise medium.rejected(loc, f"is a data: URL without ;base64; send {medium.example}",
+                                  f"value_error.{medium.kind}.data_url")
         entry = entry[match.end():]
-    return _b64(entry, loc, limits)
+    return _b64(entry, loc, medium)
 
 
-def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: set[str], limits: ImageLimits,
+def _kind(asset: Any) -> str:
+    """The medium an asset claims to be (images by default, as the Jev API's `type` is optional)."""
+    return AUDIO if isinstance(asset, dict) and asset.get("type") == AUDIO else IMAGE
+
+
+def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: set[str], media: dict[str, _Medium],
            problems: _Problems) -> bytes | None:
     loc = ("body", "assets", name)
     if not isinstance(asset, dict):
-        problems.add(loc, "an asset must be an object: {\"type\": \"image\", \"format\", \"data_base64\"} or, in a "
-                          f"{FORM} request, {{\"type\": \"image\", \"part\"}}", "type_error")
+        problems.add(loc, "an asset must be an object: {\"type\": \"image\" or \"audio\", \"format\", \"data_base64\"} "
+                          f"or, in a {FORM} request, {{\"type\", \"part\"}}", "type_error")
         return None
     if asset.get("type") == "video":
         problems.add(loc + ("type",), NO_VIDEO, "videos_not_supported")
         return None
-    if asset.get("type") not in ("image", None):
-        problems.add(loc + ("type",), f"type must be \"image\", got {asset.get('type')!r}")
+    if asset.get("type") not in (IMAGE, AUDIO, None):
+        problems.add(loc + ("type",), f"type must be \"image\" or \"audio\", got {asset.get('type')!r}")
         return None
+    medium = media[_kind(asset)]
     part = asset.get("part")
     if part is not None:  # with part, data_base64 is ignored (the API's contract)
         if not isinstance(part, str):
             problems.add(loc + ("part",), "part must be the name of a multipart part", "type_error")
         elif parts is None:
-            problems.add(loc + ("part",), f"names a part, but the request is not {FORM}: send the image as "
+            problems.add(loc + ("part",), f"names a part, but the request is not {FORM}: send the {medium.noun} as "
                                           "data_base64, or send the request as multipart")
         elif part not in parts:
             problems.add(loc + ("part",), f"names the part {part!r}, which the body does not hold", "missing")
@@ -145,32 +228,41 @@ def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: se
         return None
     data, fmt = asset.get("data_base64"), asset.get("format")
     if not isinstance(data, str):
-        problems.add(loc + ("data_base64",), "an asset needs data_base64 (the image, base64) or, in a multipart "
-                                             "request, part", "missing" if data is None else "type_error")
-    elif not isinstance(fmt, str) or fmt.lower() not in FORMATS:
-        problems.add(loc + ("format",), f"format is required with data_base64: one of {', '.join(FORMATS)} (the "
-                                        f"image's bytes decide its real format), got {fmt!r}")
+        problems.add(loc + ("data_base64",), f"an asset needs data_base64 (the {medium.noun}, base64) or, in a "
+                                             "multipart request, part", "missing" if data is None else "type_error")
+    elif not isinstance(fmt, str) or fmt.lower() not in medium.formats:
+        problems.add(loc + ("format",), f"format is required with data_base64: one of {', '.join(medium.formats)} "
+                                        f"(the {medium.noun}'s bytes decide its real format), got {fmt!r}")
     else:
-        return _b64(data, loc, limits)
+        return _b64(data, loc, medium)
     return None
 
 
-def _inline_strings(images: Any, assets: Any) -> list[str]:
+def _inline_strings(lists: Sequence[Any], assets: Any) -> list[str]:
     if isinstance(assets, dict) and assets:
         return [a["data_base64"] for a in assets.values()
                 if isinstance(a, dict) and a.get("part") is None and isinstance(a.get("data_base64"), str)]
-    return [entry for entry in images or [] if isinstance(entry, str)]
+    entries = [entry for value in lists if isinstance(value, list) for entry in value]
+    return [entry if isinstance(entry, str) else entry["base64"] for entry in entries
+            if isinstance(entry, str) or (isinstance(entry, dict) and isinstance(entry.get("base64"), str))]
 
 
-def _order(body: dict[str, Any], names: Sequence[str], max_depth: int) -> tuple[dict[str, Any], list[str]]:
-    """The body with every placeholder replaced by its image's marker, and the names in order of first reference."""
+def _order(body: dict[str, Any], kinds: dict[str, str], max_depth: int) -> tuple[dict[str, Any], list[str]]:
+    """The body with every placeholder replaced by its medium's marker, and the names in order of first reference
+    (numbered per medium)."""
+    names = list(kinds)
     numbers: dict[str, int] = {}
+    counts = dict.fromkeys(MARKERS, 0)
     if not names or json_depth(body) > max_depth:  # parse_request refuses the too deep body
         return body, []
     pattern = re.compile("|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)))
 
     def number(match: re.Match) -> str:
-        return MARKER.format(numbers.setdefault(match.group(0), len(numbers) + 1))
+        name = match.group(0)
+        if name not in numbers:
+            counts[kinds[name]] += 1
+            numbers[name] = counts[kinds[name]]
+        return MARKERS[kinds[name]].format(numbers[name])
 
     def walk(value: Any) -> Any:  # in the order the prompt renders (sort_keys JSON)
         if isinstance(value, str):
@@ -206,57 +298,89 @@ def _question(question: Any, walk) -> Any:
     return out
 
 
-def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits,
-            text_limits: Limits = Limits()) -> Media:
-    """The body's images, in prompt order, checked from their headers; parts: a multipart body's image parts."""
-    if not isinstance(body, dict):
-        return Media(body, ())
+def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
+    """The media fields' types and counts (max_images, max_audio_clips), before anything is decoded."""
     problems = _Problems()
     if body.get("videos"):
         problems.add(("body", "videos"), NO_VIDEO, "videos_not_supported")
-    images, assets = body.get("images"), body.get("assets")
-    if images and assets:
-        problems.add(("body",), "send images in `images` or in `assets`, not both")
-    if images is not None and not isinstance(images, list):
-        problems.add(("body", "images"), "images must be an array of data: URLs or base64 strings", "type_error")
+    assets = body.get("assets")
+    lists = {kind: body.get(m.field) for kind, m in media.items()}
+    if assets and any(lists.values()):
+        problems.add(("body",), "send media in `images` and `audio` or in `assets`, not both")
+    for kind, value in lists.items():
+        if value is not None and not isinstance(value, list):
+            problems.add(("body", media[kind].field), f"{media[kind].field} must be an array of data: URLs, base64 "
+                         "strings or {\"content_type\", \"base64\"} objects", "type_error")
     if assets is not None and not isinstance(assets, dict):
         problems.add(("body", "assets"), "assets must be an object of placeholder -> asset", "type_error")
-    count = len(images or assets or []) if not problems else 0
-    if count > limits.max_images:
-        problems.add(("body", "images" if images else "assets"), f"at most {limits.max_images} images per request "
-                     f"(max_images), got {count}", "too_many_images")
+    if problems:
+        return problems
+    for kind, medium in media.items():
+        count = sum(_kind(a) == kind for a in assets.values()) if assets else len(lists[kind] or [])
+        if count > medium.max_count:
+            problems.add(("body", "assets" if assets else medium.field), f"at most {medium.max_count} "
+                         f"{medium.noun}s per request ({medium.count_key}), got {count}",
+                         f"too_many_{medium.noun.replace(' ', '_')}s")
+    return problems
+
+
+def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, text_limits: Limits = Limits(),
+            audio_limits: AudioLimits = AudioLimits()) -> Media:
+    """The body's images and audio clips, each in prompt order, checked from their headers; parts: a multipart
+    body's media parts."""
+    if not isinstance(body, dict):
+        return Media(body, ())
+    media = _media(limits, audio_limits)
+    problems = _shape(body, media)
     if problems:
         raise RequestInvalid(problems)
-    text = {k: v for k, v in body.items() if k not in ("images", "assets", "videos")}
-    inline = sum(len(v) for v in _inline_strings(images, assets))
-    sources: list[tuple[tuple[str | int, ...], bytes]] = []
-    errors: list[ImageRejected] = []
+    assets = body.get("assets")
+    lists = [body.get(m.field) for m in media.values()]
+    text = {k: v for k, v in body.items() if k not in ("images", "audio", "assets", "videos")}
+    inline = sum(len(v) for v in _inline_strings(lists, assets))
+    sources: dict[str, list[tuple[tuple[str | int, ...], bytes]]] = {kind: [] for kind in media}
+    errors: list[MediaRejected] = []
     if isinstance(assets, dict) and assets:
         claimed: set[str] = set()
         if "" in assets:
             problems.add(("body", "assets", ""), "a placeholder must be a non-empty string")
-        text, order = _order(text, [n for n in assets if n], text_limits.max_json_depth)
+        text, order = _order(text, {n: _kind(a) for n, a in assets.items() if n}, text_limits.max_json_depth)
         for name in order:
             try:
-                data = _asset(name, assets[name], parts, claimed, limits, problems)
-            except ImageRejected as exc:
+                data = _asset(name, assets[name], parts, claimed, media, problems)
+            except MediaRejected as exc:
                 errors.append(exc)
                 continue
             if data is not None:
-                sources.append((("body", "assets", name), data))
+                sources[_kind(assets[name])].append((("body", "assets", name), data))
         for name in sorted(set(parts or {}) - claimed):
             problems.add(("body", name), f"the part {name!r} is claimed by no asset: name it in an asset's `part`, "
                                          "or leave it out")
     else:
-        for i, entry in enumerate(images or []):
-            try:
-                sources.append((("body", "images", i), _from_url(entry, ("body", "images", i), limits)))
-            except ImageRejected as exc:
-                errors.append(exc)
+        for medium, value in zip(media.values(), lists):
+            for i, entry in enumerate(value or []):
+                loc = ("body", medium.field, i)
+                try:
+                    sources[medium.kind].append((loc, _inline(entry, loc, medium)))
+                except MediaRejected as exc:
+                    errors.append(exc)
         for name in sorted(parts or {}):
             problems.add(("body", name), f"the part {name!r} is claimed by no asset (this request has no assets)")
     if problems:
         raise RequestInvalid(problems + [p for e in errors for p in e.problems])
+    images = _images(sources[IMAGE], limits, errors, "assets" if assets else "images")
+    clips = _clips(sources[AUDIO], audio_limits, errors)
+    if errors:
+        raise _rejected(errors)
+    if parts is not None and not images and not clips:
+        raise UnsupportedMediaType(f"a {FORM} body carries images or audio; send a request without them as "
+                                   "application/json")
+    return Media(text, images, inline, clips)
+
+
+def _images(sources: list[tuple[tuple[str | int, ...], bytes]], limits: ImageLimits, errors: list[MediaRejected],
+            field: str) -> tuple[ImageInput, ...]:
+    """The images checked from their headers and against the limits; problems appended to errors."""
     checked = []
     for loc, data in sources:
         try:
@@ -267,16 +391,24 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits,
             errors.append(exc)
     total = sum(len(d) for _, d in sources)
     if total > limits.max_total_bytes:
-        field = "assets" if isinstance(assets, dict) and assets else "images"
         errors.append(ImageTooLarge(("body", field), f"the images hold {total} bytes together; the limit is "
                                     f"{limits.max_total_bytes} bytes per request (max_image_total_bytes)",
                                     "value_error.image.total_bytes"))
-    if errors:
-        raise rejected(errors)
-    if parts is not None and not checked:
-        raise UnsupportedMediaType(f"a {FORM} body carries images; send a request without images as "
-                                   "application/json")
-    return Media(text, tuple(checked), inline)
+    return tuple(checked)
+
+
+def _clips(sources: list[tuple[tuple[str | int, ...], bytes]], limits: AudioLimits,
+           errors: list[MediaRejected]) -> tuple[AudioInput, ...]:
+    """The audio clips checked from their headers and against the limits; problems appended to errors."""
+    checked = []
+    for loc, data in sources:
+        try:
+            header = audio_files.sniff(data, loc)
+            audio_files.check(header, len(data), limits, loc)
+            checked.append(AudioInput(loc, data, header, hashlib.sha256(data).digest()))
+        except AudioRejected as exc:
+            errors.append(exc)
+    return tuple(checked)
 
 
 def decode_all(images: Sequence[ImageInput], geometry: ImageGeometry) -> tuple[np.ndarray, ...]:
@@ -288,7 +420,5 @@ def decode_all(images: Sequence[ImageInput], geometry: ImageGeometry) -> tuple[n
         except ImageRejected as exc:
             errors.append(exc)
     if errors:
-        raise rejected(errors)
+        raise _rejected(errors)
     return tuple(pixels)
-
-

@@ -23,8 +23,9 @@ from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
 from ..llama.prefix_cache import PrefillRequest
 from ..llama.vision import Projector
+from ..media.audio import AudioLimits, decode_audio_all
 from ..media.images import ImageGeometry, ImageLimits
-from ..media.request import decode_all, extract, no_projector
+from ..media.request import decode_all, extract, no_audio, no_projector
 
 MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; option_logits the rest
 
@@ -132,18 +133,30 @@ class ClefModel:
         """How images are sized for this model's projector; None: it takes no images."""
         return self.projector.geometry if self.projector is not None else None
 
+    @property
+    def takes_audio(self) -> bool:
+        """Whether this model hears audio clips (an audio encoder beside the backbone); none does yet."""
+        return False
+
+    @property
+    def media(self) -> tuple[str, ...]:
+        """What it reads besides text, as /v1/models' x_media lists it."""
+        return (("image",) if self.projector is not None else ()) + (("audio",) if self.takes_audio else ())
+
     def close(self) -> None:
         if self.projector is not None:
             self.projector.close()
         self.backbone.close()
 
-    def prepare(self, body: Any, images: Sequence[np.ndarray] = ()) -> Prepared:
-        """Validate and encode a text body (bridge.assets.extract's) with its decoded images (no llama.cpp
-        decode): raises RequestInvalid or ContextLengthExceeded."""
+    def prepare(self, body: Any, images: Sequence[np.ndarray] = (), audio: Sequence[np.ndarray] = ()) -> Prepared:
+        """Validate and encode a text body (bridge.media.request.extract's) with its decoded images and audio
+        samples (no llama.cpp decode): raises RequestInvalid or ContextLengthExceeded."""
         t0 = time.perf_counter()
         request = parse_request(body, self.limits)
         if images and self.projector is None:
             raise no_projector(self.name)
+        if len(audio) and not self.takes_audio:
+            raise no_audio(self.name)
         factor = self.projector.geometry.factor if images else 1
         counts = [(p.shape[0] // factor) * (p.shape[1] // factor) for p in images]
         encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts)
@@ -221,13 +234,18 @@ class ClefModel:
         """One batched prefill, then the head per request."""
         return [self.decide(item) for item in self.prefill_batch(batch)]
 
-    def respond(self, body: Any, image_limits: ImageLimits = ImageLimits()) -> dict[str, Any]:
-        """A System One request body in (images in `images` or `assets`, as JSON), the response body out."""
-        media = extract(body, None, image_limits, self.limits)
+    def respond(self, body: Any, image_limits: ImageLimits = ImageLimits(),
+                audio_limits: AudioLimits = AudioLimits()) -> dict[str, Any]:
+        """A System One request body in (images and audio in `images`/`audio` or `assets`, as JSON), the response
+        body out."""
+        media = extract(body, None, image_limits, self.limits, audio_limits)
         if media.images and self.projector is None:
             raise no_projector(self.name)
+        if media.audio and not self.takes_audio:
+            raise no_audio(self.name)
         pixels = decode_all(media.images, self.geometry) if media.images else ()
-        return self.decide_batch([self.prepare(media.body, pixels)])[0].response
+        samples = decode_audio_all(media.audio, audio_limits) if media.audio else ()
+        return self.decide_batch([self.prepare(media.body, pixels, samples)])[0].response
 
     def question_logits(self, body: Any) -> list[tuple[Question, np.ndarray]]:
         """Unrounded option logits per question (prompt order, before any temperature)."""

@@ -19,6 +19,7 @@ from ...head.errors import ClefError
 from ...head.schema import Limits
 from ..llama.backbone import BackboneOptions
 from ..llama.prefix_cache import PrefixCacheOptions
+from ..media.audio import AudioLimits
 from ..media.images import ImageLimits
 from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
 
@@ -71,6 +72,7 @@ class ServerSpec:
     cache_size: int = 0  # answers kept for exact repeats (identical in-flight requests always share one run)
     limits: Limits = Limits()
     images: ImageLimits = ImageLimits()
+    audio: AudioLimits = AudioLimits()
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,7 @@ def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec
     if "api_keys_file" in top:
         top["api_keys_file"] = _absolute(base / top["api_keys_file"])
     return ServerSpec(**top, limits=Limits(**groups.get("limits", {})),
-                      images=ImageLimits(**groups.get("images", {})))
+                      images=ImageLimits(**groups.get("images", {})), audio=AudioLimits(**groups.get("audio", {})))
 
 
 def _ray(raw: Any, where: str, problems: list[str]) -> RaySpec:

@@ -156,6 +156,9 @@ SERVER_KEYS: dict[str, Key] = {
     "max_image_bytes": Key("images", "max_bytes", int, _positive),
     "max_image_total_bytes": Key("images", "max_total_bytes", int, _positive),
     "max_image_pixels": Key("images", "max_pixels", int, _positive),
+    "max_audio_clips": Key("audio", "max_clips", int, _positive),
+    "max_audio_bytes": Key("audio", "max_bytes", int, _positive),
+    "max_audio_seconds": Key("audio", "max_seconds", (int, float), _above_zero),
 }
 
 RAY_KEYS: dict[str, Key] = {

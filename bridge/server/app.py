@@ -24,7 +24,7 @@ from ..model.loading import Loaded, load_checked
 from ..model.registry import ModelSpec, Registry, name_table, resolve
 from ..model.worker import BatchStats, InferenceWorker
 from .appstate import COALESCER, KEYS, LOADER, METRICS, NAMES, REGISTRY, SERVED, Loader, Served
-from .assets import body_limit, decode_for, find_images
+from .assets import body_limit, check_media, decode_audio_for, decode_for, find_images
 from .auth import ApiKeys, auth_middleware, install_sighup
 from .body import check_content_type, decode, header, media_type, parse_json, read_capped
 from .coalesce import Coalescer
@@ -42,10 +42,12 @@ INLINE_BYTES = 64 * 1024  # bigger bodies are decompressed and parsed off the ev
 # --- the decision path -------------------------------------------------------------------------
 
 async def read_json(request: web.Request) -> RequestBody:
-    """The body: JSON, or multipart/form-data (a `request` part and image parts), capped for text and images."""
+    """The body: JSON, or multipart/form-data (a `request` part and media parts), capped for text and media."""
     server = request.app[REGISTRY].server
-    takes_images = any(served.worker.model.projector is not None for served in request.app[SERVED].values())
-    limit = body_limit(server.max_body_bytes, server.images, takes_images)
+    models = [served.worker.model for served in request.app[SERVED].values()]
+    takes_images = any(model.projector is not None for model in models)
+    takes_audio = any(model.takes_audio for model in models)
+    limit = body_limit(server.max_body_bytes, server.images, takes_images, server.audio if takes_audio else None)
     content_type = media_type(request) if request.body_exists else ""
     form = (header(request, hdrs.CONTENT_TYPE) or "") if is_form(content_type) else ""
     if not form:
@@ -63,19 +65,22 @@ async def read_json(request: web.Request) -> RequestBody:
 
 
 async def decide(request: web.Request, body: RequestBody, model_name: Any) -> Decision:
-    """Queue a body on its model's worker (images decoded first) and wait, within the deadline, for the decision."""
+    """Queue a body on its model's worker (media decoded first) and wait, within the deadline, for the decision."""
     info = request[INFO]
     server = request.app[REGISTRY].server
-    media = await find_images(body, server.max_body_bytes, server.images, server.limits)
+    media = await find_images(body, server.max_body_bytes, server.images, server.limits, server.audio)
     if not isinstance(media.body, dict) or not isinstance(model_name, str) or not is_unicode(model_name):
         parse_request(media.body)  # reports every problem of the body at once
     served = request.app[SERVED][resolve(request.app[NAMES], model_name)]
     info.model = served.spec.name
-    served.worker.check_image_room(bool(media.images))  # a full queue refuses before decoding anything
+    check_media(served.worker.model, media)  # media the model cannot take: 422 before any work
+    served.worker.check_image_room(bool(media.images or media.audio))  # a full queue refuses before decoding
     t0 = time.perf_counter()
     pixels = await decode_for(served.worker.model, media)
-    images_s = time.perf_counter() - t0
-    shared = request.app[COALESCER].submit(served.worker, media.body, pixels, tuple(i.digest for i in media.images))
+    t1 = time.perf_counter()
+    samples = await decode_audio_for(served.worker.model, media, server.audio)
+    images_s, audio_s = t1 - t0, time.perf_counter() - t1
+    shared = request.app[COALESCER].submit(served.worker, media.body, pixels, media.digests, audio=samples)
     metrics = request.app[METRICS]
     metrics.queue_depth.labels(served.spec.name).set(served.worker.depth)
     timeout = request.app[REGISTRY].server.request_timeout_s
@@ -91,6 +96,8 @@ async def decide(request: web.Request, body: RequestBody, model_name: Any) -> De
     stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
     if media.images:
         stages.update(images=images_s, vision=t.vision)  # Pillow decoding here, the vision tower in the worker
+    if media.audio:
+        stages.update(audio=audio_s)  # PyAV decoding and resampling here
     info.timings = {f"{stage}_ms": round(seconds * 1e3, 3) for stage, seconds in stages.items()}
     info.timings["reused_tokens"] = t.reused_tokens  # prompt tokens restored from the prefix cache
     for stage, seconds in stages.items():
@@ -133,7 +140,7 @@ async def models_handler(request: web.Request) -> web.Response:
         entry: dict[str, Any] = {
             "name": name, "description": spec.description or f"Clef decision model {name}",
             "release_date": served.release_date, "x_aliases": [n for n, m in names.items() if m == name and n != name],
-            "x_status": "ready" if served.worker.alive else "down"}
+            "x_status": "ready" if served.worker.alive else "down", "x_media": list(served.worker.model.media)}
         if served.warnings:
             entry["x_warnings"] = list(served.warnings)
         models.append(entry)

@@ -39,7 +39,7 @@ class Shared:
 
 
 def request_key(model: str, body: Any, digests: tuple[bytes, ...] = ()) -> Key | None:
-    """(model, canonical body + the sha256 of each image, in prompt order)."""
+    """(model, canonical body + the sha256 of each medium, in prompt order: bridge.media.request.Media.digests)."""
     try:
         return model, orjson.dumps(body, option=orjson.OPT_SORT_KEYS) + b"".join(digests)
     except (orjson.JSONEncodeError, TypeError):
@@ -56,9 +56,9 @@ class Coalescer:
         self._cache: OrderedDict[Key, Decision] = OrderedDict()
 
     def submit(self, worker: InferenceWorker, body: Any, images: tuple[Any, ...] = (),
-               digests: tuple[bytes, ...] = ()) -> Shared:
-        """The computation for this body and its images (decoded pixels, and their bytes' sha256 digests):
-        a cached answer, one in flight, or a new job on the worker."""
+               digests: tuple[bytes, ...] = (), audio: tuple[Any, ...] = ()) -> Shared:
+        """The computation for this body and its media (decoded pixels and samples, and their bytes' sha256
+        digests): a cached answer, one in flight, or a new job on the worker."""
         key = request_key(worker.name, body, digests)
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)
@@ -69,7 +69,7 @@ class Coalescer:
         if key is not None and key in self._inflight:
             self._on_shared(worker.name, "in_flight")
             return self._join(self._inflight[key])
-        job = worker.submit(body, images)
+        job = worker.submit(body, images, audio=audio)
         shared = Shared(job.future, job)
         if key is not None:
             self._inflight[key] = shared

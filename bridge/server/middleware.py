@@ -19,7 +19,7 @@ from ...head.errors import ClefError, ContextLengthExceeded, RequestInvalid, pri
 from ..gguf.projector import ProjectorError
 from ..host.gpu import DeviceOutOfMemory
 from ..llama.backbone import BackboneError, DecodeFailed
-from ..media.images import ImageTooLarge
+from ..media.errors import MediaTooLarge
 from ..model.registry import ServerSpec, UnknownModel
 from ..model.worker import Overloaded, WorkerStopped
 from .appstate import METRICS, REGISTRY
@@ -49,7 +49,7 @@ STATUS: dict[type[BaseException], int] = {
     RequestInvalid: 422, ContextLengthExceeded: 413, BodyTooLarge: 413, UnknownModel: 404, Unauthorized: 401,
     Overloaded: 429, DeadlineExceeded: 503, WorkerStopped: 503, DecodeFailed: 503, NonFiniteOutput: 503,
     BackboneError: 503, MemoryError: 503, DeviceOutOfMemory: 503, BadEncoding: 400, BadHeader: 400,
-    UnsupportedMediaType: 415, BodyTimeout: 408, ExpectationFailed: 417, ImageTooLarge: 413, ProjectorError: 503,
+    UnsupportedMediaType: 415, BodyTimeout: 408, ExpectationFailed: 417, MediaTooLarge: 413, ProjectorError: 503,
 }
 # Status -> the headers HTTP wants with it (Allow comes with aiohttp's own 405).
 ERROR_HEADERS: dict[int, Callable[[ServerSpec], dict[str, str]]] = {
@@ -93,7 +93,7 @@ def client_gone(request: web.BaseRequest) -> bool:
 def error_body(exc: BaseException, status: int, workers_ai: bool) -> Any:
     """The error in the Jev (or Workers AI) shape; ClefError and Problem texts are printable by construction."""
     error_type = getattr(exc, "error_type", "internal_error")
-    if isinstance(exc, RequestInvalid) and status == 422:  # an image too large (413) answers like other 413s
+    if isinstance(exc, RequestInvalid) and status == 422:  # media too large (413) answer like other 413s
         detail: Any = [{"loc": list(p.loc), "msg": p.msg, "type": p.type} for p in exc.problems]
         message = str(exc)
     else:

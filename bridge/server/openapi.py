@@ -5,11 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from ...head.schema import QUESTION_TYPES
+from ..media.audio import FORMATS as AUDIO_FORMATS
+from ..media.request import FORMATS as IMAGE_FORMATS
 from ..model.registry import LATEST, Registry
 from .routes import PATHS
 
 TEXT = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"type": "null"}]}
 PROBABILITY = {"type": "number", "minimum": 0, "maximum": 1}
+
+
+def _inline(kind: str, example: str) -> dict[str, Any]:
+    """An `images` or `audio` entry: a data: URL or base64 string, or Workers AI's object."""
+    return {"anyOf": [{"type": "string", "examples": [f"data:{example};base64,..."]},
+                      {"type": "object", "required": ["base64"],
+                       "properties": {"content_type": {"type": "string", "pattern": f"^{kind}/"},
+                                      "base64": {"type": "string"}}}]}
 
 
 def _schemas(names: list[str]) -> dict[str, Any]:
@@ -32,18 +42,27 @@ def _schemas(names: list[str]) -> dict[str, Any]:
                 "state": {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]},
                 "questions": {"type": "object", "minProperties": 1,
                               "additionalProperties": {"$ref": "#/components/schemas/Question"}},
-                "assets": {"type": "object", "description": "placeholder -> image; each placeholder inside a string "
-                                                            "of the state, instructions or criteria reads [image N]",
+                "assets": {"type": "object", "description": "placeholder -> image or audio clip; each placeholder "
+                                                            "inside a string of the state, instructions or criteria "
+                                                            "reads [image N] or [audio N]",
                            "additionalProperties": {"$ref": "#/components/schemas/Asset"}},
-                "images": {"type": "array", "items": {"type": "string"},
-                           "description": "data: URLs or base64 (the reference's and Workers AI's shape)"},
+                "images": {"type": "array", "items": _inline("image", "image/png"),
+                           "description": "PNG, JPEG or WebP images as data: URLs, base64 or {content_type, base64} "
+                                          "(the reference's and Workers AI's shape); needs a vision projector"},
+                "audio": {"type": "array", "items": _inline("audio", "audio/wav"),
+                          "description": "WAV or MP3 clips as data: URLs, base64 or {content_type, base64}, heard "
+                                         "after the images; needs a model with audio (x_media lists \"audio\")"},
+                "videos": {"type": "array", "description": "refused by every model: 422 videos_not_supported (the "
+                                                           "reference's video path is not proven equal here)"},
             },
         },
         "Asset": {
             "type": "object",
-            "properties": {"type": {"const": "image"}, "format": {"enum": ["png", "jpg", "jpeg", "webp"]},
+            "properties": {"type": {"enum": ["image", "audio"], "default": "image"},
+                           "format": {"enum": list(IMAGE_FORMATS) + list(AUDIO_FORMATS),
+                                      "description": "required with data_base64; the bytes decide the real format"},
                            "data_base64": {"type": "string"},
-                           "part": {"type": "string", "description": "multipart/form-data: the image part's name"}},
+                           "part": {"type": "string", "description": "multipart/form-data: the medium's part name"}},
         },
         "NoulAnswer": {"type": "object", "required": ["type", "noul"],
                        "properties": {"type": {"const": "noul"}, "noul": PROBABILITY}},
@@ -88,7 +107,9 @@ def _schemas(names: list[str]) -> dict[str, Any]:
             "properties": {"models": {"type": "array", "items": {
                 "type": "object", "required": ["name", "description", "release_date"],
                 "properties": {"name": {"type": "string"}, "description": {"type": "string"},
-                               "release_date": {"type": "string", "format": "date"}}}}},
+                               "release_date": {"type": "string", "format": "date"},
+                               "x_media": {"type": "array", "items": {"enum": ["image", "audio"]},
+                                           "description": "what the model reads besides text"}}}}},
         },
     }
 
