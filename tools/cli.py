@@ -119,7 +119,8 @@ def _fit(args: argparse.Namespace) -> int:
         raise UsageError("no GPU found (nvidia-ml-py reads it, on the first device CUDA_VISIBLE_DEVICES shows)",
                          fix="pass --vram 16GiB")
     return emit(fit(args.gguf, args.arch, args.quant, vram or gpu.free_bytes, args.ctx, args.parallel, args.ubatch,
-                    args.head_on_gpu, args.head_dtype, gpu.device if gpu else "", args.head, args.mmproj), args.json)
+                    args.head_on_gpu, args.head_dtype, gpu.device if gpu else "", args.head, args.mmproj,
+                    args.n_cpu_moe), args.json)
 
 
 def _pull(args: argparse.Namespace) -> int:
