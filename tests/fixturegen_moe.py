@@ -70,10 +70,16 @@ def tensor_type(matrices: str, name: str, kind: str, d: MoeDims) -> GGMLQuantiza
     return Q.Q4_K
 
 
+def _nbytes(kind: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
+    block, size = GGML_QUANT_SIZES[kind]
+    return int(np.prod(shape)) // block * size
+
+
 def write_qwen3vlmoe_gguf(path: Path, d: MoeDims = MoeDims(), seed: int = 0, matrices: str = "F32",
-                          n_vocab: int = 0) -> Path:
+                          n_vocab: int = 0, data: bool = True) -> Path:
     """A random qwen3vlmoe GGUF llama.cpp loads; n_vocab pads the byte-level vocabulary (a real model's
-    embedding and output sizes)."""
+    embedding and output sizes). data False writes the header alone and extends the file, sparse, to its full
+    size: enough for llama.cpp's no_alloc load, which sizes every buffer of a real-sized model and reads no weight."""
     tokens, types, merges = (list(v) for v in byte_level_vocab())
     pad = max(n_vocab - len(tokens), 0)
     tokens += [f"<|unused_{i}|>" for i in range(pad)]
@@ -105,12 +111,17 @@ def write_qwen3vlmoe_gguf(path: Path, d: MoeDims = MoeDims(), seed: int = 0, mat
     kinds = {n: tensor_type(matrices, n, kind, d) for n, (kind, _) in specs.items()}
     total = 0
     for n, (_, shape) in specs.items():
-        block, size = GGML_QUANT_SIZES[kinds[n]]
-        writer.add_tensor_info(n, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size, kinds[n])
-        total += int(np.prod(shape)) // block * size
+        writer.add_tensor_info(n, shape, np.dtype(np.float32), _nbytes(kinds[n], shape), kinds[n])
+        total += _nbytes(kinds[n], shape)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
+    if not data:
+        writer.close()
+        aligned = sum(-(-_nbytes(kinds[n], shape) // 32) * 32 for n, (_, shape) in specs.items())  # 32-byte aligned
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size + aligned + 32)
+        return path
     pool = rng.integers(0, 256, min(POOL_BYTES, total), dtype=np.uint8) if matrices != "F32" else None
     for n, (kind, shape) in specs.items():
         if kinds[n] in BLOCKS:

@@ -222,13 +222,15 @@ def moe_compute_bytes(arch: Arch, ctx: int, n_ubatch: int, flash_attn: bool = Tr
     width 3/8 of hidden; Clef-omni's own shape through no_alloc): the routed experts' activations (2.5 x hidden
     per used expert, or 3 x the expert width where that is larger), the router (3 per expert), 2 x hidden per
     deepstack level, the attention mask (f16 with flash attention, f32 without) and, without flash attention,
-    the KQ matrix; with every token an output, the n_vocab logits of each token when they outweigh the rest."""
+    the KQ matrix; with every token an output, the n_vocab logits of each token when they outweigh the rest.
+    (When the experts are wider than half the hidden size llama.cpp reuses their freed activations and needs
+    up to a quarter less than this.)"""
     h, used, cells = arch.n_embd, arch.n_expert_used, pad_ctx(ctx)
     body = max(2.5 * h * used + 2 * h + 3 * arch.n_expert, 3 * arch.ff_expert * used + 4 * h) \
         + 2 * arch.n_deepstack * h
     logits = arch.n_vocab if arch.every_token_output else 0
-    if flash_attn:
-        per_token = max(body, logits) + cells / 2
+    if flash_attn:  # the mask is gone by the time the logits are made
+        per_token = max(body + cells / 2, logits + 2 * h + cells / 8 if logits else 0)
     else:
         per_token = max(body, logits, arch.n_head * cells + 2 * arch.n_head * arch.head_dim + 3.5 * h) + cells
     return int(n_ubatch * per_token * 4)
