@@ -52,13 +52,17 @@ def test_a_qwen3vlmoe_gguf_reads_as_full_attention_with_experts(moe):
     assert kv_cache_bytes(arch, 4096) == d.layers * 2 * d.kv_heads * d.head_dim * 4096 * 2  # every layer
 
 
-def _load(path: Path, n_cpu_moe: int, ctx: int, ubatch: int, flash: bool, every_token: bool) -> str:
+def _load(path: Path, n_cpu_moe: int, ctx: int, ubatch: int, flash: bool, every_token: bool,
+          sized: bool = False) -> str:
     """llama.cpp's load log, the model loaded with the plan's override and a context as the backbones make one:
-    one output per sequence (the qwen35 path), or every token an output in n_ubatch chunks (qwen3vlmoe)."""
+    one output per sequence (the qwen35 path), or every token an output in n_ubatch chunks (qwen3vlmoe).
+    sized: llama.cpp's no_alloc load, which sizes every buffer, allocates none and reads no weight."""
     lc.llama_backend_init()
     llama_log.install(False)
     mparams = lc.llama_model_default_params()
     mparams.use_extra_bufts = False
+    if sized:
+        mparams.no_alloc, mparams.load_mode = True, 0  # load mode NONE: no_alloc maps nothing
     overrides = cpu_experts(n_cpu_moe)
     if overrides is not None:
         overrides.apply(mparams)
@@ -71,7 +75,7 @@ def _load(path: Path, n_cpu_moe: int, ctx: int, ubatch: int, flash: bool, every_
         cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.kv_unified = True
         ctx_ = lc.llama_init_from_model(model, cparams)
-    assert ctx_, "".join(lines)
+    assert model and ctx_, "".join(lines)
     lc.llama_free(ctx_)
     lc.llama_model_free(model)
     return "".join(lines)
@@ -208,35 +212,12 @@ def omni_sized(tmp_path_factory) -> Path:
     return path
 
 
-def _sized(path: Path, n_cpu_moe: int, ctx: int, ubatch: int, flash: bool, every_token: bool) -> str:
-    """llama.cpp's report for a model it only sizes (no_alloc: nothing allocated, no weight read)."""
-    lc.llama_backend_init()
-    llama_log.install(False)
-    mparams = lc.llama_model_default_params()
-    mparams.no_alloc, mparams.load_mode, mparams.use_extra_bufts = True, 0, False  # load mode NONE: no mmap
-    overrides = cpu_experts(n_cpu_moe)
-    if overrides is not None:
-        overrides.apply(mparams)
-    with llama_log.capture() as lines:
-        model = lc.llama_model_load_from_file(str(path).encode(), mparams)
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx, cparams.n_ubatch, cparams.n_seq_max, cparams.kv_unified = ctx, ubatch, 1, True
-        cparams.n_batch = ubatch if every_token else ctx
-        cparams.n_outputs_max = ubatch if every_token else 1
-        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_AUTO if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        ctx_ = lc.llama_init_from_model(model, cparams)
-    assert model and ctx_, "".join(lines)
-    lc.llama_free(ctx_)
-    lc.llama_model_free(model)
-    return "".join(lines)
-
-
 @pytest.mark.parametrize("ctx, ubatch, flash, every_token", [(16384, 512, True, True), (65536, 512, True, True),
                                                              (16384, 512, True, False), (4096, 512, False, True)])
 def test_clef_omni_sized_by_llama_cpp(omni_sized, ctx, ubatch, flash, every_token):
     """At Clef-omni's real shape (deepstack 3, as the loader sets it from the projector), llama.cpp's own sizes
     for the KV cache and the compute buffer, against the plan's."""
-    log = _sized(omni_sized, 20, ctx, ubatch, flash, every_token)
+    log = _load(omni_sized, 20, ctx, ubatch, flash, every_token, sized=True)
     arch = replace(arch_from_gguf(read_gguf(omni_sized)), every_token_output=every_token)
     assert arch.n_deepstack == 3 and arch.n_vocab == 152064
     assert set(overridden(log)) == {t.name for t in arch.tensors if t.expert and t.layer < 20}
