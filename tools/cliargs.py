@@ -57,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "
                                     "check, pair, and add it to models.toml")
-    p.add_argument("model", choices=["clef-flash", "clef"], help="which Clef release (a qwen35 GGUF's head comes "
-                                                                 "from its repository; a clef GGUF carries its own)")
-    p.add_argument("--gguf-repo", help="hub repository holding the GGUF (clef or qwen35)")
+    p.add_argument("model", choices=["clef-flash", "clef", "clef-omni"],
+                   help="which Clef release (a qwen35 or qwen3vlmoe GGUF's head comes from its repository; a clef "
+                        "GGUF carries its own)")
+    p.add_argument("--gguf-repo", help="hub repository holding the GGUF (clef or qwen35; qwen3vlmoe for clef-omni)")
     p.add_argument("--gguf-file", help="the GGUF's file name in that repository")
     p.add_argument("--revision", help="revision of the release repository (default: main)")
     p.add_argument("--mmproj-file", help="the vision projector's file name in the GGUF repository (default: its "
