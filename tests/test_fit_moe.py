@@ -228,3 +228,25 @@ def test_clef_omni_sized_by_llama_cpp(omni_sized, ctx, ubatch, flash, every_toke
     preset = arch_preset("clef-omni", "Q4_K_M")  # the file's tensors, as the preset counts them
     assert sum(t.nbytes for t in arch.tensors) == sum(t.nbytes for t in preset.tensors)
     assert sum(t.nbytes for t in arch.tensors if t.expert) == sum(t.nbytes for t in preset.tensors if t.expert)
+
+
+def test_the_loader_resolves_auto(moe, monkeypatch):
+    """placement_for, which load_checked calls before the backbone loads: "auto" becomes the plan's number."""
+    from clef_bridge.bridge.host.gpu import GpuMemory
+    from clef_bridge.bridge.model.memory_plan import placement_for, serving_plan
+
+    auto = BackboneOptions(n_ctx=4096, n_seq_max=1, n_ubatch=512, n_cpu_moe="auto")
+    free = lambda n: lambda: GpuMemory("GPU 0 (test)", n, 16 * GIB, 16 * GIB - n)  # noqa: E731
+    monkeypatch.setattr(lc, "llama_supports_gpu_offload", lambda: False)
+    assert placement_for(moe["q4"], auto, 0, free(GIB)) == (replace(auto, n_gpu_layers=-1, n_cpu_moe=0), [])
+    monkeypatch.setattr(lc, "llama_supports_gpu_offload", lambda: True)
+    assert placement_for(moe["q4"], auto, 0, free(8 * GIB))[0].n_cpu_moe == 0  # it all fits
+    whole = serving_plan(moe["q4"], replace(auto, n_cpu_moe=0), 0, 64 * GIB)
+    vram = int((whole.total_bytes - whole.margin_bytes - 1 + 512 * MIB) / 0.97)  # a little short of the whole
+    placed, warnings = placement_for(moe["q4"], auto, 0, free(vram))
+    assert placed.n_cpu_moe == serving_plan(moe["q4"], auto, 0, vram).n_cpu_moe > 0 and warnings == []
+    assert placed.n_gpu_layers == -1
+    placed, warnings = placement_for(moe["q4"], auto, 0, lambda: None)  # no NVML: said, not silent
+    assert placed.n_cpu_moe == 0 and len(warnings) == 1 and "n_cpu_moe" in warnings[0]
+    fixed = replace(auto, n_cpu_moe=4)
+    assert placement_for(moe["q4"], fixed, 0, free(vram))[0].n_cpu_moe == 4  # a number is kept
