@@ -15,14 +15,13 @@ from clef_bridge.bridge.model.memory_plan import (
     GIB,
     MIB,
     arch_from_gguf,
-    arch_preset,
     compute_bytes,
-    head_params,
     kv_cache_bytes,
     parse_size,
     plan,
     recurrent_bytes,
 )
+from clef_bridge.bridge.model.presets import arch_preset, head_params
 from clef_bridge.tools.cli import main
 
 
@@ -87,7 +86,8 @@ def test_plan_fits_and_falls_back_to_partial_offload():
     assert not f16.fits and 0 < f16.n_gpu_layers < 32
     parts = f16.summary()
     assert set(parts) == {"fits", "weights_bytes", "kv_cache_bytes", "recurrent_state_bytes", "compute_bytes",
-                          "head_bytes", "vision_bytes", "total_bytes", "vram_bytes", "max_ctx", "n_gpu_layers"}
+                          "head_bytes", "vision_bytes", "total_bytes", "vram_bytes", "max_ctx", "n_gpu_layers",
+                          "n_cpu_moe", "cpu_weights_bytes", "host_bytes"}
     assert all(isinstance(v, int) for k, v in parts.items() if k != "fits")
     big = plan(arch_preset("clef", "Q8_0"), 24 * GIB, ctx=16384)
     assert not big.fits and big.max_ctx == 0
@@ -121,15 +121,18 @@ def test_auto_layers_and_the_context_warning(fx, monkeypatch):
     auto = BackboneOptions(n_ctx=4096, n_seq_max=1, n_gpu_layers="auto")
     every = replace(auto, n_gpu_layers=-1)
     free = lambda n: lambda: GpuMemory("GPU 0 (test)", n, 16 * GIB, 16 * GIB - n)  # noqa: E731
+    layers = lambda *a: (lambda placed, w: (placed.n_gpu_layers, w))(*fit.placement_for(*a))  # noqa: E731
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: False)
-    assert fit.gpu_layers_for(fx.gguf_f32, auto, 0) == (0, [])  # a CPU build
+    assert layers(fx.gguf_f32, auto, 0) == (0, [])  # a CPU build
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
-    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, auto, 0, lambda: None)  # no NVML: said, not silent
-    assert layers == -1 and warnings[0].startswith("fit.no_nvml") and "nvidia-ml-py" in warnings[0]
-    assert fit.gpu_layers_for(fx.gguf_f32, every, 0, lambda: None) == (-1, [])  # a number needs no NVML
-    assert fit.gpu_layers_for(fx.gguf_f32, auto, 0, free(8 * GIB)) == (-1, [])
-    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, auto, 0, free(560 * MIB))  # under margin plus weights
-    assert 0 <= layers < 4 and len(warnings) == 1 and "largest context that fits" in warnings[0]
+    n, warnings = layers(fx.gguf_f32, auto, 0, lambda: None)  # no NVML: said, not silent
+    assert n == -1 and warnings[0].startswith("fit.no_nvml") and "nvidia-ml-py" in warnings[0]
+    assert layers(fx.gguf_f32, every, 0, lambda: None) == (-1, [])  # a number needs no NVML
+    assert layers(fx.gguf_f32, auto, 0, free(8 * GIB)) == (-1, [])
+    n, warnings = layers(fx.gguf_f32, auto, 0, free(560 * MIB))  # under margin plus weights
+    assert 0 <= n < 4 and len(warnings) == 1 and "largest context that fits" in warnings[0]
     assert "GPU 0 (test)" in warnings[0]
-    layers, warnings = fit.gpu_layers_for(fx.gguf_f32, every, 0, free(560 * MIB))
-    assert layers == -1 and 'set n_gpu_layers = "auto"' in warnings[0]
+    n, warnings = layers(fx.gguf_f32, every, 0, free(560 * MIB))
+    assert n == -1 and 'set n_gpu_layers = "auto"' in warnings[0]
+    # a dense backbone has no experts to move: n_cpu_moe "auto" resolves to 0 and says nothing without NVML
+    assert fit.placement_for(fx.gguf_f32, replace(every, n_cpu_moe="auto"), 0, lambda: None)[0].n_cpu_moe == 0

@@ -119,12 +119,20 @@ def _fit(args: argparse.Namespace) -> int:
         raise UsageError("no GPU found (nvidia-ml-py reads it, on the first device CUDA_VISIBLE_DEVICES shows)",
                          fix="pass --vram 16GiB")
     return emit(fit(args.gguf, args.arch, args.quant, vram or gpu.free_bytes, args.ctx, args.parallel, args.ubatch,
-                    args.head_on_gpu, args.head_dtype, gpu.device if gpu else "", args.head, args.mmproj), args.json)
+                    args.head_on_gpu, args.head_dtype, gpu.device if gpu else "", args.head, args.mmproj,
+                    args.n_cpu_moe), args.json)
 
 
 def _pull(args: argparse.Namespace) -> int:
     from .pull import pull
 
+    if (not args.gguf_repo or not args.gguf_file) and args.model == "clef-omni":
+        raise UsageError("no official Clef-omni GGUF is known: pass --gguf-repo OWNER/REPO and --gguf-file NAME.gguf "
+                         "of a qwen3vlmoe GGUF of its thinker",
+                         fix="convert Cloudflare/clef-omni with llama.cpp's convert_hf_to_gguf.py (and --mmproj for "
+                             "its projector), or name a community repository; a Q4_K_M needs n_cpu_moe on a 16 GB "
+                             "card (`clef-bridge fit --arch clef-omni --quant Q4_K_M --vram 16GiB`); the head comes "
+                             "from Cloudflare/clef-omni")
     if not args.gguf_repo or not args.gguf_file:
         raise UsageError("community GGUF names vary: pass --gguf-repo OWNER/REPO and --gguf-file NAME.gguf",
                          fix=f"pick a GGUF of {args.model}, e.g. a Q8_0 for a 16 GB card (`clef-bridge fit --arch "

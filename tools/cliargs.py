@@ -8,6 +8,15 @@ from pathlib import Path
 from ..head.weights import dtype_name
 
 
+def n_cpu_moe(text: str) -> int | str:
+    """--n-cpu-moe: "auto" or a number of blocks (0 or more)."""
+    if text == "auto":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a number of blocks (0 or more) or auto, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand with its flags (each flag has help=); dispatch is the caller's."""
     parser = argparse.ArgumentParser(prog="clef-bridge", description="Self-hosted Clef decision models: a llama.cpp "
@@ -26,13 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="GPU memory plan for a GGUF and its head (exit 0 fits, 1 does not)")
     p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF")
-    p.add_argument("--arch", choices=["clef-flash", "clef"], help="plan from published dimensions instead of a file")
+    p.add_argument("--arch", choices=["clef-flash", "clef", "clef-omni"],
+                   help="plan from published dimensions instead of a file")
     p.add_argument("--quant", type=str.upper, default="Q8_0",
                    help="quantization for --arch: F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M (default: Q8_0)")
     p.add_argument("--vram", help="GPU memory to plan for, e.g. 16GiB (default: free memory read through NVML)")
     p.add_argument("--ctx", type=int, default=16384, help="context (n_ctx) in tokens (default: 16384)")
     p.add_argument("--parallel", type=int, default=1, help="sequences decoded together (n_seq_max, default: 1)")
     p.add_argument("--ubatch", type=int, default=512, help="llama.cpp's n_ubatch (default: 512)")
+    p.add_argument("--n-cpu-moe", type=n_cpu_moe, default="auto",
+                   help="MoE backbones (Clef-omni): keep the experts of the first N blocks in host memory, as "
+                        "models.toml's n_cpu_moe (default: auto, the fewest that fit)")
     p.add_argument("--head-on-gpu", action="store_true", help="count the head on the GPU (head_device = cuda)")
     p.add_argument("--mmproj", type=Path, help="the vision projector GGUF to count (default: mmproj*.gguf beside "
                                               "the GGUF, if any)")
@@ -44,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "
                                     "check, pair, and add it to models.toml")
-    p.add_argument("model", choices=["clef-flash", "clef"], help="which Clef release (a qwen35 GGUF's head comes "
-                                                                 "from its repository; a clef GGUF carries its own)")
-    p.add_argument("--gguf-repo", help="hub repository holding the GGUF (clef or qwen35)")
+    p.add_argument("model", choices=["clef-flash", "clef", "clef-omni"],
+                   help="which Clef release (a qwen35 or qwen3vlmoe GGUF's head comes from its repository; a clef "
+                        "GGUF carries its own)")
+    p.add_argument("--gguf-repo", help="hub repository holding the GGUF (clef or qwen35; qwen3vlmoe for clef-omni)")
     p.add_argument("--gguf-file", help="the GGUF's file name in that repository")
     p.add_argument("--revision", help="revision of the release repository (default: main)")
     p.add_argument("--mmproj-file", help="the vision projector's file name in the GGUF repository (default: its "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +12,8 @@ from ..bridge.gguf.reader import GGUFInfo, read_gguf
 from ..bridge.llama.backbone import BackboneOptions
 from ..bridge.llama.prefix_cache import PrefixCacheOptions
 from ..bridge.model.integrity import find_head
-from ..bridge.model.memory_plan import (
-    ARCHES,
-    Arch,
-    Plan,
-    arch_from_gguf,
-    arch_preset,
-    head_gpu_bytes,
-    options_plan,
-    serving_plan,
-)
+from ..bridge.model.memory_plan import Arch, Plan, arch_from_gguf, head_gpu_bytes, options_plan, serving_plan
+from ..bridge.model.presets import ARCHES, arch_preset, omni_projector
 from ..bridge.model.registry import model_spec
 from ..head.config import CLEF_FLASH_HEAD, HeadConfig, config_path_for, load_config
 from ..head.errors import ClefError
@@ -45,6 +37,7 @@ class FitReport:
     vision_weight_bytes: int = 0  # the vision projector, on the GPU with the backbone (0: none)
     vision_compute_bytes: int = 0  # its compute buffer for the largest image (16,384 tokens)
     vision_source: str = ""  # the mmproj GGUF counted, or "" without one
+    audio_weight_bytes: int = 0  # Clef-omni's audio tower (float32, on the GPU with the head)
 
     @property
     def ok(self) -> bool:
@@ -53,7 +46,8 @@ class FitReport:
     def to_dict(self) -> dict[str, Any]:
         return {**self.plan.summary(), "head_dtype": self.head_dtype, "head_bytes_float32": self.head_bytes_float32,
                 "head_source": self.head_source, "device": self.device, "vision_weight_bytes": self.vision_weight_bytes,
-                "vision_compute_bytes": self.vision_compute_bytes, "vision_source": self.vision_source or None}
+                "vision_compute_bytes": self.vision_compute_bytes, "vision_source": self.vision_source or None,
+                "audio_weight_bytes": self.audio_weight_bytes}
 
 
 def released_head(hidden: int) -> HeadConfig:
@@ -88,8 +82,10 @@ def head_config(gguf: Path, info: GGUFInfo, hidden: int, head: Path | None = Non
 
 def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: int, parallel: int, ubatch: int,
         head_on_gpu: bool, head_dtype: str = "f32", device: str = "", head: Path | None = None,
-        mmproj: Path | None = None) -> FitReport:
-    """The plan; the vision projector counted is mmproj, else the one beside the GGUF (none with --arch alone)."""
+        mmproj: Path | None = None, n_cpu_moe: int | str = "auto") -> FitReport:
+    """The plan; the vision projector counted is mmproj, else the one beside the GGUF (none with --arch alone, but
+    Clef-omni's own, vision and audio, from published dimensions). n_cpu_moe: as the models.toml key ("auto": the
+    fewest blocks whose experts must stay in host memory)."""
     if (gguf is None) == (arch_name is None):
         raise FitError("give a GGUF or --arch NAME (not both)")
     if head is not None and gguf is None:
@@ -98,22 +94,28 @@ def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: in
     projector = mmproj if gguf is None else projector_for(gguf, mmproj)
     vision = projector_info(projector) if projector is not None else None
     weights, compute = (vision.weight_bytes, compute_bytes(vision)) if vision else (0, 0)
+    audio, source = 0, str(projector) if projector else ""
+    if arch_name == "clef-omni" and vision is None:
+        omni = omni_projector()
+        weights, compute, source = omni.vision_weight_bytes, omni.vision_compute_bytes, "Clef-omni's published shape"
+        audio = omni.audio_weight_bytes if head_on_gpu else 0  # the audio tower runs where the head does
     if arch_name is not None:
         try:
             arch = arch_preset(arch_name, quant)
         except KeyError as exc:
             raise FitError(exc.args[0]) from None
-        cfg, source = released_head(ARCHES[arch_name]["head_hidden"]), f"the released {arch_name} head"
-        options = BackboneOptions(n_ctx=ctx, n_seq_max=parallel, n_ubatch=ubatch,
+        cfg, head_source = released_head(ARCHES[arch_name]["head_hidden"]), f"the released {arch_name} head"
+        options = BackboneOptions(n_ctx=ctx, n_seq_max=parallel, n_ubatch=ubatch, n_cpu_moe=n_cpu_moe,
                                   prefix_cache=PrefixCacheOptions(payloads=True))  # models.toml's default cache
-        result = options_plan(arch, options, head_gpu_bytes(cfg, head_device, head_dtype), vram, weights + compute)
+        result = options_plan(arch, options, head_gpu_bytes(cfg, head_device, head_dtype), vram,
+                              weights + compute + audio)
     else:
         info = read_gguf(gguf)
         arch = arch_from_gguf(info)
-        cfg, source = head_config(gguf, info, arch.n_embd, head)
+        cfg, head_source = head_config(gguf, info, arch.n_embd, head)
         # models.toml's defaults for the rest (the prefix cache's sequences and cells included), as serve has them
         options = model_spec("fit", gguf, n_ctx=ctx, max_length=ctx, n_seq_max=parallel, n_ubatch=ubatch).backbone
-        result = serving_plan(gguf, options, head_gpu_bytes(cfg, head_device, head_dtype), vram,
-                              weights + compute)  # what serve does
-    return FitReport(result, arch, vram, head_on_gpu, head_dtype, stored_bytes(cfg, "f32"), source, device,
-                     weights, compute, str(projector) if projector else "")
+        result = serving_plan(gguf, replace(options, n_cpu_moe=n_cpu_moe), head_gpu_bytes(cfg, head_device, head_dtype),
+                              vram, weights + compute)  # what serve does with that n_cpu_moe
+    return FitReport(result, arch, vram, head_on_gpu, head_dtype, stored_bytes(cfg, "f32"), head_source, device,
+                     weights, compute, source, audio)

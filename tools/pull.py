@@ -1,8 +1,9 @@
-"""pull: fetch a GGUF (and, for a plain qwen35 backbone, the matching head) from the Hugging Face Hub,
+"""pull: fetch a GGUF (and, for a plain backbone, the matching head) from the Hugging Face Hub,
 verify, check, pair, and add the model to models.toml.
 
-A llama.cpp `clef` GGUF carries its head; a `qwen35` GGUF needs the release's joint_head.safetensors.
-A vision projector (mmproj-*.gguf) beside the GGUF in its repository is downloaded too.
+A llama.cpp `clef` GGUF carries its head; a `qwen35` GGUF (Clef-flash, Clef) or a `qwen3vlmoe` GGUF
+(Clef-omni's thinker) needs the release's joint_head.safetensors. A projector (mmproj-*.gguf) beside the
+GGUF in its repository is downloaded too (Clef-omni's holds its vision and audio towers).
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from pathlib import Path
 
 from ..bridge.gguf.clef_format import CLEF_ARCH
 from ..bridge.gguf.reader import read_gguf
-from ..bridge.model.integrity import check_pair
+from ..bridge.model.integrity import CLEF_ARCHITECTURES, check_pair
 from ..bridge.model.provenance import sha256_file
 from ..bridge.model.registry_file import add_model, has_model
 from ..head.config import CONFIG_NAME
 from ..head.errors import ClefError
 from .checks import pair_files
 
-RELEASES = {"clef-flash": "Cloudflare/clef-flash", "clef": "Cloudflare/clef"}
+RELEASES = {"clef-flash": "Cloudflare/clef-flash", "clef": "Cloudflare/clef", "clef-omni": "Cloudflare/clef-omni"}
+# the GGUF architectures each release comes as: Clef-omni's thinker converts to qwen3vlmoe (llama.cpp's converter)
+ARCHITECTURES = {"clef-flash": CLEF_ARCHITECTURES, "clef": CLEF_ARCHITECTURES, "clef-omni": ("qwen3vlmoe",)}
 HEAD_FILES = ("joint_head.safetensors", CONFIG_NAME)
 
 
@@ -103,8 +106,13 @@ def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: st
     endpoint = os.environ.get("HF_ENDPOINT")
     cache_dir = os.environ.get("HF_HUB_CACHE")
     gguf = _download(gguf_repo, gguf_file, None, endpoint, cache_dir)
+    architecture = read_gguf(gguf).architecture
+    if architecture not in ARCHITECTURES[model]:
+        raise PullError(f"{gguf_repo}/{gguf_file} is a {architecture} GGUF; {model} comes as "
+                        f"{' or '.join(ARCHITECTURES[model])}", fix=f"pick a GGUF of {model} (`clef-bridge fit --arch "
+                        f"{model}` compares quantizations)")
     head, head_repo = None, RELEASES[model]
-    if read_gguf(gguf).architecture != CLEF_ARCH:  # a plain backbone: its head comes from the release
+    if architecture != CLEF_ARCH:  # a plain backbone: its head comes from the release
         for filename in HEAD_FILES:
             path = _download(head_repo, filename, revision, endpoint, cache_dir)
             head = path if filename.endswith(".safetensors") else head

@@ -63,27 +63,38 @@ def _(result: FitReport) -> str:
     types = ", ".join(f"{t} {n / GIB:.2f}" for t, n in sorted(p.weights_by_type.items(), key=lambda x: -x[1]))
     where = f"GPU, CuPy, {result.head_dtype}" if result.head_on_gpu else "on the CPU"
     vram = f"{result.vram_bytes / GIB:.1f} GiB of VRAM" + (f" free on {result.device}" if result.device else "")
+    host = "token_embd" + (f" and the experts of blocks 0-{p.n_cpu_moe - 1}" if p.n_cpu_moe else "")
+    linear = arch.n_layer - sum(arch.full)
     lines = [
         f"{p.arch}: {p.ctx} tokens of context, {p.parallel} parallel sequence(s), {vram}",
-        f"  weights on GPU     {gib(p.weights_bytes)}  ({types}; token_embd stays on the CPU: "
+        f"  weights on GPU     {gib(p.weights_bytes)}  ({types}; {host} in host memory: "
         f"{p.cpu_weights_bytes / GIB:.2f} GiB)",
         f"  KV cache           {gib(p.kv_cache_bytes)}  ({sum(arch.full)} full-attention layers of {arch.n_layer}, "
         f"{p.kv_type})",
-        f"  recurrent state    {gib(p.recurrent_state_bytes)}  ({arch.n_layer - sum(arch.full)} linear layers x "
-        f"{p.parallel} sequence(s))",
-        f"  compute buffers    {gib(p.compute_bytes)}  (n_ubatch {p.n_ubatch})",
+        *([f"  recurrent state    {gib(p.recurrent_state_bytes)}  ({linear} linear layers x {p.parallel} "
+           "sequence(s))"] if linear else []),
+        f"  compute buffers    {gib(p.compute_bytes)}  (n_ubatch {p.n_ubatch}"
+        + (", with one block's experts copied in for each ubatch" if p.n_cpu_moe else "") + ")",
         f"  head               {gib(p.head_bytes)}  ({where}: {result.head_bytes_float32 / MIB:.1f} MiB float32, "
         f"from {result.head_source})",
-        f"  vision projector   {gib(p.vision_bytes)}  "
+        f"  vision projector   {gib(result.vision_weight_bytes + result.vision_compute_bytes)}  "
         + (f"({result.vision_weight_bytes / MIB:.1f} MiB weights + {result.vision_compute_bytes / MIB:.1f} MiB "
            f"compute for the largest image, from {result.vision_source})" if result.vision_source
            else "(none: text only)"),
+        *([f"  audio tower        {gib(result.audio_weight_bytes)}  (float32, on the GPU with the head)"]
+          if result.audio_weight_bytes else []),
         f"  margin             {gib(p.margin_bytes)}",
         f"  total              {gib(p.total_bytes)}  -> {'FITS' if p.fits else 'does NOT fit'}",
-        f"  largest context with every layer on the GPU: {p.max_ctx}",
+        f"  host memory        {gib(p.host_bytes)}  (weights not on the GPU"
+        + (", llama.cpp's logits buffer" if arch.every_token_output else "") + ")",
+        "  largest context with every layer on the GPU"
+        + (" (experts in host memory as needed)" if arch.n_expert else "") + f": {p.max_ctx}",
     ]
+    if arch.n_expert and p.fits:
+        lines.append(f"  models.toml: n_cpu_moe = {p.n_cpu_moe} (or \"auto\"), n_ctx = {p.ctx}")
     if not p.fits:
-        lines.append(f"  at {p.ctx} tokens use n_gpu_layers = {p.n_gpu_layers} (the rest runs on the CPU)")
+        lines.append(f"  at {p.ctx} tokens use n_gpu_layers = {p.n_gpu_layers} (the rest runs on the CPU)"
+                     + (f" with n_cpu_moe = {p.n_cpu_moe}" if arch.n_expert else ""))
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from llama_cpp import llama_cpp_ext as lc_ext
 from ...head.errors import ClefError
 from ..host.gpu import HostRows, host_rows_for
 from . import log as llama_log
+from .buffers import cpu_experts
 from .media_batch import MediaBatch, MediaChunk
 from .prefix_cache import CachedPrefill, PrefillRequest, PrefixCache, PrefixCacheOptions
 
@@ -35,6 +36,9 @@ class DecodeFailed(BackboneError):
 class BackboneOptions:
     n_ctx: int = 16384  # token budget of one llama_decode, all sequences together
     n_gpu_layers: int | str = -1  # -1: every layer on the GPU when built with one; "auto": resolved by the loader
+    # MoE: the expert tensors of the first N blocks stay in host memory (llama.cpp's --n-cpu-moe N); "auto": the
+    # loader picks the smallest N that fits the GPU (bridge/model/memory_plan.py)
+    n_cpu_moe: int | str = 0
     n_seq_max: int = 8  # sequences per decode (each hybrid model sequence needs its own recurrent slot)
     n_ubatch: int = 512
     n_threads: int = 0  # 0: every core
@@ -186,6 +190,9 @@ class Backbone:
         # llama.cpp's extra CPU buffer types (AMX tiles, repacked Q4/Q8 weights) crash llama_decode with a
         # segmentation fault on AMX Xeons for the quantized test backbones; plain CPU buffers are safe.
         mparams.use_extra_bufts = options.cpu_repack
+        self._overrides = cpu_experts(options.n_cpu_moe)  # its arrays must outlive the load
+        if self._overrides is not None:
+            self._overrides.apply(mparams)
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise BackboneError(f"{self.path}: llama.cpp could not load this GGUF (run `clef-bridge check "

@@ -29,7 +29,7 @@ from ..llama.embedding import OutputEmbedding
 from ..llama.vision import Projector, ProjectorOptions
 from .clef_model import ClefModel, Head
 from .integrity import CheckReport, ModelRefused, check_all, check_canaries, check_image_canary, check_projector
-from .memory_plan import gpu_layers_for, head_gpu_bytes
+from .memory_plan import head_gpu_bytes, placement_for
 from .provenance import canary_probabilities, canary_states, image_canary
 from .registry import ModelSpec
 
@@ -117,10 +117,9 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     path = backbone_file(spec.gguf, report.facts.architecture)
     release_cached(xp)
     head_bytes = head_gpu_bytes(config, spec.head_device, spec.head_dtype)
-    n_gpu_layers, warnings = gpu_layers_for(path, spec.backbone, head_bytes,
-                                            vision_bytes=vision_bytes(report.facts.mmproj))
+    placed, warnings = placement_for(path, spec.backbone, head_bytes, vision_bytes=vision_bytes(report.facts.mmproj))
     head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
-    backbone = Backbone(path, replace(spec.backbone, n_gpu_layers=n_gpu_layers), host_rows_for(xp))
+    backbone = Backbone(path, placed, host_rows_for(xp))
     try:
         embedding = OutputEmbedding(spec.gguf, info=report.info)
         projector = open_projector(spec, report, backbone)

@@ -1,13 +1,15 @@
-"""GPU memory plans for a Clef GGUF and its head, with Qwen3.5's hybrid layers counted right.
+"""GPU memory plans for a Clef GGUF and its head, with Qwen3.5's hybrid layers and MoE experts counted right.
 
 Only the full-attention layers (one in four) keep a KV cache; the Gated DeltaNet layers keep a
 fixed-size recurrent state per parallel sequence. Charging KV to every layer overstates the
-context cost four times.
+context cost four times. Clef-omni's qwen3vlmoe backbone is full attention in every layer with a
+mixture-of-experts FFN; where the whole model does not fit, the expert tensors of the first N
+blocks stay in host memory (llama.cpp's --n-cpu-moe N), N the smallest that fits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +22,7 @@ from ..gguf.clef_format import is_head_tensor
 from ..gguf.reader import GGUFInfo, read_gguf
 from ..host.gpu import GpuMemory, read_gpu
 from ..llama.backbone import BackboneOptions
+from ..llama.buffers import is_expert_tensor
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -34,6 +37,7 @@ class TensorSize:
     type: str
     nbytes: int
     layer: int | None  # block index; None for token_embd; n_layer for the output layer
+    expert: bool = False  # a MoE expert tensor (what --n-cpu-moe keeps in host memory)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,13 @@ class Arch:
     ssm_heads: int  # DeltaNet value heads
     n_ctx_train: int
     tensors: tuple[TensorSize, ...] = field(repr=False)
+    n_expert: int = 0  # MoE: experts per block (0: a dense FFN)
+    n_expert_used: int = 0
+    ff_expert: int = 0  # one expert's feed-forward width
+    n_deepstack: int = 0  # Qwen3-VL/Omni deepstack levels: the input embeddings are (1 + n) x n_embd wide
+    # Every token is an output (qwen3vlmoe has no hidden-state hook before lm_head, see bridge/llama): the compute
+    # buffer then holds n_ubatch x n_vocab logits, and the host output buffer as many.
+    every_token_output: bool = False
 
     @property
     def n_full(self) -> int:
@@ -76,9 +87,15 @@ def _layer_of(name: str, n_layer: int) -> int | None:
     return n_layer  # output.weight, output_norm.weight
 
 
+FULL_ATTENTION_ARCHES = ("qwen3vlmoe",)  # every layer full attention (Clef-omni's thinker)
+EVERY_TOKEN_OUTPUT_ARCHES = ("qwen3vlmoe",)
+
+
 def layer_pattern(info: GGUFInfo) -> list[bool] | None:
     """True for each full-attention layer (the ones with a KV cache), from the GGUF's metadata."""
     n_layers = info.arch_key("block_count")
+    if info.architecture in FULL_ATTENTION_ARCHES and isinstance(n_layers, int):
+        return [True] * n_layers
     recurrent = info.arch_key("attention.recurrent_layers")
     if isinstance(recurrent, np.ndarray) and len(recurrent):
         return [not bool(r) for r in recurrent]
@@ -100,6 +117,10 @@ def arch_from_gguf(info: GGUFInfo) -> Arch:
     required = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
                 "feed_forward_length")
     missing = [f"{info.architecture}.{k}" for k in required if not isinstance(a(k), int)]
+    experts = [t for t in info.tensors.values() if is_expert_tensor(t.name)]
+    if experts:
+        missing += [f"{info.architecture}.{k}" for k in ("expert_count", "expert_used_count")
+                    if not isinstance(a(k), int)]
     pattern = layer_pattern(info)
     if pattern is None:
         missing.append(f"{info.architecture}.attention.recurrent_layers or .full_attention_interval")
@@ -111,8 +132,14 @@ def arch_from_gguf(info: GGUFInfo) -> Arch:
     tokens = info.metadata.get("tokenizer.ggml.tokens")
     output = info.tensors.get("output.weight") or info.tensors.get("token_embd.weight")
     tensors = tuple(TensorSize(t.name, getattr(t.type, "name", str(t.type)), t.n_bytes or 0,
-                               _layer_of(t.name, n_layer)) for t in info.tensors.values()
+                               _layer_of(t.name, n_layer), is_expert_tensor(t.name)) for t in info.tensors.values()
                     if not is_head_tensor(t.name))  # a clef GGUF's head runs in numpy/CuPy, not in llama.cpp
+    ff_expert = a("expert_feed_forward_length")  # one value, or one per layer
+    if isinstance(ff_expert, np.ndarray):
+        ff_expert = int(ff_expert.max()) if len(ff_expert) else None
+    up = [t for t in experts if "_up_" in t.name or "_gate_exps" in t.name]
+    if not isinstance(ff_expert, int) and up:
+        ff_expert = up[0].shape[1]  # gate and up are [n_embd, n_ff_exp, n_expert] in ggml order
     return Arch(name=info.path.name, n_layer=n_layer, full=full, n_embd=int(a("embedding_length")),
                 n_vocab=int(getattr(tokens, "count", None) or (output.shape[1] if output else 0)),
                 n_head=int(a("attention.head_count")), n_head_kv=int(a("attention.head_count_kv")),
@@ -121,62 +148,10 @@ def arch_from_gguf(info: GGUFInfo) -> Arch:
                 ssm_inner=int(a("ssm.inner_size") or 0), ssm_state=int(a("ssm.state_size") or 0),
                 ssm_group=int(a("ssm.group_count") or 0), ssm_heads=int(a("ssm.time_step_rank") or 0),
                 n_ctx_train=int(a("context_length") or 0),
-                tensors=tensors)
-
-
-# Published dimensions: Qwen3.5-9B (Clef-flash) and Qwen3.8-27B (Clef), text model only.
-ARCHES = {
-    "clef-flash": dict(n_layer=32, n_embd=4096, ff=12288, n_head=16, n_head_kv=4, head_dim=256, n_vocab=248320,
-                       linear_k_heads=16, linear_v_heads=32, linear_dim=128, head_hidden=4096),
-    "clef": dict(n_layer=64, n_embd=5120, ff=17408, n_head=24, n_head_kv=4, head_dim=256, n_vocab=248320,
-                 linear_k_heads=16, linear_v_heads=48, linear_dim=128, head_hidden=5120),
-}
-# Bytes per weight of llama.cpp's presets for the big matrices (blocks of 32 or 256 with scales).
-BITS = {"F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q4_K_M": 4.89, "F32": 32.0}
-OUTPUT_TYPE = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K"}  # presets keep output.weight finer
-
-
-def arch_preset(name: str, quant: str) -> Arch:
-    """An Arch from published dimensions, for plans without the files (`fit --arch clef-flash`)."""
-    if name not in ARCHES:
-        raise KeyError(f"unknown architecture {name!r}; known: {', '.join(ARCHES)}")
-    if quant not in BITS:
-        raise KeyError(f"unknown quantization {quant!r}; known: {', '.join(BITS)}")
-    d = ARCHES[name]
-    h, L = d["n_embd"], d["n_layer"]
-    kh, vh, dim = d["linear_k_heads"], d["linear_v_heads"], d["linear_dim"]
-    inner = vh * dim
-    full = tuple((i + 1) % 4 == 0 for i in range(L))
-
-    def size(params: int, qtype: str = quant) -> int:
-        return int(params * BITS[qtype] / 8)
-
-    tensors = [TensorSize("token_embd.weight", quant, size(d["n_vocab"] * h), None),
-               TensorSize("output.weight", OUTPUT_TYPE.get(quant, quant),
-                          size(d["n_vocab"] * h, OUTPUT_TYPE.get(quant, quant)), L),
-               TensorSize("output_norm.weight", "F32", 4 * h, L)]
-    for i in range(L):
-        if full[i]:
-            attn = h * 2 * d["n_head"] * d["head_dim"] + 2 * h * d["n_head_kv"] * d["head_dim"] + \
-                d["n_head"] * d["head_dim"] * h
-        else:
-            attn = h * (2 * kh * dim + inner) + h * inner + 2 * h * vh + inner * h + 4 * (2 * kh * dim + inner)
-        tensors.append(TensorSize(f"blk.{i}.attn", quant, size(attn), i))
-        tensors.append(TensorSize(f"blk.{i}.ffn", quant, size(3 * h * d["ff"]), i))
-        tensors.append(TensorSize(f"blk.{i}.norms", "F32", 4 * 2 * h, i))
-    return Arch(name=f"{name} {quant}", n_layer=L, full=full, n_embd=h, n_vocab=d["n_vocab"], n_head=d["n_head"],
-                n_head_kv=d["n_head_kv"], head_dim=d["head_dim"], ff=d["ff"], ssm_conv=4, ssm_inner=inner,
-                ssm_state=dim, ssm_group=kh, ssm_heads=vh, n_ctx_train=262144, tensors=tuple(tensors))
-
-
-def head_params(hidden: int, width: int = 1024, routing: int = 2, layers: int = 4, ff: int = 4096) -> int:
-    """Parameters of JointSchemaHead (121,762,820 at Clef-flash shape)."""
-    attn = 3 * width * width + 3 * width + width * width + width
-    norm = 2 * width
-    evidence = 3 * norm + attn + 2 * width * ff + ff + width
-    decoder = 2 * attn + 2 * width * ff + ff + width + 3 * norm
-    return (3 + 2 * hidden + 6 * hidden * width + 3 * width + routing * evidence + norm + layers * decoder
-            + 2 * norm + 4 * width * width + width + width + 1)
+                tensors=tensors, n_expert=int(a("expert_count") or 0) if experts else 0,
+                n_expert_used=int(a("expert_used_count") or 0) if experts else 0, ff_expert=int(ff_expert or 0),
+                n_deepstack=int(a("n_deepstack_layers") or 0),
+                every_token_output=info.architecture in EVERY_TOKEN_OUTPUT_ARCHES)
 
 
 @dataclass(frozen=True)
@@ -186,7 +161,7 @@ class Plan:
     parallel: int
     n_ubatch: int
     kv_type: str
-    fits: bool
+    fits: bool  # every layer on the GPU (a MoE model's experts of the first n_cpu_moe blocks in host memory)
     weights_bytes: int  # on the GPU
     weights_by_type: dict[str, int]
     cpu_weights_bytes: int
@@ -197,15 +172,19 @@ class Plan:
     margin_bytes: int
     total_bytes: int
     vram_bytes: int
-    max_ctx: int  # largest context that fits with every layer on the GPU (0: none does)
+    max_ctx: int  # largest context that fits with every layer on the GPU (MoE: experts in host memory if need be)
     n_gpu_layers: int  # -1 when all fit; else the most layers that do
-    vision_bytes: int = 0  # the vision projector's weights and compute buffer (0: none)
+    vision_bytes: int = 0  # the projector's weights and compute buffer on the GPU (0: none)
+    n_cpu_moe: int = 0  # MoE: blocks whose expert tensors stay in host memory (llama.cpp's --n-cpu-moe)
+    host_bytes: int = 0  # host memory: the weights not on the GPU, and the logits of every-token-output backbones
 
     def summary(self) -> dict[str, int | bool]:
         return {"fits": self.fits, "weights_bytes": self.weights_bytes, "kv_cache_bytes": self.kv_cache_bytes,
                 "recurrent_state_bytes": self.recurrent_state_bytes, "compute_bytes": self.compute_bytes,
                 "head_bytes": self.head_bytes, "vision_bytes": self.vision_bytes, "total_bytes": self.total_bytes,
-                "vram_bytes": self.vram_bytes, "max_ctx": self.max_ctx, "n_gpu_layers": self.n_gpu_layers}
+                "vram_bytes": self.vram_bytes, "max_ctx": self.max_ctx, "n_gpu_layers": self.n_gpu_layers,
+                "n_cpu_moe": self.n_cpu_moe, "cpu_weights_bytes": self.cpu_weights_bytes,
+                "host_bytes": self.host_bytes}
 
 
 def pad_ctx(ctx: int) -> int:
@@ -228,11 +207,33 @@ def compute_bytes(arch: Arch, ctx: int, n_ubatch: int, flash_attn: bool = True) 
     floats per channel of the widest layer (FFN or DeltaNet conv), and without flash attention the KQ
     matrix (1.2x, for its softmax). Outputs are one per sequence, so the logits stay small.
     """
+    if arch.n_expert:
+        return moe_compute_bytes(arch, ctx, n_ubatch, flash_attn)
     conv = 2 * arch.ssm_group * arch.ssm_state + arch.ssm_inner
     out = n_ubatch * (512 * arch.ssm_heads + 4.5 * max(arch.ff, conv)) * 4
     if not flash_attn:
         out += 1.2 * n_ubatch * pad_ctx(ctx) * arch.n_head * 4
     return int(out)
+
+
+def moe_compute_bytes(arch: Arch, ctx: int, n_ubatch: int, flash_attn: bool = True) -> int:
+    """The same for a MoE backbone, in floats per token of the ubatch, fitted to llama.cpp's reports on
+    qwen3vlmoe backbones of Qwen3-Omni's proportions (hidden 256 to 2048, 4 or 8 of 16 to 128 experts, expert
+    width 3/8 of hidden; Clef-omni's own shape through no_alloc): the routed experts' activations (2.5 x hidden
+    per used expert, or 3 x the expert width where that is larger), the router (3 per expert), 2 x hidden per
+    deepstack level, the attention mask (f16 with flash attention, f32 without) and, without flash attention,
+    the KQ matrix; with every token an output, the n_vocab logits of each token when they outweigh the rest.
+    (When the experts are wider than half the hidden size llama.cpp reuses their freed activations and needs
+    up to a quarter less than this.)"""
+    h, used, cells = arch.n_embd, arch.n_expert_used, pad_ctx(ctx)
+    body = max(2.5 * h * used + 2 * h + 3 * arch.n_expert, 3 * arch.ff_expert * used + 4 * h) \
+        + 2 * arch.n_deepstack * h
+    logits = arch.n_vocab if arch.every_token_output else 0
+    if flash_attn:  # the mask is gone by the time the logits are made
+        per_token = max(body + cells / 2, logits + 2 * h + cells / 8 if logits else 0)
+    else:
+        per_token = max(body, logits, arch.n_head * cells + 2 * arch.n_head * arch.head_dim + 3.5 * h) + cells
+    return int(n_ubatch * per_token * 4)
 
 
 def _gpu_layers(arch: Arch, ngl: int) -> set[int]:
@@ -242,46 +243,70 @@ def _gpu_layers(arch: Arch, ngl: int) -> set[int]:
     return set(range(start, arch.n_layer + 1))
 
 
-def _total(arch: Arch, ctx: int, parallel: int, n_ubatch: int, kv_type: str, head: int, ngl: int,
-           vram: int) -> tuple[int, int, int, int, int, int, dict[str, int]]:
+OP_OFFLOAD_MIN_BATCH = 32  # ggml-cuda runs an op on host-resident weights on the GPU from this batch on
+
+
+@dataclass(frozen=True)
+class _Parts:
+    total: int
+    weights: int
+    kv: int
+    recurrent: int
+    compute: int
+    margin: int
+    by_type: dict[str, int]
+
+
+def _total(arch: Arch, ctx: int, parallel: int, n_ubatch: int, kv_type: str, head: int, ngl: int, n_cpu_moe: int,
+           vram: int) -> _Parts:
+    """The GPU's share with the first ngl layers offloaded and the experts of blocks below n_cpu_moe on the host.
+
+    llama.cpp copies host-resident expert weights to the GPU for each ubatch of OP_OFFLOAD_MIN_BATCH tokens
+    or more (ggml-backend's op offload): the compute buffer holds one block's experts for that copy.
+    """
     on_gpu = _gpu_layers(arch, ngl)
     by_type: dict[str, int] = {}
     weights = 0
+    staged: dict[int, int] = {}  # a block's experts left in host memory
     for t in arch.tensors:
-        if t.layer is not None and t.layer in on_gpu:
-            weights += t.nbytes
-            by_type[t.type] = by_type.get(t.type, 0) + t.nbytes
+        if t.layer is None or t.layer not in on_gpu:
+            continue
+        if t.expert and t.layer < n_cpu_moe:
+            staged[t.layer] = staged.get(t.layer, 0) + t.nbytes
+            continue
+        weights += t.nbytes
+        by_type[t.type] = by_type.get(t.type, 0) + t.nbytes
     kv = kv_cache_bytes(arch, ctx, kv_type, on_gpu)
     rs = recurrent_bytes(arch, parallel, on_gpu)
-    compute = compute_bytes(arch, ctx, n_ubatch) if on_gpu else 0
+    copy = max(staged.values()) if staged and n_ubatch >= OP_OFFLOAD_MIN_BATCH else 0
+    compute = compute_bytes(arch, ctx, n_ubatch) + copy if on_gpu else 0
     margin = MARGIN_FIXED + int(MARGIN_SHARE * vram)
-    return weights + kv + rs + compute + head + margin, weights, kv, rs, compute, margin, by_type
+    return _Parts(weights + kv + rs + compute + head + margin, weights, kv, rs, compute, margin, by_type)
 
 
 def plan(arch: Arch, vram_bytes: int, ctx: int = 16384, parallel: int = 1, n_ubatch: int = 512,
-         kv_type: str = "f16", head_bytes: int = 0, vision_bytes: int = 0) -> Plan:
-    """Everything on the GPU if it fits; else the most layers that do, and the largest context. The
-    vision projector (vision_bytes) goes on the GPU whenever the backbone uses one."""
+         kv_type: str = "f16", head_bytes: int = 0, vision_bytes: int = 0, n_cpu_moe: int | None = 0) -> Plan:
+    """Everything on the GPU if it fits; else, for a MoE backbone with n_cpu_moe None ("auto"), the experts of
+    the fewest first blocks in host memory; else the most layers that fit, and the largest context. The
+    projector (vision_bytes) goes on the GPU whenever the backbone uses one."""
     args = (parallel, n_ubatch, kv_type, head_bytes + vision_bytes)
-    total, weights, kv, rs, compute, margin, by_type = _total(arch, ctx, *args, -1, vram_bytes)
-    fits = total <= vram_bytes
-    ngl = -1
-    if not fits:
-        ngl = next((g for g in range(arch.n_layer, -1, -1)
-                    if _total(arch, ctx, *args, g, vram_bytes)[0] <= vram_bytes), 0)
-    max_ctx, step = 0, 256
-    hi = max(arch.n_ctx_train, 256)
-    lo = 0
-    while lo < hi:  # largest multiple of 256 whose full offload fits
+    fits_with = lambda c, g, m: _total(arch, c, *args, g, m, vram_bytes).total <= vram_bytes  # noqa: E731
+    candidates = range(arch.n_layer + 1) if arch.n_expert and n_cpu_moe is None else [n_cpu_moe or 0]
+    most = candidates[-1]
+    moe = next((m for m in candidates if fits_with(ctx, -1, m)), None)
+    fits = moe is not None
+    moe = most if moe is None else moe
+    ngl = -1 if fits else next((g for g in range(arch.n_layer, -1, -1) if fits_with(ctx, g, moe)), 0)
+    lo, hi, step = 0, max(arch.n_ctx_train, 256), 256
+    while lo < hi:  # largest multiple of 256 whose full offload fits (with all the experts allowed on the host)
         mid = (lo + hi + step) // (2 * step) * step
-        if _total(arch, mid, *args, -1, vram_bytes)[0] <= vram_bytes:
-            lo = mid
-        else:
-            hi = mid - step
-    max_ctx = lo
-    cpu = sum(t.nbytes for t in arch.tensors) - weights
-    return Plan(arch.name, ctx, parallel, n_ubatch, kv_type, fits, weights, by_type, cpu, kv, rs, compute,
-                head_bytes, margin, total, vram_bytes, max_ctx, ngl, vision_bytes)
+        lo, hi = (mid, hi) if fits_with(mid, -1, most) else (lo, mid - step)
+    parts = _total(arch, ctx, *args, ngl, moe, vram_bytes)
+    cpu = sum(t.nbytes for t in arch.tensors) - parts.weights
+    logits = n_ubatch * arch.n_vocab * 4 if arch.every_token_output else 0  # llama.cpp's host output buffer
+    return Plan(arch.name, ctx, parallel, n_ubatch, kv_type, fits, parts.weights, parts.by_type, cpu, parts.kv,
+                parts.recurrent, parts.compute, head_bytes, parts.margin, parts.total, vram_bytes, lo, ngl,
+                vision_bytes, moe if arch.n_expert else 0, cpu + logits)
 
 
 def serving_plan(gguf: str | Path, options: BackboneOptions, head_bytes: int, vram_bytes: int,
@@ -298,7 +323,9 @@ def options_plan(arch: Arch, options: BackboneOptions, head_bytes: int, vram_byt
     cache = options.prefix_cache if options.prefix_cache and options.prefix_cache.max_mb > 0 else None
     ctx = options.n_ctx + (cache.extra_cells if cache else 0)
     parallel = options.n_seq_max + (cache.sequences if cache else 0)
-    return plan(arch, vram_bytes, ctx, parallel, options.n_ubatch, head_bytes=head_bytes, vision_bytes=vision_bytes)
+    n_cpu_moe = None if options.n_cpu_moe == "auto" else int(options.n_cpu_moe)
+    return plan(arch, vram_bytes, ctx, parallel, options.n_ubatch, head_bytes=head_bytes, vision_bytes=vision_bytes,
+                n_cpu_moe=n_cpu_moe)
 
 
 def head_gpu_bytes(config: HeadConfig, head_device: str, head_dtype: str) -> int:
@@ -317,33 +344,45 @@ def parse_size(text: str) -> int:
     return int(float(number) * units[unit])
 
 
-def gpu_layers_for(gguf: Path, options: BackboneOptions, head_bytes: int,
-                   read: Callable[[], GpuMemory | None] = read_gpu, vision_bytes: int = 0) -> tuple[int, list[str]]:
-    """The n_gpu_layers to load with, and warnings when the configured context will not fit the GPU.
+NO_NVML = ("GPU memory cannot be read (install nvidia-ml-py: pip install 'clef-bridge[cuda]'; or "
+           "CUDA_VISIBLE_DEVICES hides every GPU)")
+
+
+def placement_for(gguf: Path, options: BackboneOptions, head_bytes: int,
+                  read: Callable[[], GpuMemory | None] = read_gpu,
+                  vision_bytes: int = 0) -> tuple[BackboneOptions, list[str]]:
+    """The options to load with, n_gpu_layers and n_cpu_moe resolved ("auto": the plan's), and warnings when
+    the configured context will not fit the GPU.
 
     Call it before this model's head is on the GPU: NVML's free memory then still holds the head,
     which the plan counts once as head_bytes.
     """
     import llama_cpp
 
-    wanted = options.n_gpu_layers
-    if not llama_cpp.llama_supports_gpu_offload():
-        return (0 if wanted == "auto" else int(wanted)), []
+    layers, experts = options.n_gpu_layers, options.n_cpu_moe
+    if not llama_cpp.llama_supports_gpu_offload():  # a CPU build: everything is in host memory already
+        return replace(options, n_gpu_layers=0 if layers == "auto" else int(layers),
+                       n_cpu_moe=0 if experts == "auto" else int(experts)), []
     gpu = read()
     if gpu is None:
-        if wanted != "auto":
-            return int(wanted), []
-        return -1, ["fit.no_nvml: n_gpu_layers = \"auto\" but GPU memory cannot be read (install nvidia-ml-py: "
-                    "pip install 'clef-bridge[cuda]'; or CUDA_VISIBLE_DEVICES hides every GPU); every layer is "
-                    "offloaded, which fails if it does not fit"]
+        warnings = []
+        if layers == "auto":
+            warnings.append(f"fit.no_nvml: n_gpu_layers = \"auto\" but {NO_NVML}; every layer is offloaded, which "
+                            "fails if it does not fit")
+        if experts == "auto" and arch_from_gguf(read_gguf(gguf)).n_expert:
+            warnings.append(f"fit.no_nvml: n_cpu_moe = \"auto\" but {NO_NVML}; every expert goes to the GPU, "
+                            "which fails if they do not fit: set n_cpu_moe to a number (`clef-bridge fit --vram`)")
+        return replace(options, n_gpu_layers=-1 if layers == "auto" else int(layers),
+                       n_cpu_moe=0 if experts == "auto" else int(experts)), warnings
     p = serving_plan(gguf, options, head_bytes, gpu.free_bytes, vision_bytes)
     warnings = []
     if not p.fits:
-        warnings.append(f"fit.context: n_ctx {options.n_ctx} with every layer on the GPU needs "
+        moved = f" and the experts of all {p.n_cpu_moe} blocks in host memory" if experts == "auto" and \
+            p.n_cpu_moe else ""
+        warnings.append(f"fit.context: n_ctx {options.n_ctx} with every layer on the GPU{moved} needs "
                         f"{p.total_bytes / GIB:.1f} GiB but {gpu.free_bytes / GIB:.1f} GiB is free on {gpu.device}; "
                         f"the largest context that fits is {p.max_ctx}"
-                        + (f"; n_gpu_layers = \"auto\" offloads {p.n_gpu_layers} layers" if wanted == "auto"
+                        + (f"; n_gpu_layers = \"auto\" offloads {p.n_gpu_layers} layers" if layers == "auto"
                            else "; lower n_ctx or set n_gpu_layers = \"auto\""))
-    if wanted == "auto":
-        return p.n_gpu_layers, warnings
-    return int(wanted), warnings
+    return replace(options, n_gpu_layers=p.n_gpu_layers if layers == "auto" else int(layers),
+                   n_cpu_moe=p.n_cpu_moe if experts == "auto" else int(experts)), warnings

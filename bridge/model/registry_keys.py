@@ -67,6 +67,12 @@ def _gpu_layers(value: Any) -> Any:
     return value
 
 
+def _cpu_moe(value: Any) -> Any:
+    if (isinstance(value, str) and value != "auto") or (isinstance(value, int) and value < 0):
+        raise _Bad(f"a number of blocks (0 or more) or \"auto\", got {value!r}")
+    return value
+
+
 def _sha256(value: str) -> str:
     if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
         raise _Bad("must be 64 hex digits")
@@ -127,6 +133,7 @@ MODEL_KEYS: dict[str, Key] = {
     "gguf_sha256": Key("", "gguf_sha256", str, _sha256), "head_sha256": Key("", "head_sha256", str, _sha256),
     "n_ctx": Key("backbone", "n_ctx", int, _positive),
     "n_gpu_layers": Key("backbone", "n_gpu_layers", (int, str), _gpu_layers),
+    "n_cpu_moe": Key("backbone", "n_cpu_moe", (int, str), _cpu_moe),
     "n_ubatch": Key("backbone", "n_ubatch", int, _positive),
     "n_seq_max": Key("backbone", "n_seq_max", int, _positive),
     "n_threads": Key("backbone", "n_threads", int, _non_negative),
