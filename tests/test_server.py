@@ -56,7 +56,7 @@ def test_models_health_ready_openapi(server):
     [model] = server.request("GET", "/v1/models").json()["models"]
     warnings = model.pop("x_warnings")
     assert model == {"name": "tiny", "description": "Clef decision model tiny", "release_date": "2026-10-01",
-                     "x_aliases": ["clef-flash", "jev-latest", "jev-preview"], "x_status": "ready"}
+                     "x_aliases": ["clef-flash", "jev-latest", "jev-preview"], "x_status": "ready", "x_media": []}
     assert [w.split(":")[0] for w in warnings] == ["pair.no_record"]  # the tiny pair has no pairing record
     assert server.request("GET", "/health").json() == {"status": "ok"}
     ready = server.request("GET", "/ready")
@@ -79,13 +79,35 @@ def test_aliases_and_latest(server):
         assert reply.status == 200 and reply.json()["model"] == name
 
 
+def test_a_request_without_model_gets_the_default_and_a_warning(server, tiny_model):
+    """Clients that send no model (or null) get the registry's default, and are told so."""
+    named = server.post(REQUESTS[0])
+    assert named.status == 200 and "x_warnings" not in named.json()
+    for body in ({k: v for k, v in REQUESTS[0].items() if k != "model"}, {**REQUESTS[0], "model": None}):
+        reply = server.post(body)
+        assert reply.status == 200, reply.body
+        answer = reply.json()
+        assert answer["model"] == "tiny"  # the default's own name, as if the client had named it
+        assert strip_extensions(answer) == tiny_model.respond({**REQUESTS[0], "model": "tiny"})
+        [warning] = answer["x_warnings"]
+        assert warning.startswith("request.no_model:") and "'tiny'" in warning and "default" in warning
+    for bad, status in (("", 404), ("no-such-model", 404), (7, 422)):  # a name that is wrong stays refused
+        assert server.post({**NOUL, "model": bad}).status == status
+
+
 def test_workers_ai_route(server, tiny_model):
     body = {k: v for k, v in REQUESTS[0].items() if k != "model"}
     reply = server.request("POST", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash", body)
     assert reply.status == 200
     envelope = reply.json()
-    assert envelope["success"] is True
+    assert envelope["success"] is True and envelope["errors"] == [] and envelope["messages"] == []
     assert strip_extensions(envelope["result"]) == tiny_model.respond({**body, "model": "clef-flash"})
+    # Cloudflare's REST base (https://api.cloudflare.com/client/v4) with only the host changed: the same route
+    v4 = server.request("POST", "/client/v4/accounts/abc123/ai/run/@cf/cloudflare/clef-flash", body)
+    assert v4.status == 200 and strip_extensions(v4.json()["result"]) == strip_extensions(envelope["result"])
+    assert set(v4.json()) == {"result", "success", "errors", "messages"}
+    assert server.access_line(lambda line: line["request_id"] == v4.headers["x-typesafe-request-id"])["route"] == \
+        "/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/{model}"
     missing = server.request("POST", "/accounts/abc123/ai/run/@cf/cloudflare/clef", body)
     assert missing.status == 404
     assert missing.json()["success"] is False and missing.json()["errors"][0]["code"] == 404
@@ -94,11 +116,13 @@ def test_workers_ai_route(server, tiny_model):
     bogus = server.request("POST", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash", {**body, "model": "nope"})
     assert bogus.status == 200 and bogus.json()["result"]["model"] == "clef-flash"  # the route names the model
     for method, path in (("POST", "/accounts/abc123/ai/run/@cf/meta/llama"), ("GET", "/accounts/abc123/nothing"),
-                         ("GET", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash")):
+                         ("GET", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash"),
+                         ("POST", "/client/v4/accounts/abc123/ai/run/@cf/meta/llama"), ("GET", "/client/v4/user"),
+                         ("GET", "/client/v4/accounts/abc123/ai/run/@cf/cloudflare/clef-flash")):
         unmatched = server.request(method, path)
         assert unmatched.status in (404, 405)
-        assert unmatched.json() == {"success": False, "errors": [{"message": unmatched.json()["errors"][0]["message"],
-                                                                  "code": unmatched.status}]}
+        assert unmatched.json() == {"result": None, "success": False, "messages": [], "errors": [
+            {"message": unmatched.json()["errors"][0]["message"], "code": unmatched.status}]}
 
 
 def test_compressed_bodies(server, tiny_model):

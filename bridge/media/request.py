@@ -100,9 +100,13 @@ def _b64(text: str, loc: tuple[str | int, ...], limits: ImageLimits) -> bytes:
 
 
 def _from_url(entry: Any, loc: tuple[str | int, ...], limits: ImageLimits) -> bytes:
-    """An `images` entry: a data: URL or bare base64 (the reference also fetches URLs and reads files; we don't)."""
+    """An `images` entry: a data: URL, bare base64, or Workers AI's {content_type, base64} object (the reference
+    also fetches URLs and reads files; we don't)."""
+    if isinstance(entry, dict):
+        return _from_object(entry, loc, limits)
     if not isinstance(entry, str):
-        raise ImageRejected(loc, "must be a string: a data: URL or base64", "type_error")
+        raise ImageRejected(loc, "must be a data: URL, base64, or an object {\"content_type\", \"base64\"}",
+                            "type_error")
     if entry.startswith(("http://", "https://")):
         raise ImageRejected(loc, "is a URL; clef-bridge fetches nothing: inline the image as a data: URL or base64",
                             "value_error.image.url")
@@ -113,6 +117,18 @@ def _from_url(entry: Any, loc: tuple[str | int, ...], limits: ImageLimits) -> by
                                 "value_error.image.data_url")
         entry = entry[match.end():]
     return _b64(entry, loc, limits)
+
+
+def _from_object(entry: dict[str, Any], loc: tuple[str | int, ...], limits: ImageLimits) -> bytes:
+    """Workers AI's image object; its content_type is a label only: the bytes decide the format."""
+    data, content_type = entry.get("base64"), entry.get("content_type")
+    if not isinstance(data, str):
+        raise ImageRejected(loc + ("base64",), "an image object needs base64: the image's bytes in base64 (with "
+                            "content_type, e.g. \"image/png\")", "missing" if data is None else "type_error")
+    if content_type is not None and not (isinstance(content_type, str) and content_type.startswith("image/")):
+        raise ImageRejected(loc + ("content_type",), f"content_type must name an image type such as \"image/png\", "
+                            f"got {content_type!r}", "value_error.image.content_type")
+    return _b64(data, loc, limits)
 
 
 def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: set[str], limits: ImageLimits,
@@ -159,7 +175,8 @@ def _inline_strings(images: Any, assets: Any) -> list[str]:
     if isinstance(assets, dict) and assets:
         return [a["data_base64"] for a in assets.values()
                 if isinstance(a, dict) and a.get("part") is None and isinstance(a.get("data_base64"), str)]
-    return [entry for entry in images or [] if isinstance(entry, str)]
+    return [entry if isinstance(entry, str) else entry["base64"] for entry in images or []
+            if isinstance(entry, str) or (isinstance(entry, dict) and isinstance(entry.get("base64"), str))]
 
 
 def _order(body: dict[str, Any], names: Sequence[str], max_depth: int) -> tuple[dict[str, Any], list[str]]:
@@ -218,7 +235,8 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits,
     if images and assets:
         problems.add(("body",), "send images in `images` or in `assets`, not both")
     if images is not None and not isinstance(images, list):
-        problems.add(("body", "images"), "images must be an array of data: URLs or base64 strings", "type_error")
+        problems.add(("body", "images"), "images must be an array of data: URLs, base64 strings or "
+                     "{\"content_type\", \"base64\"} objects", "type_error")
     if assets is not None and not isinstance(assets, dict):
         problems.add(("body", "assets"), "assets must be an object of placeholder -> asset", "type_error")
     count = len(images or assets or []) if not problems else 0

@@ -132,6 +132,11 @@ class ClefModel:
         """How images are sized for this model's projector; None: it takes no images."""
         return self.projector.geometry if self.projector is not None else None
 
+    @property
+    def media(self) -> tuple[str, ...]:
+        """What the model reads beside text, as /v1/models announces it (x_media)."""
+        return ("image",) if self.projector is not None else ()
+
     def close(self) -> None:
         if self.projector is not None:
             self.projector.close()
