@@ -288,6 +288,38 @@ def test_auth(fx, tmp_path):
         srv.app[KEYS].reload()  # what SIGHUP does
         assert srv.post(NOUL, headers={"Authorization": "Bearer key-two"}).status == 401
         assert srv.post(NOUL, headers={"Authorization": "Bearer key-three"}).status == 200
+        check_playground_files(srv)  # public where /health is: the files name no model and hold no data
+
+
+def check_playground_files(srv: RunningServer) -> None:
+    """The playground's three files, from the installed package, under headers that keep the page on this origin."""
+    from importlib import resources
+
+    folder = resources.files("clef_bridge.bridge.server").joinpath("playground")
+    scripts = ("playground.js", "playground-view.js", "playground-code.js")
+    files = [("/", "index.html", "text/html"), ("/playground.css", "playground.css", "text/css")] + \
+        [(f"/{name}", name, "text/javascript") for name in scripts]
+    assert sorted(name for _, name, _ in files) == sorted(p.name for p in folder.iterdir())  # nothing unserved
+    for path, name, content_type in files:
+        reply = srv.request("GET", path)
+        assert reply.status == 200 and reply.body == folder.joinpath(name).read_bytes(), path
+        assert reply.headers["content-type"] == f"{content_type}; charset=utf-8"
+        csp = reply.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "script-src 'self'" in csp and "connect-src 'self'" in csp
+        assert "'unsafe-inline'" not in csp and "frame-ancestors 'none'" in csp
+        assert (reply.headers["x-content-type-options"], reply.headers["x-frame-options"],
+                reply.headers["referrer-policy"], reply.headers["cache-control"]) == \
+            ("nosniff", "DENY", "no-referrer", "no-cache")
+        head = srv.request("HEAD", path)
+        assert head.status == 200 and head.body == b""
+    page = folder.joinpath("index.html").read_bytes()
+    assert page.count(b"<script") == 1 and b'<script type="module" src="playground.js"></script>' in page  # no inline
+    assert srv.request("POST", "/").status == 405
+    assert srv.request("GET", "/index.htm").status == (401 if srv.registry.server.api_keys_file else 404)
+
+
+def test_the_playground_is_served(server):
+    check_playground_files(server)
 
 
 def test_auth_off_ignores_authorization(server):

@@ -40,6 +40,7 @@ from .middleware import (
 )
 from .multipart import RequestBody, is_form, parse_body
 from .openapi import openapi_spec
+from .pages import FILES as PLAYGROUND_FILES
 from .pages import PAGE_HEADERS, load_playground
 from .prometheus import Metrics, PrefixCacheCollector, create_metrics
 from .routes import ROUTES, UNMATCHED
@@ -237,8 +238,8 @@ async def defer_expect(request: web.Request) -> None:
 
 HANDLERS = {"systemone": systemone_handler, "models": models_handler, "workers_ai": workers_ai_handler,
             "workers_ai_v4": workers_ai_handler, "health": health_handler, "ready": ready_handler,
-            "metrics": metrics_handler, "openapi": openapi_handler, "playground": playground_handler,
-            "playground_css": playground_handler, "playground_js": playground_handler, UNMATCHED: unmatched_handler}
+            "metrics": metrics_handler, "openapi": openapi_handler, UNMATCHED: unmatched_handler,
+            **{name: playground_handler for name in PLAYGROUND_FILES}}
 
 
 def setup_routes(app: web.Application) -> None:

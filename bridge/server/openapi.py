@@ -6,6 +6,7 @@ from typing import Any
 
 from ...head.schema import QUESTION_TYPES
 from ..model.registry import LATEST, Registry
+from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
 
 TEXT = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"type": "null"}]}
@@ -161,10 +162,8 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
                 "200": {"description": "Prometheus text format (labels name the models)",
                         "content": {"text/plain": {}}}, **_errors(401)}}},
             **{PATHS[name]: {"get": {"operationId": name, "responses": {"200": {
-                "description": f"the playground's {what}", "content": {media: {}}}}}}
-               for name, what, media in (("playground", "page", "text/html"), ("playground_css", "stylesheet",
-                                                                                 "text/css"),
-                                         ("playground_js", "script", "text/javascript"))},
+                "description": f"the playground: {file}", "content": {media: {}}}}}}
+               for name, (file, media) in PLAYGROUND_FILES.items()},
         },
         "components": {
             "schemas": _schemas([] if registry.server.api_keys_file else list(names)),

@@ -1,4 +1,4 @@
-"""The playground: a page, its stylesheet and its script (bridge/server/playground/, shipped as package data),
+"""The playground: a page, its stylesheet and its scripts (bridge/server/playground/, shipped as package data),
 read once when the app is made and served under headers that let the page reach nothing but this server."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
                 "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
 FILES = {"playground": ("index.html", "text/html"), "playground_css": ("playground.css", "text/css"),
-         "playground_js": ("playground.js", "text/javascript")}  # route name -> file, content type
+         "playground_js": ("playground.js", "text/javascript"),  # route name -> file, content type
+         "playground_view_js": ("playground-view.js", "text/javascript"),
+         "playground_code_js": ("playground-code.js", "text/javascript")}
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ ROUTES = (
     Route("GET", "/", "playground", public=True),
     Route("GET", "/playground.css", "playground_css", public=True),
     Route("GET", "/playground.js", "playground_js", public=True),
+    Route("GET", "/playground-view.js", "playground_view_js", public=True),
+    Route("GET", "/playground-code.js", "playground_code_js", public=True),
     Route("*", "/{path:.*}", UNMATCHED),  # last: the router tries it after every other
 )
 PATHS = {r.name: r.path for r in ROUTES}
