@@ -65,7 +65,7 @@ async def read_json(request: web.Request, cap: int | None = None) -> RequestBody
     if not form:
         check_content_type(content_type)
     try:
-        return await _read(request, min(limit, cap) if capped else limit, form)
+        return await _read(request, cap if capped else limit, form)
     except BodyTooLarge:
         if not capped:
             raise
@@ -139,7 +139,7 @@ async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]
     start = time.perf_counter()
     hosted = path_model is not None
     body = await read_json(request, workers_ai.MAX_BODY_BYTES if hosted else None)
-    data, options, warnings = body.data, None, []
+    data, options, warnings = body.data, HostedOptions() if hosted else None, []
     if hosted and isinstance(data, dict):  # Workers AI: the route names the model, options say how to wait
         options, data = workers_ai.take_options(data)
         data["model"] = path_model
@@ -148,7 +148,7 @@ async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]
         warnings.append(no_model_warning(data["model"]))
     body = dataclasses.replace(body, data=data)
     model = data.get("model") if isinstance(data, dict) else None
-    decision = await decide(request, body, model, (options or HostedOptions()) if hosted else None)
+    decision = await decide(request, body, model, options)
     info = request[INFO]
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
     info.timings["total_ms"] = total_ms
