@@ -20,4 +20,7 @@ fi
 # the ray extra too: tests/test_ray_serve.py runs Ray Serve replicas (about 1 minute to install, 1.5 to 2 to test)
 python -m pip install --quiet -e '.[test,ray]'
 python -m pip install --quiet --no-deps clef-finetune==0.1.0
+# tests/test_playground.py drives Debian's Chromium through Playwright (the test extra's driver, never
+# `playwright install`); CI runs as root on Debian
+command -v chromium >/dev/null || { apt-get update && apt-get install -y --no-install-recommends chromium; }
 exec python -m pytest "$@"

@@ -79,13 +79,35 @@ def test_aliases_and_latest(server):
         assert reply.status == 200 and reply.json()["model"] == name
 
 
+def test_a_request_without_model_gets_the_default_and_a_warning(server, tiny_model):
+    """Clients that send no model (or null) get the registry's default, and are told so."""
+    named = server.post(REQUESTS[0])
+    assert named.status == 200 and "x_warnings" not in named.json()
+    for body in ({k: v for k, v in REQUESTS[0].items() if k != "model"}, {**REQUESTS[0], "model": None}):
+        reply = server.post(body)
+        assert reply.status == 200, reply.body
+        answer = reply.json()
+        assert answer["model"] == "tiny"  # the default's own name, as if the client had named it
+        assert strip_extensions(answer) == tiny_model.respond({**REQUESTS[0], "model": "tiny"})
+        [warning] = answer["x_warnings"]
+        assert warning.startswith("request.no_model:") and "'tiny'" in warning and "default" in warning
+    for bad, status in (("", 404), ("no-such-model", 404), (7, 422)):  # a name that is wrong stays refused
+        assert server.post({**NOUL, "model": bad}).status == status
+
+
 def test_workers_ai_route(server, tiny_model):
     body = {k: v for k, v in REQUESTS[0].items() if k != "model"}
     reply = server.request("POST", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash", body)
     assert reply.status == 200
     envelope = reply.json()
-    assert envelope["success"] is True
+    assert envelope["success"] is True and envelope["errors"] == [] and envelope["messages"] == []
     assert strip_extensions(envelope["result"]) == tiny_model.respond({**body, "model": "clef-flash"})
+    # Cloudflare's REST base (https://api.cloudflare.com/client/v4) with only the host changed: the same route
+    v4 = server.request("POST", "/client/v4/accounts/abc123/ai/run/@cf/cloudflare/clef-flash", body)
+    assert v4.status == 200 and strip_extensions(v4.json()["result"]) == strip_extensions(envelope["result"])
+    assert set(v4.json()) == {"result", "success", "errors", "messages"}
+    assert server.access_line(lambda line: line["request_id"] == v4.headers["x-typesafe-request-id"])["route"] == \
+        "/client/v4/accounts/{account_id}/ai/run/@cf/cloudflare/{model}"
     missing = server.request("POST", "/accounts/abc123/ai/run/@cf/cloudflare/clef", body)
     assert missing.status == 404
     assert missing.json()["success"] is False and missing.json()["errors"][0]["code"] == 404
@@ -94,11 +116,13 @@ def test_workers_ai_route(server, tiny_model):
     bogus = server.request("POST", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash", {**body, "model": "nope"})
     assert bogus.status == 200 and bogus.json()["result"]["model"] == "clef-flash"  # the route names the model
     for method, path in (("POST", "/accounts/abc123/ai/run/@cf/meta/llama"), ("GET", "/accounts/abc123/nothing"),
-                         ("GET", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash")):
+                         ("GET", "/accounts/abc123/ai/run/@cf/cloudflare/clef-flash"),
+                         ("POST", "/client/v4/accounts/abc123/ai/run/@cf/meta/llama"), ("GET", "/client/v4/user"),
+                         ("GET", "/client/v4/accounts/abc123/ai/run/@cf/cloudflare/clef-flash")):
         unmatched = server.request(method, path)
         assert unmatched.status in (404, 405)
-        assert unmatched.json() == {"success": False, "errors": [{"message": unmatched.json()["errors"][0]["message"],
-                                                                  "code": unmatched.status}]}
+        assert unmatched.json() == {"result": None, "success": False, "messages": [], "errors": [
+            {"message": unmatched.json()["errors"][0]["message"], "code": unmatched.status}]}
 
 
 def test_compressed_bodies(server, tiny_model):
@@ -264,6 +288,38 @@ def test_auth(fx, tmp_path):
         srv.app[KEYS].reload()  # what SIGHUP does
         assert srv.post(NOUL, headers={"Authorization": "Bearer key-two"}).status == 401
         assert srv.post(NOUL, headers={"Authorization": "Bearer key-three"}).status == 200
+        check_playground_files(srv)  # public where /health is: the files name no model and hold no data
+
+
+def check_playground_files(srv: RunningServer) -> None:
+    """The playground's three files, from the installed package, under headers that keep the page on this origin."""
+    from importlib import resources
+
+    folder = resources.files("clef_bridge.bridge.server").joinpath("playground")
+    scripts = ("playground.js", "playground-view.js", "playground-code.js")
+    files = [("/", "index.html", "text/html"), ("/playground.css", "playground.css", "text/css")] + \
+        [(f"/{name}", name, "text/javascript") for name in scripts]
+    assert sorted(name for _, name, _ in files) == sorted(p.name for p in folder.iterdir())  # nothing unserved
+    for path, name, content_type in files:
+        reply = srv.request("GET", path)
+        assert reply.status == 200 and reply.body == folder.joinpath(name).read_bytes(), path
+        assert reply.headers["content-type"] == f"{content_type}; charset=utf-8"
+        csp = reply.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "script-src 'self'" in csp and "connect-src 'self'" in csp
+        assert "'unsafe-inline'" not in csp and "frame-ancestors 'none'" in csp
+        assert (reply.headers["x-content-type-options"], reply.headers["x-frame-options"],
+                reply.headers["referrer-policy"], reply.headers["cache-control"]) == \
+            ("nosniff", "DENY", "no-referrer", "no-cache")
+        head = srv.request("HEAD", path)
+        assert head.status == 200 and head.body == b""
+    page = folder.joinpath("index.html").read_bytes()
+    assert page.count(b"<script") == 1 and b'<script type="module" src="playground.js"></script>' in page  # no inline
+    assert srv.request("POST", "/").status == 405
+    assert srv.request("GET", "/index.htm").status == (401 if srv.registry.server.api_keys_file else 404)
+
+
+def test_the_playground_is_served(server):
+    check_playground_files(server)
 
 
 def test_auth_off_ignores_authorization(server):

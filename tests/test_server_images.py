@@ -148,6 +148,29 @@ def test_workers_ai_route_takes_images(server, direct):
     assert {"images_ms", "vision_ms"} <= set(payload["result"]["x_timings"])
 
 
+def test_workers_ai_image_objects_as_well_as_data_urls(server, direct):
+    """Workers AI's {content_type, base64} objects, on Cloudflare's REST path too, answer as data URLs do."""
+    objects = {"state": "Receipt scan", "questions": QUESTIONS,
+               "images": [{"content_type": "image/webp", "base64": b64(WEBP)}, data_url(JPEG, "image/jpeg")]}
+    for route in ("/accounts/acct/ai/run/@cf/cloudflare/tiny", "/client/v4/accounts/acct/ai/run/@cf/cloudflare/tiny"):
+        reply = server.request("POST", route, objects)
+        assert reply.status == 200, reply.body
+        assert strip_extensions(reply.json()["result"]) == expected(direct, "Receipt scan", [WEBP, JPEG])
+    for entry, reason in (({"content_type": "image/png"}, "body.images.0.base64: an image object needs base64"),
+                          ({"content_type": "text/plain", "base64": b64(PNG)}, "body.images.0.content_type"),
+                          ({"content_type": "image/png", "base64": b64(PNG[:300])}, "body.images.0")):
+        bad = server.request("POST", "/client/v4/accounts/acct/ai/run/@cf/cloudflare/tiny",
+                             {**objects, "images": [entry]})
+        assert bad.status == 422 and bad.json()["success"] is False, bad.body
+        [error] = bad.json()["errors"]
+        assert error["code"] == 422 and reason in error["message"], error
+
+
+def test_models_announce_images(server):
+    [model] = server.request("GET", "/v1/models").json()["models"]
+    assert model["x_media"] == ["image"]  # a vision projector: the playground offers an image input
+
+
 def test_jev_assets_in_json(server, direct):
     body = {"model": "tiny", "state": "first <b>, then <a>", "questions": QUESTIONS,
             "assets": {"<a>": {"type": "image", "format": "png", "data_base64": b64(PNG)},

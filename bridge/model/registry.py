@@ -124,7 +124,8 @@ def resolve(table: dict[str, str], name: str) -> str:
     """The model a request's `model` field names."""
     if name in table:
         return table[name]
-    raise UnknownModel(f"model {name!r} is not served here; served: {', '.join(table)}")
+    raise UnknownModel(f"model {name!r} is not served here; served: {', '.join(table)} (a client that always sends "
+                       "its own name is served by adding it to a model's aliases in models.toml)")
 
 
 # --- keys ----------------------------------------------------------------------------------------

@@ -30,6 +30,16 @@ class Overloaded(ClefError):
         super().__init__(f"model {model!r} has {depth} {what} waiting, the most this server queues; retry shortly")
 
 
+class Busy(ClefError):
+    """The model is deciding other requests and this one asked not to wait (Workers AI's rejectIfBusy)."""
+
+    error_type = "busy"
+
+    def __init__(self, model: str, depth: int):
+        super().__init__(f"model {model!r} is busy deciding other requests ({depth} more waiting) and the request "
+                         "set options.rejectIfBusy; retry shortly, or leave rejectIfBusy out to wait in the queue")
+
+
 class WorkerStopped(ClefError):
     """The server is shutting down or the worker died."""
 
@@ -74,6 +84,7 @@ class InferenceWorker:
         self._queue: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
         self._stopping = False
+        self._idle = False  # the prefill thread waits for work: a request submitted now starts at once
         self._heads: queue.SimpleQueue[list[tuple[Job, Prefilled]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"clef-prefill-{self.name}", daemon=True)
         self._head_thread = threading.Thread(target=self._run_heads, name=f"clef-head-{self.name}", daemon=True)
@@ -105,13 +116,18 @@ class InferenceWorker:
         if has_media and sum(1 for job in tuple(self._queue) if job.images or job.audio) >= self.max_image_jobs:
             raise Overloaded(self.name, self.max_image_jobs, "image or audio requests")
 
-    def submit(self, body: Any, images: tuple[Any, ...] = (), audio: tuple[Any, ...] = ()) -> Job:
-        """Queue one request body and its decoded images and audio (call from the event loop)."""
+    def submit(self, body: Any, images: tuple[Any, ...] = (), audio: tuple[Any, ...] = (),
+               reject_if_busy: bool = False) -> Job:
+        """Queue one request body and its decoded images and audio (call from the event loop); reject_if_busy:
+        refuse (429) instead of waiting behind other requests."""
         loop = asyncio.get_running_loop()
         job = Job(body, loop.create_future(), loop, images, audio)
         with self._cv:
             if self._stopping or not self._thread.is_alive():
                 raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
+            # it would wait when a batch is in progress, or when a full batch is already queued
+            if reject_if_busy and (not self._idle or len(self._queue) >= self.model.n_seq_max):
+                raise Busy(self.name, len(self._queue))
             if len(self._queue) >= self.max_queue:
                 raise Overloaded(self.name, len(self._queue))
             self.check_image_room(bool(images) or bool(audio))
@@ -121,8 +137,10 @@ class InferenceWorker:
 
     def _take(self) -> list[Job]:
         with self._cv:
+            self._idle = not self._queue
             while not self._queue and not self._stopping:
                 self._cv.wait()
+            self._idle = False
             jobs = []
             while self._queue and len(jobs) < self.model.n_seq_max:
                 jobs.append(self._queue.popleft())

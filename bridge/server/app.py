@@ -23,16 +23,28 @@ from ..model.integrity import ModelRefused
 from ..model.loading import Loaded, load_checked
 from ..model.registry import ModelSpec, Registry, name_table, resolve
 from ..model.worker import BatchStats, InferenceWorker
-from .appstate import COALESCER, KEYS, LOADER, METRICS, NAMES, REGISTRY, SERVED, Loader, Served
+from . import workers_ai
+from .appstate import COALESCER, KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, Loader, Served
 from .assets import body_limit, check_media, decode_audio_for, decode_for, find_images
 from .auth import ApiKeys, auth_middleware, install_sighup
-from .body import check_content_type, decode, header, media_type, parse_json, read_capped
+from .body import BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
 from .coalesce import Coalescer
-from .middleware import INFO, BodyTimeout, DeadlineExceeded, ProtocolLog, context_middleware, json_response
+from .middleware import (
+    INFO,
+    BodyTimeout,
+    DeadlineExceeded,
+    ProtocolLog,
+    context_middleware,
+    json_response,
+    workers_ai_envelope,
+)
 from .multipart import RequestBody, is_form, parse_body
 from .openapi import openapi_spec
+from .pages import FILES as PLAYGROUND_FILES
+from .pages import PAGE_HEADERS, load_playground
 from .prometheus import Metrics, PrefixCacheCollector, create_metrics
 from .routes import ROUTES, UNMATCHED
+from .workers_ai import HostedOptions
 
 log = logging.getLogger("clef_bridge.server")
 
@@ -41,17 +53,30 @@ INLINE_BYTES = 64 * 1024  # bigger bodies are decompressed and parsed off the ev
 
 # --- the decision path -------------------------------------------------------------------------
 
-async def read_json(request: web.Request) -> RequestBody:
-    """The body: JSON, or multipart/form-data (a `request` part and media parts), capped for text and media."""
+async def read_json(request: web.Request, cap: int | None = None) -> RequestBody:
+    """The body: JSON, or multipart/form-data (a `request` part and media parts), capped for text and media;
+    cap: a route's own lower ceiling (Workers AI's 13 MiB)."""
     server = request.app[REGISTRY].server
     models = [served.worker.model for served in request.app[SERVED].values()]
     takes_images = any(model.projector is not None for model in models)
     takes_audio = any(model.takes_audio for model in models)
     limit = body_limit(server.max_body_bytes, server.images, takes_images, server.audio if takes_audio else None)
+    capped = cap is not None and cap < limit
     content_type = media_type(request) if request.body_exists else ""
     form = (header(request, hdrs.CONTENT_TYPE) or "") if is_form(content_type) else ""
     if not form:
         check_content_type(content_type)
+    try:
+        return await _read(request, cap if capped else limit, form)
+    except BodyTooLarge:
+        if not capped:
+            raise
+        raise BodyTooLarge(f"the request body exceeds {cap} bytes, the most Workers AI takes; POST /v1/systemone "
+                           f"takes up to {limit} bytes here") from None
+
+
+async def _read(request: web.Request, limit: int, form: str) -> RequestBody:
+    server = request.app[REGISTRY].server
     try:  # a client trickling its body is cut off; it never reaches a worker
         raw = await asyncio.wait_for(read_capped(request, limit), server.body_timeout_s)
     except asyncio.TimeoutError:
@@ -64,11 +89,15 @@ async def read_json(request: web.Request) -> RequestBody:
                                                                                       form))
 
 
-async def decide(request: web.Request, body: RequestBody, model_name: Any) -> Decision:
-    """Queue a body on its model's worker (media decoded first) and wait, within the deadline, for the decision."""
+async def decide(request: web.Request, body: RequestBody, model_name: Any, hosted: HostedOptions | None = None
+                 ) -> Decision:
+    """Queue a body on its model's worker (media decoded first) and wait, within the deadline, for the decision;
+    hosted: a Workers AI request's options, its body held to the hosted limits."""
     info = request[INFO]
     server = request.app[REGISTRY].server
     media = await find_images(body, server.max_body_bytes, server.images, server.limits, server.audio)
+    if hosted is not None:
+        workers_ai.check(media.body, server.limits)
     if not isinstance(media.body, dict) or not isinstance(model_name, str) or not is_unicode(model_name):
         parse_request(media.body)  # reports every problem of the body at once
     served = request.app[SERVED][resolve(request.app[NAMES], model_name)]
@@ -80,7 +109,8 @@ async def decide(request: web.Request, body: RequestBody, model_name: Any) -> De
     t1 = time.perf_counter()
     samples = await decode_audio_for(served.worker.model, media, server.audio)
     images_s, audio_s = t1 - t0, time.perf_counter() - t1
-    shared = request.app[COALESCER].submit(served.worker, media.body, pixels, media.digests, audio=samples)
+    shared = request.app[COALESCER].submit(served.worker, media.body, pixels, media.digests, audio=samples,
+                                           reject_if_busy=hosted is not None and hosted.reject_if_busy)
     metrics = request.app[METRICS]
     metrics.queue_depth.labels(served.spec.name).set(served.worker.depth)
     timeout = request.app[REGISTRY].server.request_timeout_s
@@ -106,19 +136,34 @@ async def decide(request: web.Request, body: RequestBody, model_name: Any) -> De
     return decision
 
 
+def no_model_warning(default: str) -> str:
+    return (f"request.no_model: the request names no model, so the default model {default!r} answered (models.toml "
+            "`default`); send \"model\" to choose one")
+
+
 async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]:
     """Both decision routes: read, decide, and the response with its x_ extensions."""
     start = time.perf_counter()
-    body = await read_json(request)
-    if path_model is not None and isinstance(body.data, dict):  # Workers AI: the route names the model
-        body = dataclasses.replace(body, data={**body.data, "model": path_model})
-    data = body.data
-    decision = await decide(request, body, data.get("model") if isinstance(data, dict) else None)
+    hosted = path_model is not None
+    body = await read_json(request, workers_ai.MAX_BODY_BYTES if hosted else None)
+    data, options, warnings = body.data, HostedOptions() if hosted else None, []
+    if hosted and isinstance(data, dict):  # Workers AI: the route names the model, options say how to wait
+        options, data = workers_ai.take_options(data)
+        data["model"] = path_model
+    elif isinstance(data, dict) and data.get("model") is None:  # clients that leave it out get the default
+        data = {**data, "model": request.app[REGISTRY].default}
+        warnings.append(no_model_warning(data["model"]))
+    body = dataclasses.replace(body, data=data)
+    model = data.get("model") if isinstance(data, dict) else None
+    decision = await decide(request, body, model, options)
     info = request[INFO]
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
     info.timings["total_ms"] = total_ms
     request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
-    return {**decision.response, "x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+    extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+    if warnings:
+        extensions["x_warnings"] = warnings
+    return {**decision.response, **extensions}
 
 
 async def systemone_handler(request: web.Request) -> web.Response:
@@ -126,8 +171,8 @@ async def systemone_handler(request: web.Request) -> web.Response:
 
 
 async def workers_ai_handler(request: web.Request) -> web.Response:
-    """Cloudflare's Workers AI route: the model comes from the path, the answer in its envelope."""
-    return json_response({"success": True, "result": await answer(request, request.match_info["model"])})
+    """Cloudflare's Workers AI routes: the model comes from the path, the answer in its envelope."""
+    return json_response(workers_ai_envelope(await answer(request, request.match_info["model"])))
 
 
 # --- the rest of the API ----------------------------------------------------------------------
@@ -140,7 +185,8 @@ async def models_handler(request: web.Request) -> web.Response:
         entry: dict[str, Any] = {
             "name": name, "description": spec.description or f"Clef decision model {name}",
             "release_date": served.release_date, "x_aliases": [n for n, m in names.items() if m == name and n != name],
-            "x_status": "ready" if served.worker.alive else "down", "x_media": list(served.worker.model.media)}
+            "x_status": "ready" if served.worker.alive else "down",
+            "x_media": list(served.worker.model.media)}  # what the model reads beside text (the playground asks)
         if served.warnings:
             entry["x_warnings"] = list(served.warnings)
         models.append(entry)
@@ -171,6 +217,12 @@ async def openapi_handler(request: web.Request) -> web.Response:
     return json_response(openapi_spec(request.app[REGISTRY], request.app[NAMES]))
 
 
+async def playground_handler(request: web.Request) -> web.Response:
+    """The playground's files (bridge/server/playground/), read once at start, under their strict headers."""
+    page = request.app[PLAYGROUND][request.match_info.route.name]
+    return web.Response(body=page.body, content_type=page.content_type, charset="utf-8", headers=PAGE_HEADERS)
+
+
 async def unmatched_handler(request: web.Request) -> web.Response:
     """Any path no route serves: 404, or 405 with Allow where the path exists under other methods.
 
@@ -192,8 +244,9 @@ async def defer_expect(request: web.Request) -> None:
 
 
 HANDLERS = {"systemone": systemone_handler, "models": models_handler, "workers_ai": workers_ai_handler,
-            "health": health_handler, "ready": ready_handler, "metrics": metrics_handler, "openapi": openapi_handler,
-            UNMATCHED: unmatched_handler}
+            "workers_ai_v4": workers_ai_handler, "health": health_handler, "ready": ready_handler,
+            "metrics": metrics_handler, "openapi": openapi_handler, UNMATCHED: unmatched_handler,
+            **{name: playground_handler for name in PLAYGROUND_FILES}}
 
 
 def setup_routes(app: web.Application) -> None:
@@ -325,6 +378,7 @@ def create_app(registry: Registry, loader: Loader = load_models) -> web.Applicat
     app[METRICS] = metrics
     app[KEYS] = ApiKeys(registry.server.api_keys_file)
     app[LOADER] = loader
+    app[PLAYGROUND] = load_playground()
     app[SERVED] = {}
     app[NAMES] = {}
     app[COALESCER] = Coalescer(registry.server.cache_size,

@@ -13,6 +13,7 @@ from ..model.registry import ModelSpec, Registry
 from ..model.worker import InferenceWorker
 from .auth import ApiKeys
 from .coalesce import Coalescer
+from .pages import Page
 from .prometheus import Metrics
 
 
@@ -38,3 +39,4 @@ LOADER = web.AppKey("loader", Loader)  # type: ignore[type-abstract]
 SERVED = web.AppKey("served", dict[str, Served])
 NAMES = web.AppKey("names", dict[str, str])  # every accepted model name -> the served model it means
 COALESCER = web.AppKey("coalescer", Coalescer)
+PLAYGROUND = web.AppKey("playground", dict[str, Page])  # the playground's files by route name

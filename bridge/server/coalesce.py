@@ -56,9 +56,10 @@ class Coalescer:
         self._cache: OrderedDict[Key, Decision] = OrderedDict()
 
     def submit(self, worker: InferenceWorker, body: Any, images: tuple[Any, ...] = (),
-               digests: tuple[bytes, ...] = (), audio: tuple[Any, ...] = ()) -> Shared:
+               digests: tuple[bytes, ...] = (), audio: tuple[Any, ...] = (), reject_if_busy: bool = False) -> Shared:
         """The computation for this body and its media (decoded pixels and samples, and their bytes' sha256
-        digests): a cached answer, one in flight, or a new job on the worker."""
+        digests): a cached answer, one in flight, or a new job on the worker (refused while it is busy with
+        reject_if_busy: joining an answer that exists or is under way waits behind nothing)."""
         key = request_key(worker.name, body, digests)
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)
@@ -69,7 +70,7 @@ class Coalescer:
         if key is not None and key in self._inflight:
             self._on_shared(worker.name, "in_flight")
             return self._join(self._inflight[key])
-        job = worker.submit(body, images, audio=audio)
+        job = worker.submit(body, images, audio=audio, reject_if_busy=reject_if_busy)
         shared = Shared(job.future, job)
         if key is not None:
             self._inflight[key] = shared

@@ -21,12 +21,12 @@ from ..host.gpu import DeviceOutOfMemory
 from ..llama.backbone import BackboneError, DecodeFailed
 from ..media.errors import MediaTooLarge
 from ..model.registry import ServerSpec, UnknownModel
-from ..model.worker import Overloaded, WorkerStopped
+from ..model.worker import Busy, Overloaded, WorkerStopped
 from .appstate import METRICS, REGISTRY
 from .auth import CHALLENGE, Unauthorized
 from .body import BadEncoding, BadHeader, BodyTooLarge, ExpectationFailed, UnsupportedMediaType, header
 from .prometheus import Metrics
-from .routes import UNMATCHED, WORKERS_AI_PREFIX
+from .routes import UNMATCHED, WORKERS_AI_PREFIXES, WORKERS_AI_ROUTES
 
 log = logging.getLogger("clef_bridge.server")
 access_log = logging.getLogger("clef_bridge.access")
@@ -47,10 +47,13 @@ class BodyTimeout(ClefError):
 # Domain error -> HTTP status, looked up along the class hierarchy; nothing else maps errors.
 STATUS: dict[type[BaseException], int] = {
     RequestInvalid: 422, ContextLengthExceeded: 413, BodyTooLarge: 413, UnknownModel: 404, Unauthorized: 401,
-    Overloaded: 429, DeadlineExceeded: 503, WorkerStopped: 503, DecodeFailed: 503, NonFiniteOutput: 503,
+    Overloaded: 429, Busy: 429, DeadlineExceeded: 503, WorkerStopped: 503, DecodeFailed: 503, NonFiniteOutput: 503,
     BackboneError: 503, MemoryError: 503, DeviceOutOfMemory: 503, BadEncoding: 400, BadHeader: 400,
     UnsupportedMediaType: 415, BodyTimeout: 408, ExpectationFailed: 417, MediaTooLarge: 413, ProjectorError: 503,
 }
+# Status -> Cloudflare's own error code where its Workers AI error table has one for that status (out of
+# capacity, request too large, timeout); the Workers AI envelope carries it, any other error carries its status.
+WORKERS_AI_CODES: dict[int, int] = {429: 3040, 413: 3006, 408: 3007}
 # Status -> the headers HTTP wants with it (Allow comes with aiohttp's own 405).
 ERROR_HEADERS: dict[int, Callable[[ServerSpec], dict[str, str]]] = {
     401: lambda server: {hdrs.WWW_AUTHENTICATE: CHALLENGE},
@@ -82,7 +85,16 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 def is_workers_ai(request: web.Request) -> bool:
     """Cloudflare's routes answer in the Workers AI envelope, unmatched ones included."""
-    return request.match_info.route.name == "workers_ai" or request.path.startswith(WORKERS_AI_PREFIX)
+    return request.match_info.route.name in WORKERS_AI_ROUTES or request.path.startswith(WORKERS_AI_PREFIXES)
+
+
+def workers_ai_envelope(result: Any = None, errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Cloudflare's API envelope: {result, success, errors, messages}."""
+    return {"result": result, "success": not errors, "errors": errors or [], "messages": []}
+
+
+def workers_ai_error(message: str, status: int) -> dict[str, Any]:
+    return workers_ai_envelope(errors=[{"code": WORKERS_AI_CODES.get(status, status), "message": message}])
 
 
 def client_gone(request: web.BaseRequest) -> bool:
@@ -100,7 +112,7 @@ def error_body(exc: BaseException, status: int, workers_ai: bool) -> Any:
         message = str(exc) if status < 500 or isinstance(exc, ClefError) else "internal server error"
         detail = {"error_type": error_type, "message": printable(message)}
     if workers_ai:
-        return {"success": False, "errors": [{"message": printable(message), "code": status}]}
+        return workers_ai_error(printable(message), status)
     return {"detail": detail}
 
 
@@ -116,7 +128,7 @@ def _http_error(exc: web.HTTPException, info: RequestLog, workers_ai: bool) -> w
     info.error_type = exc.reason.lower().replace(" ", "_")
     message = exc.text or exc.reason
     if workers_ai:
-        body: Any = {"success": False, "errors": [{"message": message, "code": exc.status}]}
+        body: Any = workers_ai_error(message, exc.status)
     else:
         body = {"detail": {"error_type": info.error_type, "message": message}}
     kept = {k: v for k, v in exc.headers.items() if k not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}

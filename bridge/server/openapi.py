@@ -8,6 +8,7 @@ from ...head.schema import QUESTION_TYPES
 from ..media.audio import FORMATS as AUDIO_FORMATS
 from ..media.request import FORMATS as IMAGE_FORMATS
 from ..model.registry import LATEST, Registry
+from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
 
 TEXT = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"type": "null"}]}
@@ -35,9 +36,10 @@ def _schemas(names: list[str]) -> dict[str, Any]:
             },
         },
         "SystemOneRequest": {
-            "type": "object", "required": ["model", "state", "questions"],
+            "type": "object", "required": ["state", "questions"],
             "properties": {
-                "model": {"type": "string", "description": f"a served name, an alias, or {LATEST}",
+                "model": {"type": "string", "description": f"a served name, an alias, or {LATEST}; left out (or "
+                                                           "null): the default model, said in x_warnings",
                           "examples": names},
                 "state": {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]},
                 "questions": {"type": "object", "minProperties": 1,
@@ -54,6 +56,9 @@ def _schemas(names: list[str]) -> dict[str, Any]:
                                          "after the images; needs a model with audio (x_media lists \"audio\")"},
                 "videos": {"type": "array", "description": "refused by every model: 422 videos_not_supported (the "
                                                            "reference's video path is not proven equal here)"},
+                "options": {"type": "object", "description": "Workers AI routes only: {rejectIfBusy: true} answers "
+                                                            "429 (code 3040) instead of waiting behind other requests",
+                            "properties": {"rejectIfBusy": {"type": "boolean"}}},
             },
         },
         "Asset": {
@@ -86,6 +91,8 @@ def _schemas(names: list[str]) -> dict[str, Any]:
                                          "output_tokens": {"type": "integer", "minimum": 0}}},
                 "x_latency_ms": {"type": "number"},
                 "x_timings": {"type": "object", "additionalProperties": {"type": "number"}},
+                "x_warnings": {"type": "array", "items": {"type": "string"},
+                               "description": "what the server chose for the request (the default model, say)"},
             },
         },
         "ValidationError": {
@@ -108,8 +115,10 @@ def _schemas(names: list[str]) -> dict[str, Any]:
                 "type": "object", "required": ["name", "description", "release_date"],
                 "properties": {"name": {"type": "string"}, "description": {"type": "string"},
                                "release_date": {"type": "string", "format": "date"},
+                               "x_aliases": {"type": "array", "items": {"type": "string"}},
+                               "x_status": {"enum": ["ready", "down"]},
                                "x_media": {"type": "array", "items": {"enum": ["image", "audio"]},
-                                           "description": "what the model reads besides text"}}}}},
+                                           "description": "what the model reads beside text"}}}}},
         },
     }
 
@@ -121,6 +130,21 @@ def _errors(*statuses: int) -> dict[str, Any]:
         out[str(status)] = {"description": f"error {status}",
                             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
     return out
+
+
+def _workers_ai(name: str, security: list[dict[str, Any]]) -> dict[str, Any]:
+    """Cloudflare's route (the bare one or under the REST API's /client/v4 base): the model from the path."""
+    envelope = "Workers AI envelope {result, success, errors: [{code, message}], messages}"
+    return {"post": {
+        "operationId": name, "security": security,
+        "parameters": [{"name": "account_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                       {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}},
+        "responses": {"200": {"description": envelope},
+                      **{k: {"description": f"{envelope}; code 3040 with 429, 3006 with 413, 3007 with 408, else "
+                                            "the status"}
+                         for k in ("400", "401", "404", "408", "413", "415", "422", "429", "503")}}}}
 
 
 def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
@@ -145,20 +169,16 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
             PATHS["models"]: {"get": {"operationId": "models", "security": security, "responses": {
                 "200": {"description": "served models", "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/ModelList"}}}}, **_errors(401)}}},
-            PATHS["workers_ai"]: {"post": {
-                "operationId": "workers_ai", "security": security,
-                "parameters": [{"name": "account_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                               {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}},
-                "responses": {"200": {"description": "Workers AI envelope {success, result}"},
-                              **{k: {"description": "Workers AI envelope {success: false, errors}"}
-                                 for k in ("400", "401", "404", "413", "415", "422", "429", "503")}}}},
+            **{PATHS[name]: _workers_ai(name, security) for name in ("workers_ai", "workers_ai_v4")},
             PATHS["health"]: {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
             PATHS["ready"]: {"get": {"operationId": "ready", "responses": {"200": {"description": "every model loaded"},
                                                                      "503": {"description": "not ready"}}}},
             PATHS["metrics"]: {"get": {"operationId": "metrics", "security": security, "responses": {
                 "200": {"description": "Prometheus text format (labels name the models)",
                         "content": {"text/plain": {}}}, **_errors(401)}}},
+            **{PATHS[name]: {"get": {"operationId": name, "responses": {"200": {
+                "description": f"the playground: {file}", "content": {media: {}}}}}}
+               for name, (file, media) in PLAYGROUND_FILES.items()},
         },
         "components": {
             "schemas": _schemas([] if registry.server.api_keys_file else list(names)),

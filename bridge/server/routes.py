@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 UNMATCHED = "unmatched"
-WORKERS_AI_PREFIX = "/accounts/"  # Cloudflare's routes, matched or not, answer in the Workers AI envelope
+# Cloudflare's paths, matched or not, answer in the Workers AI envelope: its clients call either the bare
+# route or the REST API's, whose base is https://api.cloudflare.com/client/v4 (they change only the host)
+WORKERS_AI_PREFIXES = ("/accounts/", "/client/v4/")
+WORKERS_AI_RUN = "accounts/{account_id}/ai/run/@cf/cloudflare/{model}"
 
 
 @dataclass(frozen=True)
@@ -15,17 +18,26 @@ class Route:
     path: str
     name: str
     public: bool = False  # answered without an API key when auth is on (names no model)
+    workers_ai: bool = False  # Cloudflare's route: the model from the path, the answer in its envelope
 
 
 ROUTES = (
     Route("POST", "/v1/systemone", "systemone"),
     Route("GET", "/v1/models", "models"),
-    Route("POST", WORKERS_AI_PREFIX + "{account_id}/ai/run/@cf/cloudflare/{model}", "workers_ai"),
+    Route("POST", "/" + WORKERS_AI_RUN, "workers_ai", workers_ai=True),
+    Route("POST", "/client/v4/" + WORKERS_AI_RUN, "workers_ai_v4", workers_ai=True),
     Route("GET", "/health", "health", public=True),
     Route("GET", "/ready", "ready", public=True),
     Route("GET", "/metrics", "metrics"),  # labels carry model names, so it needs a key like /v1/models
     Route("GET", "/openapi.json", "openapi", public=True),
+    # the playground: static files that name no model and hold no data; everything they call needs the key
+    Route("GET", "/", "playground", public=True),
+    Route("GET", "/playground.css", "playground_css", public=True),
+    Route("GET", "/playground.js", "playground_js", public=True),
+    Route("GET", "/playground-view.js", "playground_view_js", public=True),
+    Route("GET", "/playground-code.js", "playground_code_js", public=True),
     Route("*", "/{path:.*}", UNMATCHED),  # last: the router tries it after every other
 )
 PATHS = {r.name: r.path for r in ROUTES}
 PUBLIC = frozenset(r.path for r in ROUTES if r.public)
+WORKERS_AI_ROUTES = frozenset(r.name for r in ROUTES if r.workers_ai)

@@ -1,0 +1,66 @@
+"""Cloudflare's hosted contract on the Workers AI routes: the request's `options` (rejectIfBusy), and the
+hosted limits (1 to 64 questions, question ids of letters, digits, `_`, `.` and `-` up to 100 characters,
+a 13 MiB body) that a client written against Cloudflare relies on. POST /v1/systemone keeps the Jev API's
+wider contract (any question id, models.toml's limits)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ...head.errors import Problem, RequestInvalid
+from ...head.schema import MAX_TEXT_PROBLEMS, Limits, parse_request
+
+MAX_QUESTIONS = 64
+MAX_BODY_BYTES = 13 * 2**20
+QUESTION_ID = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
+
+
+@dataclass(frozen=True)
+class HostedOptions:
+    reject_if_busy: bool = False  # answer 429 (code 3040) at once rather than wait behind other requests
+
+
+def take_options(body: dict[str, Any]) -> tuple[HostedOptions, dict[str, Any]]:
+    """The request's options and the body without them (they change no answer, so identical requests still
+    share one computation); a malformed `options` is a 422."""
+    raw = body.get("options")
+    rest = {k: v for k, v in body.items() if k != "options"}
+    if raw is None:
+        return HostedOptions(), rest
+    if not isinstance(raw, dict):
+        raise RequestInvalid([Problem(("body", "options"), 'options must be an object, such as {"rejectIfBusy": true}',
+                                      "type_error")])
+    busy = raw.get("rejectIfBusy", False)
+    if not isinstance(busy, bool):
+        raise RequestInvalid([Problem(("body", "options", "rejectIfBusy"), f"rejectIfBusy must be true or false, got "
+                                      f"{busy!r}", "type_error")])
+    return HostedOptions(reject_if_busy=busy), rest
+
+
+def hosted_problems(body: Any, limits: Limits) -> list[Problem]:
+    """What the hosted contract refuses in a body that the Jev route may take."""
+    questions = body.get("questions") if isinstance(body, dict) else None
+    if not isinstance(questions, dict):
+        return []  # parse_request says what a body without a questions object lacks
+    if len(questions) > MAX_QUESTIONS:
+        return [Problem(("body", "questions"), f"Workers AI takes 1 to {MAX_QUESTIONS} questions per request, got "
+                        f"{len(questions)}; split the request, or send it to POST /v1/systemone (up to "
+                        f"{limits.max_questions}, max_questions)", "too_many_questions")]
+    bad = [qid for qid in questions if not QUESTION_ID.fullmatch(qid)][:MAX_TEXT_PROBLEMS]
+    return [Problem(("body", "questions", qid), "Workers AI takes question ids of 1 to 100 letters, digits, '_', '.' "
+                    "or '-'; rename the question (POST /v1/systemone takes any id)", "value_error.question_id")
+            for qid in bad]
+
+
+def check(body: Any, limits: Limits) -> None:
+    """Refuse (422) a body beyond the hosted limits, with every other problem of the body in the same answer."""
+    problems = hosted_problems(body, limits)
+    if not problems:
+        return
+    try:
+        parse_request(body, limits)
+    except RequestInvalid as exc:  # the hosted count replaces the server's own, which says the same
+        problems = [p for p in exc.problems if p.type != "too_many_questions"] + problems
+    raise RequestInvalid(problems)
