@@ -439,11 +439,11 @@ def test_media_inputs_follow_the_model(browser, server: ClefServer, timed):
                                                             "data_base64": shortened(tiny_wav())}
         assert len(request_body(page)["assets"]) == 2
         playwright_sync.expect(page.locator("#code-python")).to_contain_text("audio is left out")
-        # the tiny model reads no audio: the server's 422 is shown with its location, the answers kept, greyed
+        # the tiny model hears no audio: the server's 422 (audio_not_supported) is shown, the answers kept, greyed
         page.get_by_role("button", name="Decide").click()
         alert = page.locator("#error")
         playwright_sync.expect(alert).to_contain_text("HTTP 422")
-        playwright_sync.expect(alert).to_contain_text("assets.<audio1>")
+        playwright_sync.expect(alert).to_contain_text("takes no audio")
         playwright_sync.expect(page.locator("#answers")).to_contain_text("the answers to an earlier request")
 
         # comparing with a model without media hides the inputs and leaves the files out

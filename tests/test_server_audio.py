@@ -185,7 +185,7 @@ def test_workers_ai_envelope_for_audio_over_a_limit(server):
                            {"state": "s", "questions": QUESTIONS, "audio": [data_url(LONG)]})
     assert reply.status == 413 and reply.json()["success"] is False
     [error] = reply.json()["errors"]
-    assert error["code"] == 413 and "max_audio_seconds" in error["message"] and "body.audio.0" in error["message"]
+    assert error["code"] == 3006 and "max_audio_seconds" in error["message"] and "body.audio.0" in error["message"]
 
 
 def test_openapi_documents_audio(server):

@@ -168,7 +168,8 @@ def _inline(entry: Any, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
     if isinstance(entry, dict):
         data, content_type = entry.get("base64"), entry.get("content_type")
         if not isinstance(data, str):
-            raise medium.rejected(loc + ("base64",), f"an object needs base64: the {medium.noun}'s bytes in base64 "
+            raise medium.rejected(loc + ("base64",), f"an {medium.noun} object needs base64: the {medium.noun}'s bytes "
+                                  "in base64 "
                                   f"(with content_type, e.g. \"{medium.content_type}\")",
                                   "missing" if data is None else "type_error")
         if content_type is not None and not (isinstance(content_type, str)
