@@ -99,8 +99,14 @@ async def decide(request: web.Request, body: RequestBody, model_name: Any) -> De
     return decision
 
 
-async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]:
-    """Both decision routes: read, decide, and the response with its x_ extensions."""
+# every answer of the built-in demo says what the banner says: its weights are random
+DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
+DEMO_WARNING = ("demo: the built-in demo model has RANDOM weights, this answer is meaningless; serve a real model "
+                "(clef-bridge pull clef-flash writes its models.toml entry)")
+
+
+async def answer(request: web.Request, path_model: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Both decision routes: read, decide; the response with its x_ extensions, and its extra headers."""
     start = time.perf_counter()
     body = await read_json(request)
     if path_model is not None and isinstance(body.data, dict):  # Workers AI: the route names the model
@@ -111,16 +117,21 @@ async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
     info.timings["total_ms"] = total_ms
     request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
-    return {**decision.response, "x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+    response = {**decision.response, "x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+    if request.app[SERVED][info.model].spec.builtin == "demo":
+        return {**response, "x_warnings": [DEMO_WARNING]}, {DEMO_HEADER: DEMO_HEADER_VALUE}
+    return response, {}
 
 
 async def systemone_handler(request: web.Request) -> web.Response:
-    return json_response(await answer(request, None))
+    response, headers = await answer(request, None)
+    return json_response(response, headers=headers)
 
 
 async def workers_ai_handler(request: web.Request) -> web.Response:
     """Cloudflare's Workers AI route: the model comes from the path, the answer in its envelope."""
-    return json_response({"success": True, "result": await answer(request, request.match_info["model"])})
+    response, headers = await answer(request, request.match_info["model"])
+    return json_response({"success": True, "result": response}, headers=headers)
 
 
 # --- the rest of the API ----------------------------------------------------------------------
@@ -213,7 +224,8 @@ def load_models(registry: Registry) -> dict[str, Loaded]:
     models: dict[str, Loaded] = {}
     try:
         for name, spec in registry.models.items():
-            log.info("loading model %s: %s + %s", name, spec.gguf, spec.head or "(head beside the GGUF)")
+            # the head is named once checked (the banner): a clef GGUF embeds it, a qwen35 one has it beside it
+            log.info("loading model %s: %s%s", name, spec.gguf, f" + {spec.head}" if spec.head else "")
             try:
                 models[name] = load_checked(spec, registry.server.limits)
             except ModelRefused:

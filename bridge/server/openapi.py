@@ -67,6 +67,9 @@ def _schemas(names: list[str]) -> dict[str, Any]:
                                          "output_tokens": {"type": "integer", "minimum": 0}}},
                 "x_latency_ms": {"type": "number"},
                 "x_timings": {"type": "object", "additionalProperties": {"type": "number"}},
+                "x_warnings": {"type": "array", "items": {"type": "string"},
+                               "description": "what makes this answer doubtful: the built-in demo's random weights "
+                                              "(with the header X-Clef-Demo: random-weights)"},
             },
         },
         "ValidationError": {
