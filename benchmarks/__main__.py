@@ -138,6 +138,14 @@ def _bench_head(args: argparse.Namespace) -> int:
 
 
 def _gpu_check(args: argparse.Namespace) -> int:
+    from clef_bridge.bridge.host.gpu import why_no_gpu
+
+    # before anything is written: without --smoke the models alone are ~16 GB, and hours of CPU to time
+    missing = None if args.smoke else why_no_gpu()
+    if missing:
+        raise UsageError(f"gpu-check measures a CUDA GPU, and none was found: {missing}",
+                         fix=f"run every step on the CPU at small shapes instead: python -m benchmarks gpu-check "
+                             f"--smoke --vocab {args.vocab}")
     folder = args.folder or Path(tempfile.gettempdir()) / "clef-bridge-gpu-check"
     if args.prepare:
         from .gpu_models import prepare

@@ -14,7 +14,7 @@ if [ ! -f "$SDIST" ]; then
   python -m pip download --quiet --no-deps --no-binary :all: -d .fixtures/sdist llama-cpp-python==0.3.36
 fi
 if ! python -c 'import llama_cpp, sys; sys.exit(llama_cpp.__version__ != "0.3.36")' 2>/dev/null; then
-  echo "building llama-cpp-python 0.3.36 from source (about 8 minutes on 2 cores)"
+  echo "building llama-cpp-python 0.3.36 from source: about 8 minutes on 2 idle cores, 12 to 15 on busy ones, silent"
   python -m pip install --quiet "$SDIST"
 fi
 # the ray extra too: tests/test_ray_serve.py runs Ray Serve replicas (about 1 minute to install, 1.5 to 2 to test)

@@ -26,7 +26,7 @@ def text(result: Any) -> str:
 
 def report_lines(report: CheckReport, name: str | None) -> list[str]:
     title = f"model {name}: " if name else ""
-    lines = [f"{title}{report.gguf} + {report.head or '(no head)'}: {'ACCEPTED' if report.accepted else 'REFUSED'}"]
+    lines = [f"{title}{report.gguf} + {report.head_label}: {'ACCEPTED' if report.accepted else 'REFUSED'}"]
     for f in report.findings:
         lines.append(f"  {f.level.upper():7s} {f.code}: {f.message}")
         if f.fix:

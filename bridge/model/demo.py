@@ -16,6 +16,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from ...head.config import CONFIG_NAME, HeadConfig
 from ...head.weights import expected_shapes, save_state_dict
+from ..gguf.writer import quiet_gguf_py
 
 DEMO_VERSION = 1
 DEMO_DESCRIPTION = ("built-in demo: RANDOM weights, its answers are meaningless; configure a real Clef model in "
@@ -170,7 +171,8 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
     tokens += [f"<|unused_{i}|>" for i in range(pad)]
     types += [1] * pad
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(str(path), "qwen35")
+    with quiet_gguf_py():
+        writer = GGUFWriter(str(path), "qwen35")
     arch = "qwen35"
     writer.add_name(name)
     writer.add_uint32(f"{arch}.block_count", d.layers)
@@ -211,7 +213,8 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
         block, size = GGML_QUANT_SIZES[kinds[n]]
         writer.add_tensor_info(n, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size, kinds[n])
         total += int(np.prod(shape)) // block * size
-    writer.write_header_to_file()
+    with quiet_gguf_py():
+        writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     pool = rng.integers(0, 256, min(POOL_BYTES, total), dtype=np.uint8) if matrices in ("Q8_0", "Q4_K_M") else None

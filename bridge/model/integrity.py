@@ -7,6 +7,8 @@ Every check reads headers through memory maps; nothing loads a whole file into m
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -123,6 +125,11 @@ class CheckReport:
     @property
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.level == "warning"]
+
+    @property
+    def head_label(self) -> str:
+        """The head as people read it: its path, or a clef GGUF's "(embedded head)", or "(no head)"."""
+        return "(embedded head)" if self.facts.head_source == "embedded" else self.head or "(no head)"
 
     def add(self, level: str, code: str, message: str, fix: str = "") -> None:
         self.findings.append(Finding(level, code, message, fix))
@@ -268,6 +275,11 @@ def check_head(path: Path, report: CheckReport) -> tuple[HeadConfig, Safetensors
     return cfg, header
 
 
+def shell_path(path: str | Path) -> str:
+    """A path as a hint prints it: absolute (it works wherever the user stands), quoted for the shell."""
+    return shlex.quote(os.path.abspath(path))
+
+
 # --- together ----------------------------------------------------------------------------------
 
 def check_pair(gguf: Path, head: Path | None) -> CheckReport:
@@ -291,7 +303,9 @@ def check_pair(gguf: Path, head: Path | None) -> CheckReport:
         return report  # the GGUF itself is unreadable: that finding says it all
     if head is None:
         report.add("error", "pair.headless", f"no head for {gguf.name}: {HEADLESS}",
-                   f"{HEAD_HOME}; put the safetensors head beside the GGUF as joint_head.safetensors or pass --head")
+                   f"{HEAD_HOME}; then put joint_head.safetensors and its joint_head_config.json beside the GGUF, or "
+                   "name the head: `head = \"PATH\"` in the model's models.toml entry (serve, decide), `--head PATH` "
+                   "on the command line (check, pair, drift)")
         return report
     report.head = str(head)
     report.facts.head_source = "safetensors"
@@ -400,8 +414,8 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
     if pair is None and want_record:
         report.add("warning", "pair.no_record", "no pairing record: nothing proves this backbone is the one the "
                    "head was trained with (a same-shape backbone of another model would answer nonsense)",
-                   f"write one with `clef-bridge pair {Path(gguf).name}"
-                   f"{'' if report.embedded else ' ' + head.name}` once you trust the pair, or fetch it with "
+                   f"write one with `clef-bridge pair {shell_path(gguf)}"
+                   f"{'' if report.embedded else ' ' + shell_path(head)}` once you trust the pair, or fetch it with "
                    "`clef-bridge pull`")
     if pair is None:
         return report
@@ -420,7 +434,7 @@ class ModelRefused(ClefError):
 
     def __init__(self, name: str, report: CheckReport):
         self.name, self.report = name, report
-        lines = [f"model {name!r} refused ({report.gguf} + {report.head or 'no head'}):"]
+        lines = [f"model {name!r} refused ({report.gguf} + {report.head_label}):"]
         for f in report.findings:
             if f.level == "error":
                 lines.append(f"  {f.code}: {f.message}" + (f"\n    fix: {f.fix}" if f.fix else ""))

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
-from ...head.errors import ClefError
+from ...head.errors import ClefError, did_you_mean
 from ...head.schema import Limits
 from ..llama.backbone import BackboneOptions
 from ..llama.prefix_cache import PrefixCacheOptions
@@ -124,8 +124,9 @@ def resolve(table: dict[str, str], name: str) -> str:
     """The model a request's `model` field names."""
     if name in table:
         return table[name]
-    raise UnknownModel(f"model {name!r} is not served here; served: {', '.join(table)} (a client that always sends "
-                       "its own name is served by adding it to a model's aliases in models.toml)")
+    raise UnknownModel(f"model {name!r} is not served here; {did_you_mean(name, table)}served: {', '.join(table)} (a "
+                       "client that always sends its own name is served by adding it to a model's aliases in "
+                       "models.toml)")
 
 
 # --- keys ----------------------------------------------------------------------------------------
@@ -238,16 +239,17 @@ def demo_registry(path: Path) -> Registry:
 
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
     problems: list[str] = []
-    unknown = sorted(set(raw) - {"default", "models", "server", "ray"})
-    if unknown:
-        problems.append(f"unknown top-level key(s) {unknown}; known: default, models, server, ray")
+    top = ("default", "models", "server", "ray")
+    for key in sorted(set(raw) - set(top)):
+        problems.append(f"{key}: unknown top-level key; {did_you_mean(key, top)}known: {', '.join(top)}")
     models_raw = raw.get("models")
     if not isinstance(models_raw, dict) or not models_raw:
         raise RegistryError(f"{path}: no models; add a [models.NAME] table with at least gguf = \"...\"")
     specs = {name: _model(name, spec, path.parent, f"models.{name}", problems) for name, spec in models_raw.items()}
     default = raw.get("default", next(iter(models_raw)))
     if default not in models_raw:
-        problems.append(f"default = {default!r} is not one of the models {sorted(models_raw)}")
+        problems.append(f"default = {default!r} is not one of the models; {did_you_mean(default, models_raw)}models: "
+                        f"{', '.join(sorted(models_raw))}")
     seen: dict[str, str] = {}
     for spec in filter(None, specs.values()):
         for n in (spec.name, *spec.aliases):

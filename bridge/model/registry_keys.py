@@ -12,6 +12,7 @@ from datetime import date
 from typing import Any, Callable
 
 from ...head.answer import BUCKETS
+from ...head.errors import did_you_mean
 from ...head.schema import QUESTION_TYPES, Limits
 from ...head.weights import STORAGE_DTYPES, dtype_name
 
@@ -190,7 +191,8 @@ def values_by_group(raw: dict[str, Any], keys: dict[str, Key], where: str, probl
     for name, value in raw.items():
         key = keys.get(name)
         if key is None:
-            problems.append(f"{where}.{name}: unknown key; known keys: {', '.join(sorted(keys))}")
+            problems.append(f"{where}.{name}: unknown key; {did_you_mean(name, keys)}known keys: "
+                            f"{', '.join(sorted(keys))}")
             continue
         if not _typed(value, key.types):
             problems.append(f"{where}.{name}: wrong type {type(value).__name__}")

@@ -141,8 +141,14 @@ def no_model_warning(default: str) -> str:
             "`default`); send \"model\" to choose one")
 
 
-async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]:
-    """Both decision routes: read, decide, and the response with its x_ extensions."""
+# every answer of the built-in demo says what the banner says: its weights are random
+DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
+DEMO_WARNING = ("demo: the built-in demo model has RANDOM weights, this answer is meaningless; serve a real model "
+                "(clef-bridge pull clef-flash writes its models.toml entry)")
+
+
+async def answer(request: web.Request, path_model: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Both decision routes: read, decide; the response with its x_ extensions, and its extra headers."""
     start = time.perf_counter()
     hosted = path_model is not None
     body = await read_json(request, workers_ai.MAX_BODY_BYTES if hosted else None)
@@ -161,18 +167,24 @@ async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]
     info.timings["total_ms"] = total_ms
     request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
     extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+    headers = {}
+    if request.app[SERVED][info.model].spec.builtin == "demo":
+        warnings.append(DEMO_WARNING)
+        headers[DEMO_HEADER] = DEMO_HEADER_VALUE
     if warnings:
         extensions["x_warnings"] = warnings
-    return {**decision.response, **extensions}
+    return {**decision.response, **extensions}, headers
 
 
 async def systemone_handler(request: web.Request) -> web.Response:
-    return json_response(await answer(request, None))
+    response, headers = await answer(request, None)
+    return json_response(response, headers=headers)
 
 
 async def workers_ai_handler(request: web.Request) -> web.Response:
     """Cloudflare's Workers AI routes: the model comes from the path, the answer in its envelope."""
-    return json_response(workers_ai_envelope(await answer(request, request.match_info["model"])))
+    response, headers = await answer(request, request.match_info["model"])
+    return json_response(workers_ai_envelope(response), headers=headers)
 
 
 # --- the rest of the API ----------------------------------------------------------------------
@@ -273,7 +285,8 @@ def load_models(registry: Registry) -> dict[str, Loaded]:
     models: dict[str, Loaded] = {}
     try:
         for name, spec in registry.models.items():
-            log.info("loading model %s: %s + %s", name, spec.gguf, spec.head or "(head beside the GGUF)")
+            # the head is named once checked (the banner): a clef GGUF embeds it, a qwen35 one has it beside it
+            log.info("loading model %s: %s%s", name, spec.gguf, f" + {spec.head}" if spec.head else "")
             try:
                 models[name] = load_checked(spec, registry.server.limits)
             except ModelRefused:
