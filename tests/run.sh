@@ -20,4 +20,7 @@ fi
 # the ray extra too: tests/test_ray_serve.py runs Ray Serve replicas (about 1 minute to install, 1.5 to 2 to test)
 python -m pip install --quiet -e '.[test,ray]'
 python -m pip install --quiet --no-deps clef-finetune==0.1.0
+# Cloudflare's clef-omni reference (tests/omni_reference.py takes one file out of it; Requires-Python >= 3.12)
+[ -f .fixtures/wheels/ollajev-0.4.0-py3-none-any.whl ] || python -m pip download --quiet --no-deps \
+  --python-version 3.12 --only-binary=:all: ollajev==0.4.0 -d .fixtures/wheels
 exec python -m pytest "$@"
