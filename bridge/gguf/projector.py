@@ -30,6 +30,8 @@ OMNI_AUDIO_PROJECTOR = "qwen3a"  # Qwen3-Omni's audio encoder
 DEEPSTACK_ARCHITECTURES = frozenset({"qwen3vlmoe"})
 AUDIO_TENSORS = ("a.", "mm.a.")  # the audio encoder's tensors in a combined projector; vision: v.* and mm.*
 MAX_IMAGE_TOKENS = 16384  # Qwen3.5's preprocessor: at most 16,777,216 pixels, one token per 32x32
+# Clef-omni's reference sizes images to 65,536 .. 1,048,576 pixels (its IMAGE_SIZE): 64 to 1,024 tokens of 32x32
+OMNI_IMAGE_TOKENS = (64, 1024)
 PROJECTOR_HOME = ("community GGUF repositories of Qwen3.5 ship it as mmproj-*.gguf (llama.cpp's converter writes "
                   "one with --mmproj): put it beside the backbone GGUF or set mmproj = \"...\" in the models.toml "
                   "entry")
@@ -150,6 +152,11 @@ def write_vision_projector(src: str | Path, out: str | Path) -> WriteResult:
 def ensure_vision_projector(src: str | Path, cache_root: str | Path) -> tuple[Path, CachedFile]:
     """The vision half of a combined projector from the cache, written once (and again when src changes)."""
     return ensure_cached(src, cache_root, ".vision.gguf", write_vision_projector)
+
+
+def max_image_tokens(architecture: str | None) -> int:
+    """The most tokens one image makes for a backbone of this architecture (its reference's image size)."""
+    return OMNI_IMAGE_TOKENS[1] if architecture in DEEPSTACK_ARCHITECTURES else MAX_IMAGE_TOKENS
 
 
 def compute_bytes(info: ProjectorInfo, max_tokens: int = MAX_IMAGE_TOKENS) -> int:

@@ -27,6 +27,9 @@ N_FFT, HOP = 400, 160  # Whisper's STFT: 25 ms windows every 10 ms
 N_WINDOW = 50  # Qwen3-Omni's audio config: the tower convolves 2 x 50 = 100-frame chunks (1 s) on their own
 N_WINDOW_INFER = 800  # ... and attends within windows of 800 frames (8 chunks)
 TOKENS_PER_CHUNK = 13  # a whole 100-frame chunk after three stride-2 convolutions
+# torch.stft reflects N_FFT // 2 samples at each end, which needs more samples than that: shorter clips make the
+# reference fail, and would make no token
+MIN_AUDIO_SAMPLES = N_FFT // 2 + 1
 
 
 # --- how many frames and tokens ---------------------------------------------------------------------

@@ -80,6 +80,12 @@ def no_projector(model: str) -> RequestInvalid:
                                    f"images; {PROJECTOR_HOME}", "images_not_supported")])
 
 
+def no_audio(model: str) -> RequestInvalid:
+    return RequestInvalid([Problem(("body", "audio"), f"model {model!r} has no audio encoder, so it takes no audio; "
+                                   "Clef-omni does, with the projector GGUF of Qwen3-Omni (vision and audio in one "
+                                   "file) as its mmproj", "audio_not_supported")])
+
+
 # --- finding the images ------------------------------------------------------------------------
 
 class _Problems(list):

@@ -76,9 +76,15 @@ def _layer_of(name: str, n_layer: int) -> int | None:
     return n_layer  # output.weight, output_norm.weight
 
 
+# Architectures whose every layer is full attention (a KV cache each; no recurrent layers): Qwen3-Omni's thinker
+FULL_ATTENTION_ARCHITECTURES = frozenset({"qwen3vlmoe"})
+
+
 def layer_pattern(info: GGUFInfo) -> list[bool] | None:
     """True for each full-attention layer (the ones with a KV cache), from the GGUF's metadata."""
     n_layers = info.arch_key("block_count")
+    if info.architecture in FULL_ATTENTION_ARCHITECTURES and isinstance(n_layers, int):
+        return [True] * n_layers
     recurrent = info.arch_key("attention.recurrent_layers")
     if isinstance(recurrent, np.ndarray) and len(recurrent):
         return [not bool(r) for r in recurrent]
@@ -298,7 +304,8 @@ def options_plan(arch: Arch, options: BackboneOptions, head_bytes: int, vram_byt
     cache = options.prefix_cache if options.prefix_cache and options.prefix_cache.max_mb > 0 else None
     ctx = options.n_ctx + (cache.extra_cells if cache else 0)
     parallel = options.n_seq_max + (cache.sequences if cache else 0)
-    return plan(arch, vram_bytes, ctx, parallel, options.n_ubatch, head_bytes=head_bytes, vision_bytes=vision_bytes)
+    return plan(arch, vram_bytes, ctx, parallel, options.n_ubatch, options.kv_type, head_bytes=head_bytes,
+                vision_bytes=vision_bytes)
 
 
 def head_gpu_bytes(config: HeadConfig, head_device: str, head_dtype: str) -> int:

@@ -42,6 +42,7 @@ class Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     images: tuple[Any, ...] = ()  # decoded pixels (bridge.assets.decode_all), in prompt order
+    audio: tuple[Any, ...] = ()  # decoded audio clips (float32 16 kHz mono samples), in prompt order
     enqueued: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set from the event loop when the client is gone or the deadline passed
     queue_s: float = 0.0
@@ -99,20 +100,21 @@ class InferenceWorker:
         return len(self._queue)
 
     def check_image_room(self, has_images: bool) -> None:
-        """Refuse (429) an image request while max_image_jobs of them wait: their pixels are held in memory."""
-        if has_images and sum(1 for job in tuple(self._queue) if job.images) >= self.max_image_jobs:
-            raise Overloaded(self.name, self.max_image_jobs, "image requests")
+        """Refuse (429) a media request while max_image_jobs of them wait: their pixels and samples are held in
+        memory."""
+        if has_images and sum(1 for job in tuple(self._queue) if job.images or job.audio) >= self.max_image_jobs:
+            raise Overloaded(self.name, self.max_image_jobs, "requests with media")
 
-    def submit(self, body: Any, images: tuple[Any, ...] = ()) -> Job:
-        """Queue one request body and its decoded images (call from the event loop)."""
+    def submit(self, body: Any, images: tuple[Any, ...] = (), audio: tuple[Any, ...] = ()) -> Job:
+        """Queue one request body and its decoded images and audio clips (call from the event loop)."""
         loop = asyncio.get_running_loop()
-        job = Job(body, loop.create_future(), loop, images)
+        job = Job(body, loop.create_future(), loop, images, audio)
         with self._cv:
             if self._stopping or not self._thread.is_alive():
                 raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
             if len(self._queue) >= self.max_queue:
                 raise Overloaded(self.name, len(self._queue))
-            self.check_image_room(bool(images))
+            self.check_image_room(bool(images or audio))
             self._queue.append(job)
             self._cv.notify()
         return job
@@ -138,19 +140,19 @@ class InferenceWorker:
                     continue
                 job.queue_s = now - job.enqueued
                 try:
-                    ready.append((job, self.model.prepare(job.body, job.images)))
+                    ready.append((job, self.model.prepare(job.body, job.images, job.audio)))
                 except Exception as exc:  # noqa: BLE001 - every failure goes back to its own request
                     self._deliver(job, exc)
             for batch in self._batches(ready):
                 self._decide(batch)
 
     def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
-        """Greedy packing of text requests under the decode's token budget (n_ctx); a request with images
+        """Greedy packing of text requests under the decode's token budget (n_ctx); a request with media
         decodes alone (llama.cpp takes token ids or embeddings in one batch, not both)."""
         budget = self.model.backbone.decode_budget
-        batches = [[item] for item in ready if item[1].images]
+        batches = [[item] for item in ready if item[1].has_media]
         current, used = [], 0
-        for item in (item for item in ready if not item[1].images):
+        for item in (item for item in ready if not item[1].has_media):
             n = len(item[1].encoded.input_ids)
             if current and used + n > budget:
                 batches.append(current)
