@@ -142,7 +142,7 @@ def test_a_model_without_audio_refuses_audio(ofx, tmp_path, tiny_model):
     model = open_omni(ofx, tmp_path / "cache", mmproj=vision)
     try:
         assert model.media == ("image",) and model.backbone.deepstack == 2
-        with pytest.raises(RequestInvalid, match="no audio encoder"):
+        with pytest.raises(RequestInvalid, match="takes no audio"):
             model.prepare(CASES["text"].body, audio=[tone(0.5)])
     finally:
         model.close()

@@ -334,7 +334,7 @@ def test_waiting_image_requests_are_bounded(served):
     try:
         reply = server.post({"model": "tiny", "state": "full", "questions": QUESTIONS, "images": [b64(PNG)]})
         assert reply.status == 429 and "retry-after" in reply.headers
-        assert "requests with media waiting" in reply.json()["detail"]["message"]
+        assert "image requests waiting" in reply.json()["detail"]["message"]
         assert server.post({"model": "tiny", "state": "text", "questions": QUESTIONS}).status == 200
     finally:
         worker.max_image_jobs = MAX_IMAGE_JOBS

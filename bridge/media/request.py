@@ -81,9 +81,9 @@ def no_projector(model: str) -> RequestInvalid:
 
 
 def no_audio(model: str) -> RequestInvalid:
-    return RequestInvalid([Problem(("body", "audio"), f"model {model!r} has no audio encoder, so it takes no audio; "
-                                   "Clef-omni does, with the projector GGUF of Qwen3-Omni (vision and audio in one "
-                                   "file) as its mmproj", "audio_not_supported")])
+    return RequestInvalid([Problem(("body", "audio"), f"model {model!r} takes no audio: it has no audio encoder "
+                                   "(Clef-omni's projector has one; Clef's and Clef-flash's do not); send the audio "
+                                   "to a Clef-omni model, or leave it out", "audio_not_supported")])
 
 
 # --- finding the images ------------------------------------------------------------------------

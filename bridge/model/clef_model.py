@@ -152,8 +152,8 @@ class ClefModel:
 
     @property
     def media(self) -> tuple[str, ...]:
-        """The media a request may carry besides text (/v1/models x_media)."""
-        return ("image",) * (self.projector is not None) + ("audio",) * self.takes_audio
+        """What it reads besides text, as /v1/models' x_media lists it."""
+        return (("image",) if self.projector is not None else ()) + (("audio",) if self.takes_audio else ())
 
     def close(self) -> None:
         if self.projector is not None:
@@ -168,7 +168,7 @@ class ClefModel:
         request = parse_request(body, self.limits)
         if images and self.projector is None:
             raise no_projector(self.name)
-        if audio and not self.takes_audio:
+        if len(audio) and not self.takes_audio:
             raise no_audio(self.name)
         factor = self.projector.geometry.factor if images else 1
         counts = [(p.shape[0] // factor) * (p.shape[1] // factor) for p in images]

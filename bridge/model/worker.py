@@ -16,8 +16,8 @@ from .clef_model import ClefModel, Decision, Prefilled, Prepared
 
 log = logging.getLogger("clef_bridge.worker")
 
-# Image requests wait with their decoded pixels (up to 4 x 48 MiB at the default limits): this many per
-# model bounds that memory; more get 429 before their images are decoded.
+# Media requests wait with their decoded pixels (up to 4 x 48 MiB at the default limits) and audio samples
+# (4 x 3.7 MiB): this many per model bounds that memory; more get 429 before their media are decoded.
 MAX_IMAGE_JOBS = 8
 
 
@@ -41,8 +41,8 @@ class Job:
     body: Any
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    images: tuple[Any, ...] = ()  # decoded pixels (bridge.assets.decode_all), in prompt order
-    audio: tuple[Any, ...] = ()  # decoded audio clips (float32 16 kHz mono samples), in prompt order
+    images: tuple[Any, ...] = ()  # decoded pixels (bridge.media.request.decode_all), in prompt order
+    audio: tuple[Any, ...] = ()  # decoded samples (bridge.media.audio.decode_audio_all), in prompt order
     enqueued: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set from the event loop when the client is gone or the deadline passed
     queue_s: float = 0.0
@@ -99,14 +99,14 @@ class InferenceWorker:
     def depth(self) -> int:
         return len(self._queue)
 
-    def check_image_room(self, has_images: bool) -> None:
-        """Refuse (429) a media request while max_image_jobs of them wait: their pixels and samples are held in
-        memory."""
-        if has_images and sum(1 for job in tuple(self._queue) if job.images or job.audio) >= self.max_image_jobs:
-            raise Overloaded(self.name, self.max_image_jobs, "requests with media")
+    def check_image_room(self, has_media: bool) -> None:
+        """Refuse (429) a request with images or audio while max_image_jobs of them wait: their pixels and samples
+        are held in memory."""
+        if has_media and sum(1 for job in tuple(self._queue) if job.images or job.audio) >= self.max_image_jobs:
+            raise Overloaded(self.name, self.max_image_jobs, "image or audio requests")
 
     def submit(self, body: Any, images: tuple[Any, ...] = (), audio: tuple[Any, ...] = ()) -> Job:
-        """Queue one request body and its decoded images and audio clips (call from the event loop)."""
+        """Queue one request body and its decoded images and audio (call from the event loop)."""
         loop = asyncio.get_running_loop()
         job = Job(body, loop.create_future(), loop, images, audio)
         with self._cv:
@@ -114,7 +114,7 @@ class InferenceWorker:
                 raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
             if len(self._queue) >= self.max_queue:
                 raise Overloaded(self.name, len(self._queue))
-            self.check_image_room(bool(images or audio))
+            self.check_image_room(bool(images) or bool(audio))
             self._queue.append(job)
             self._cv.notify()
         return job
