@@ -98,9 +98,10 @@ def _(result: OmniBench) -> str:
     for r in result.audio:
         lines.append(f"    {r['tower']}: {r['seconds_of_audio']:g} s -> {r['tokens']} tokens in {r['ms']:.0f} ms "
                      f"({r['cpu_s_per_audio_s']:.3f} s per second of audio)")
-    lines.append("  latency, one request, prefix cache off (best run):")
+    lines.append("  latency, one request, prefix cache off (best run and its stages; median):")
     for r in result.latency:
-        lines.append(f"    {r['request']}: {r['input_tokens']} tokens, {r['best_ms']:.0f} ms (backbone "
+        lines.append(f"    {r['request']}: {r['input_tokens']} tokens, {r['best_ms']:.0f} ms (median "
+                     f"{r['median_ms']:.0f}; backbone "
                      f"{r['backbone_ms']:.0f}, head {r['head_ms']:.0f}, vision {r['vision_ms']:.0f}, audio "
                      f"{r['audio_ms']:.0f})")
     lines += [f"  {n}" for n in result.notes]
