@@ -8,8 +8,6 @@ with Qwen3-Omni's processor assembled without torchvision (fixturegen_omni.refer
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -23,6 +21,7 @@ import numpy as np
 
 from . import fixturegen_omni
 from .fixturegen import FIXTURES, _lock, _log
+from .reference import load_pinned
 
 WHEEL = "ollajev==0.4.0"
 WHEEL_FILE = "ollajev-0.4.0-py3-none-any.whl"
@@ -48,16 +47,7 @@ def reference_file(root: Path = FIXTURES) -> Path:
 @cache
 def reference() -> Any:
     """The clef-omni joint_schema_model module; refuses a file whose sha256 drifted."""
-    path = reference_file()
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != REFERENCE_SHA256:
-        raise RuntimeError(f"{path}: sha256 {digest}, expected {REFERENCE_SHA256}; the oracle drifted")
-    name = "clef_omni_reference_joint_schema_model"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look the module up in sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_pinned(reference_file(), REFERENCE_SHA256, "clef_omni_reference_joint_schema_model")
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,14 @@ def reference() -> Any:
             raise ReferenceUnavailable(f"{package} is not installed", fix=INSTALL_HINT)
     spec = importlib.util.find_spec("clef_finetune")
     path = Path(spec.origin).parent / "_vendor" / "joint_schema_model.py"
+    return load_pinned(path, REFERENCE_SHA256, "clef_reference_joint_schema_model")
+
+
+def load_pinned(path: Path, sha256: str, name: str) -> Any:
+    """A reference file imported as module `name`, refused when its sha256 is not the pinned one."""
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != REFERENCE_SHA256:
-        raise RuntimeError(f"{path}: sha256 {digest}, expected {REFERENCE_SHA256}; the oracle drifted")
-    name = "clef_reference_joint_schema_model"
+    if digest != sha256:
+        raise RuntimeError(f"{path}: sha256 {digest}, expected {sha256}; the oracle drifted")
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # its dataclasses look the module up in sys.modules

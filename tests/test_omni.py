@@ -29,23 +29,12 @@ from clef_bridge.head.errors import RequestInvalid
 
 from . import fixturegen_omni, fixturegen_vision
 from .omni_cases import answer_probabilities, answer_problems, cases, max_dp, probabilities, tone
-from .omni_reference import Oracle
 
 torch = pytest.importorskip("torch")
 
 TOLERANCE = {"text": 2e-3, "image": 5e-3, "audio": 1e-2}
 CASES = cases()
 LOC = ("body", "images", 0)
-
-
-@pytest.fixture(scope="module")
-def ofx():
-    return fixturegen_omni.build()
-
-
-@pytest.fixture(scope="module")
-def oracle(ofx):
-    return Oracle(ofx)
 
 
 def open_omni(ofx, cache, **keys):
@@ -71,9 +60,9 @@ def ours(model, case):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_answers_equal_the_reference(omni, oracle, name):
+def test_answers_equal_the_reference(omni, omni_oracle, name):
     case = CASES[name]
-    ref = oracle.run(dict(case.body, images=[fixturegen_vision.data_url(p) for p in case.images],
+    ref = omni_oracle.run(dict(case.body, images=[fixturegen_vision.data_url(p) for p in case.images],
                           audio=list(case.audio)))
     prepared, item, decision = ours(omni, case)
     assert prepared.encoded.input_ids.tolist() == ref.input_ids  # so usage.input_tokens is equal too
@@ -87,24 +76,24 @@ def test_answers_equal_the_reference(omni, oracle, name):
     assert decision.response["model"] == ref.answer["model"]
 
 
-def test_hidden_states_of_each_medium(omni, oracle):
+def test_hidden_states_of_each_medium(omni, omni_oracle):
     """Tighter than the answers: the final-norm states themselves, relative to their largest value. Text and audio
     are the reference's arithmetic (measured 4.5e-7); images carry llama.cpp's vision tower (measured 4.0e-4)."""
     for name, bound in (("text", 1e-5), ("audio_1.7", 1e-5), ("image", 2e-3)):
         case = CASES[name]
-        ref = oracle.run(dict(case.body, images=[fixturegen_vision.data_url(p) for p in case.images],
+        ref = omni_oracle.run(dict(case.body, images=[fixturegen_vision.data_url(p) for p in case.images],
                               audio=list(case.audio)))
         _, item, _ = ours(omni, case)  # a text request may start from the prefix cache: its rows after `reused`
         assert np.abs(item.hidden - ref.hidden[item.reused:]).max() / np.abs(ref.hidden).max() < bound, name
 
 
-def test_the_bars_see_a_broken_medium(omni, oracle):
+def test_the_bars_see_a_broken_medium(omni, omni_oracle):
     """The hidden-state bars catch what a wrong deepstack count or misplaced audio rows do (the tiny random head's
     near-uniform probabilities alone would understate them)."""
     from clef_bridge.bridge.llama.vision import EncodedAudio, EncodedImage
 
     case = CASES["image_audio"]
-    ref = oracle.run(dict(case.body, images=[fixturegen_vision.data_url(p) for p in case.images],
+    ref = omni_oracle.run(dict(case.body, images=[fixturegen_vision.data_url(p) for p in case.images],
                           audio=list(case.audio)))
     pixels = [decode(p, sniff(p, LOC), LOC, omni.geometry) for p in case.images]
     prepared = omni.prepare(case.body, pixels, case.audio)
@@ -148,13 +137,13 @@ def test_a_model_without_audio_refuses_audio(ofx, tmp_path, tiny_model):
         model.close()
 
 
-def test_text_alone_needs_no_projector(ofx, oracle, tmp_path):
+def test_text_alone_needs_no_projector(ofx, omni_oracle, tmp_path):
     """Without a projector the thinker loads with no deepstack levels; text answers are the same."""
     model = open_omni(ofx, tmp_path, kv_type="f32")
     try:
         assert model.projector is None and model.media == () and model.backbone.deepstack == 0
         assert model.backbone.n_embd_inp == 64
-        ref = oracle.run(CASES["text"].body)
+        ref = omni_oracle.run(CASES["text"].body)
         prepared, item, _ = ours(model, CASES["text"])
         assert max_dp(probabilities(model, prepared, item.hidden), ref.probabilities) < 1e-5
     finally:
@@ -317,9 +306,9 @@ def test_the_audio_tower_is_the_references(ofx, thinker, lengths):
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5  # measured 3.9e-7
 
 
-def test_audio_token_counts_are_the_processors(oracle):
+def test_audio_token_counts_are_the_processors(omni_oracle):
     """The <|audio_pad|> runs the reference's processor writes, for clips alone and batched with a longer one."""
-    processor = oracle.processor
+    processor = omni_oracle.processor
     pad = processor.tokenizer.convert_tokens_to_ids("<|audio_pad|>")
     for lengths in ([201], [320], [481], [1599], [1600], [1601], [16000], [16159], [33333], [5000, 16001],
                     [16001, 5000, 4321]):

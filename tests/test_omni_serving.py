@@ -17,17 +17,15 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
 
-from . import fixturegen_omni, fixturegen_vision
+from . import fixturegen_vision
 from .omni_cases import answer_problems, cases, wav
-from .omni_reference import Oracle
-from .test_server_clients import _free_port
+from .test_server_clients import _free_port, _wait_ready
 
 pytest.importorskip("torch")
 
@@ -35,16 +33,6 @@ TOLERANCE = {"text": 2e-3, "image": 5e-3, "audio": 1e-2}
 CASES = cases()
 ROUTE = "/accounts/test-account/ai/run/@cf/cloudflare/clef-omni"
 HAS_AUDIO_REQUESTS = importlib.util.find_spec("clef_bridge.bridge.media.audio") is not None
-
-
-@pytest.fixture(scope="module")
-def ofx():
-    return fixturegen_omni.build()
-
-
-@pytest.fixture(scope="module")
-def oracle(ofx):
-    return Oracle(ofx)
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +48,10 @@ def server(ofx, tmp_path_factory):
     proc = subprocess.Popen([*command, "serve", "--models", str(toml), "--port", str(port)], stdout=log,
                             stderr=subprocess.STDOUT, env=dict(os.environ, CLEF_BRIDGE_CACHE=str(work / "cache")))
     try:
-        deadline = time.time() + 180
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited:\n{(work / 'serve.log').read_text()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if time.time() > deadline:
-                    raise AssertionError(f"server not ready:\n{(work / 'serve.log').read_text()}") from None
-                time.sleep(0.3)
+        try:
+            _wait_ready(port, proc, timeout=180)
+        except AssertionError:
+            raise AssertionError(f"server not ready:\n{(work / 'serve.log').read_text()}") from None
         yield f"http://127.0.0.1:{port}", work / "serve.log"
     finally:
         proc.terminate()
@@ -92,9 +72,9 @@ def data_url(data: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
-def check(oracle, case, result: dict) -> float:
+def check(omni_oracle, case, result: dict) -> float:
     """result (ours over HTTP) against the reference; returns the largest probability difference seen."""
-    ref = oracle.run(dict(case.body, images=[fixturegen_vision.data_url(p) for p in case.images],
+    ref = omni_oracle.run(dict(case.body, images=[fixturegen_vision.data_url(p) for p in case.images],
                           audio=list(case.audio)))
     assert result["usage"] == ref.answer["usage"]
     tol = TOLERANCE[case.medium]
@@ -109,24 +89,24 @@ def _probs(answer: dict) -> list[float]:
 
 
 @pytest.mark.parametrize("name", ["text", "text_long", "image", "image2"])
-def test_text_and_images_on_the_workers_ai_route(server, oracle, name):
+def test_text_and_images_on_the_workers_ai_route(server, omni_oracle, name):
     url, log = server
     case = CASES[name]
     body = {k: v for k, v in case.body.items() if k != "model"}
     body["images"] = [data_url(p, "image/png") for p in case.images]
     status, reply = post(url + ROUTE, body)
     assert status == 200 and reply["success"] is True, reply
-    dp = check(oracle, case, reply["result"])
+    dp = check(omni_oracle, case, reply["result"])
     print(f"{name} over HTTP (F16 KV): max |dp| of the rounded answers {dp:.1e}")
     assert reply["result"]["model"] == "clef-omni"
 
 
-def test_the_served_model_and_its_names(server, oracle):
+def test_the_served_model_and_its_names(server, omni_oracle):
     url, log = server
     status, reply = post(url + "/v1/systemone", dict(CASES["image"].body, model="omni",
                                                      images=[data_url(CASES["image"].images[0], "image/png")]))
     assert status == 200 and reply["model"] == "omni"
-    check(oracle, CASES["image"], reply)
+    check(omni_oracle, CASES["image"], reply)
     with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
         models = json.loads(r.read())["models"]
     assert [m["name"] for m in models] == ["omni"] and "clef-omni" in models[0]["x_aliases"]
@@ -137,7 +117,7 @@ def test_the_served_model_and_its_names(server, oracle):
 
 @pytest.mark.skipif(not HAS_AUDIO_REQUESTS, reason="needs the audio branch (bridge/media/audio.py: request audio)")
 @pytest.mark.parametrize("name", ["audio_0.5", "audio_1.7", "image_audio"])
-def test_audio_on_the_workers_ai_route(server, oracle, name):
+def test_audio_on_the_workers_ai_route(server, omni_oracle, name):
     url, _ = server
     case = CASES[name]
     body = {k: v for k, v in case.body.items() if k != "model"}
@@ -145,7 +125,7 @@ def test_audio_on_the_workers_ai_route(server, oracle, name):
     body["audio"] = [data_url(wav(clip), "audio/wav") for clip in case.audio]  # 16-bit: decodes to the clip exactly
     status, reply = post(url + ROUTE, body)
     assert status == 200 and reply["success"] is True, reply
-    print(f"{name} over HTTP (F16 KV): max |dp| of the rounded answers {check(oracle, case, reply['result']):.1e}")
+    print(f"{name} over HTTP (F16 KV): max |dp| of the rounded answers {check(omni_oracle, case, reply['result']):.1e}")
 
 
 def test_the_wav_helper_is_exact():

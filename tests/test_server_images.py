@@ -52,9 +52,9 @@ class RecordingModel(WrappedModel):
         super().__init__(model)
         self.prepared, self.batches, self.delay = 0, [], 0.0
 
-    def prepare(self, body, images=()):
+    def prepare(self, body, images=(), audio=()):
         self.prepared += 1
-        return self._model.prepare(body, images)
+        return self._model.prepare(body, images, audio)
 
     def prefill_batch(self, batch):
         time.sleep(self.delay)
@@ -334,7 +334,7 @@ def test_waiting_image_requests_are_bounded(served):
     try:
         reply = server.post({"model": "tiny", "state": "full", "questions": QUESTIONS, "images": [b64(PNG)]})
         assert reply.status == 429 and "retry-after" in reply.headers
-        assert "image requests waiting" in reply.json()["detail"]["message"]
+        assert "image or audio requests waiting" in reply.json()["detail"]["message"]
         assert server.post({"model": "tiny", "state": "text", "questions": QUESTIONS}).status == 200
     finally:
         worker.max_image_jobs = MAX_IMAGE_JOBS
