@@ -129,6 +129,9 @@ def open_backbone(spec: ModelSpec, report: CheckReport, path: Path, n_gpu_layers
     if deepstack:  # the converter writes 0 for Qwen3-Omni: the projector's count is the one the thinker uses
         log.info("loading %s with qwen3vlmoe.n_deepstack_layers = %d, the count of %s (the GGUF says %s)",
                  path.name, deepstack, mmproj.name, report.info.arch_key("n_deepstack_layers") if report.info else "?")
+    if options.prefix_cache and options.prefix_cache.max_mb > 0:
+        log.info("prefix cache on %s: qwen3vlmoe keeps KV cells only, so a checkpoint holds no state and a hit "
+                 "shares the cached cells", path.name)
     return OmniBackbone(path, options, host_rows, deepstack)
 
 

@@ -27,7 +27,7 @@ DEFAULT_NAMES = (LATEST, "jev-preview")  # the names that mean the registry's de
 CLOUDFLARE_NAMES = {4096: "clef-flash", 5120: "clef"}  # Workers AI's model names of the Qwen3.5 Clefs by width
 # Workers AI's name for Clef-omni, the Clef whose backbone is Qwen3-Omni's thinker (llama.cpp's qwen3vlmoe; hidden
 # 2048): its architecture names it, whatever its width (the tests' tiny random Clef-omni is 64 wide)
-OMNI_NAME, OMNI_ARCHITECTURE, OMNI_HIDDEN = "clef-omni", "qwen3vlmoe", 2048
+OMNI_NAME, OMNI_ARCHITECTURE = "clef-omni", "qwen3vlmoe"
 
 
 class RegistryError(ClefError):
