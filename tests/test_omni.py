@@ -234,6 +234,19 @@ def test_lm_head_skipped_or_not_gives_the_same_states(ofx):
         assert np.array_equal(a, b)
 
 
+def test_a_graph_without_the_final_norm_fails_loudly(ofx, monkeypatch):
+    """Should a llama.cpp build name the final norm otherwise, decodes fail; they never return stale rows."""
+    from clef_bridge.bridge.llama import omni as omni_module
+    from clef_bridge.bridge.llama.backbone import DecodeFailed
+
+    with OmniBackbone(ofx.gguf_f32, BackboneOptions(n_ctx=512, n_ubatch=64)) as bb:
+        ids = np.arange(100, 200, dtype=np.int32)
+        assert np.isfinite(bb.prefill(ids)).all()
+        monkeypatch.setattr(omni_module, "FINAL_NORM", b"no_such_node")
+        with pytest.raises(DecodeFailed, match="0 final-norm rows for 100 tokens"):
+            bb.prefill(ids)
+
+
 def test_the_prefix_cache_reuses_omni_prefixes(ofx, omni, tmp_path):
     """qwen3vlmoe keeps KV cells only: a checkpoint holds no state, a hit shares the cells; answers stay put."""
     model = open_omni(ofx, tmp_path, kv_type="f32", prefix_cache_every=64)

@@ -64,8 +64,9 @@ class OmniBackbone(Backbone):
         self.skip_lm_head = skip_lm_head
         self.chunk = min(options.n_ubatch, options.n_ctx)  # tokens per llama_decode: bounds the logits buffers
         self.lm_head_skips = 0  # graph splits stopped after result_norm, for the tests and benchmarks
-        self._rows: np.ndarray | None = None
-        self._at = 0
+        self._rows: np.ndarray | None = None  # where the callback copies the rows of the decodes in progress
+        self._at = self._expect = 0  # rows copied so far; tokens of the decode running
+        self._fault = ""
         self._ggml = _ggml_base()
         self._eval = lc.ggml_backend_sched_eval_callback(self._on_eval)  # kept alive as long as the context
         super().__init__(path, options, host_rows)
@@ -103,12 +104,13 @@ class OmniBackbone(Backbone):
         if self._rows is None or self._ggml.ggml_get_name(tensor) != FINAL_NORM:
             return True
         n = self._ggml.ggml_nbytes(tensor) // (4 * self.n_embd)  # float32 [n, n_embd]: every token is an output
-        dst = self._rows[self._at:self._at + n]
-        if len(dst) != n:  # more rows than decoded tokens: never write past the buffer
-            self._at = -1
+        if self._fault or n != self._expect:  # not one row per token of this decode: copy nothing more
+            self._fault = self._fault or f"{FINAL_NORM.decode()} held {n} rows for a decode of {self._expect} tokens"
             return True
+        dst = self._rows[self._at:self._at + n]
         self._ggml.ggml_backend_tensor_get(tensor, dst.ctypes.data, 0, dst.nbytes)
         self._at += n
+        self._expect = 0  # a second result_norm in one decode is a fault too
         if self.skip_lm_head:
             self.lm_head_skips += 1
             return False
@@ -117,19 +119,20 @@ class OmniBackbone(Backbone):
     def _collect(self, batches: Iterator[tuple[object, int, str]], total: int) -> np.ndarray:
         """Decode batches (llama_batch holders, their token counts, what they hold) and return the final-norm rows
         of their total tokens, float32 [total, n_embd]."""
-        self._rows, self._at = self._host_rows(total, self.n_embd), 0
+        self._rows, self._at, self._fault = self._host_rows(total, self.n_embd), 0, ""
         try:
             for holder, n, what in batches:
+                self._expect = n
                 status = lc.llama_decode(self._ctx, holder.struct)
                 if status != 0:
                     raise DecodeFailed(f"llama_decode failed with status {status} on {n} {what}")
             lc.llama_synchronize(self._ctx)
-            rows, got = self._rows, self._at
+            rows, got, fault = self._rows, self._at, self._fault
         finally:
             self._rows = None
-        if got != total:
-            raise DecodeFailed(f"llama.cpp handed over {got} final-norm rows for {total} tokens (is {FINAL_NORM!r} "
-                               "still the final norm's name in this llama.cpp?)")
+        if fault or got != total:
+            why = fault or f"is {FINAL_NORM.decode()!r} still the final norm's name in this llama.cpp?"
+            raise DecodeFailed(f"llama.cpp handed over {got} final-norm rows for {total} tokens ({why})")
         return rows
 
     def decode_chunks(self, chunks: list[tuple[int, int, np.ndarray]]) -> np.ndarray:
