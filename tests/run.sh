@@ -23,4 +23,7 @@ python -m pip install --quiet --no-deps clef-finetune==0.1.0
 # tests/test_playground.py drives Debian's Chromium through Playwright (the test extra's driver, never
 # `playwright install`); CI runs as root on Debian
 command -v chromium >/dev/null || { apt-get update && apt-get install -y --no-install-recommends chromium; }
+# Cloudflare's clef-omni reference (tests/omni_reference.py takes one file out of it; Requires-Python >= 3.12)
+[ -f .fixtures/wheels/ollajev-0.4.0-py3-none-any.whl ] || python -m pip download --quiet --no-deps \
+  --python-version 3.12 --only-binary=:all: ollajev==0.4.0 -d .fixtures/wheels
 exec python -m pytest "$@"

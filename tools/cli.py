@@ -56,12 +56,13 @@ def checked_model(models: Path, name: str) -> Iterator[Any]:
     from ..bridge.model.registry import load_registry, name_table, resolve
 
     registry = load_registry(models)
-    hidden = {}
+    hidden, architectures = {}, {}
     for n, spec in registry.models.items():
         if spec.gguf.is_file():
-            width = read_gguf(spec.gguf).arch_key("embedding_length")
-            hidden[n] = width if isinstance(width, int) else 0
-    spec = registry.models[resolve(name_table(registry, hidden), name)]
+            info = read_gguf(spec.gguf)
+            width = info.arch_key("embedding_length")
+            hidden[n], architectures[n] = (width if isinstance(width, int) else 0), info.architecture or ""
+    spec = registry.models[resolve(name_table(registry, hidden, architectures), name)]
     loaded = load_checked(spec, registry.server.limits)
     for warning in loaded.warnings:
         print(f"warning: {warning}", file=sys.stderr)

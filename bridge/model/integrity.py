@@ -24,6 +24,7 @@ from ..gguf.projector import (
     PROJECTOR_HOME,
     ProjectorError,
     compute_bytes,
+    max_image_tokens,
     pairing_problems,
     projector_for,
     projector_info,
@@ -45,7 +46,8 @@ from .provenance import (
     state_drift,
 )
 
-CLEF_ARCHITECTURES = ("qwen35", "qwen35moe", CLEF_ARCH)
+# Qwen3.5 (Clef-flash, Clef; llama.cpp's clef format embeds the head) and Qwen3-Omni's thinker (Clef-omni)
+CLEF_ARCHITECTURES = ("qwen35", "qwen35moe", "qwen3vlmoe", CLEF_ARCH)
 PROMPT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
 SPECIAL_TYPES = (3, 4)  # CONTROL, USER_DEFINED
 HEAD_HOME = ("get a llama.cpp `clef` GGUF, which embeds the head (ggml-org/Clef-Flash-GGUF, ggml-org/Clef-GGUF, "
@@ -91,6 +93,8 @@ class Facts:
     mmproj_width: int | None = None
     mmproj_weight_bytes: int | None = None
     mmproj_compute_bytes: int | None = None
+    mmproj_deepstack_layers: int | None = None  # Qwen3-Omni's vision feeds this many layers besides the input
+    mmproj_audio: str | None = None  # the audio encoder in the same projector (Qwen3-Omni's qwen3a)
     image_canary_drift: float | None = None
     verified_against: dict[str, Any] | None = None  # tools/verify.py's comparison with a release
 
@@ -171,7 +175,7 @@ def check_gguf(path: Path, report: CheckReport) -> GGUFInfo | None:
     if info.architecture not in CLEF_ARCHITECTURES:
         report.add("error", "gguf.architecture", f"architecture {info.architecture!r} is not a Clef backbone "
                    f"(Clef uses {' or '.join(CLEF_ARCHITECTURES)})",
-                   "use a GGUF converted from Cloudflare/clef-flash or Cloudflare/clef")
+                   "use a GGUF converted from Cloudflare/clef-flash, Cloudflare/clef or Cloudflare/clef-omni")
         return info
     n_embd = info.arch_key("embedding_length")
     pattern = layer_pattern(info)
@@ -201,7 +205,7 @@ def check_gguf(path: Path, report: CheckReport) -> GGUFInfo | None:
     plain = [t for t, i in ids.items() if isinstance(types, np.ndarray) and types[i] not in SPECIAL_TYPES]
     if missing or plain:
         report.add("error", "gguf.special_tokens", f"the tokenizer lacks the prompt's special tokens {missing}"
-                   + (f" (plain tokens: {plain})" if plain else ""), "use a Qwen3.5 GGUF of the Clef release")
+                   + (f" (plain tokens: {plain})" if plain else ""), "use the GGUF of a Clef release's backbone")
     if output is not None and len(output.shape) == 2:
         if isinstance(n_embd, int) and output.shape[0] != n_embd:
             report.add("error", "gguf.output_embedding", f"{output.name} rows have {output.shape[0]} values but "
@@ -319,7 +323,8 @@ def check_pair(gguf: Path, head: Path | None) -> CheckReport:
     if isinstance(n_embd, int) and cfg.hidden_size != n_embd:
         report.add("error", "pair.hidden_size", f"the head expects hidden_size {cfg.hidden_size} but the GGUF's "
                    f"embedding length is {n_embd}: this head belongs to another model",
-                   "Clef-flash (9B) uses hidden 4096, Clef (27B) hidden 5120: pair each GGUF with its own head")
+                   "Clef-flash (9B) uses hidden 4096, Clef (27B) hidden 5120, Clef-omni (30B-A3B) hidden 2048: pair "
+                   "each GGUF with its own head")
     return report
 
 
@@ -464,11 +469,14 @@ def check_projector(report: CheckReport, gguf: Path, configured: Path | None) ->
         return
     facts = report.facts
     facts.mmproj_type, facts.mmproj_width = info.projector_type, info.n_embd
-    facts.mmproj_weight_bytes, facts.mmproj_compute_bytes = info.weight_bytes, compute_bytes(info)
+    facts.mmproj_weight_bytes = info.weight_bytes
+    facts.mmproj_compute_bytes = compute_bytes(info, max_image_tokens(facts.architecture))
+    facts.mmproj_deepstack_layers, facts.mmproj_audio = info.deepstack_layers, info.audio_type or None
     n_embd = facts.embedding_length
-    for problem in pairing_problems(info, n_embd) if isinstance(n_embd, int) else []:
+    for problem in pairing_problems(info, n_embd, facts.architecture or "") if isinstance(n_embd, int) else []:
         report.add("error", "mmproj.pairing", f"{path.name} does not fit this backbone: {problem}",
-                   "use the mmproj GGUF converted from the same Qwen3.5 model as the backbone")
+                   "use the mmproj GGUF converted from the same model as the backbone (Qwen3.5 for Clef and "
+                   "Clef-flash, Qwen3-Omni for Clef-omni)")
 
 
 def check_image_canary(report: CheckReport, record: dict, current: dict | None) -> None:

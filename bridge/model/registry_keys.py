@@ -138,6 +138,7 @@ MODEL_KEYS: dict[str, Key] = {
     "n_ubatch": Key("backbone", "n_ubatch", int, _positive),
     "n_seq_max": Key("backbone", "n_seq_max", int, _positive),
     "n_threads": Key("backbone", "n_threads", int, _non_negative),
+    "kv_type": Key("backbone", "kv_type", str, _one_of("f16", "f32")),
     "max_length": Key("encode", "max_length", int, _positive),
     "truncate_state": Key("encode", "truncate_state", bool),
     "parse_special_in_user_text": Key("encode", "parse_special_in_user_text", bool),

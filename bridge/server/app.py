@@ -323,7 +323,8 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         worker.start()
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
                                    _release_date(spec), item.report.facts, item.report.head)
-    app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()}))
+    app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()},
+                                 {n: s.facts.architecture or "" for n, s in app[SERVED].items()}))
     caches = {name: item.model.backbone.prefix_cache for name, item in loaded.items()
               if item.model.backbone.prefix_cache is not None}
     metrics.registry.register(PrefixCacheCollector(lambda: {name: c.stats() for name, c in caches.items()}))
