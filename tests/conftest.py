@@ -10,7 +10,6 @@ from clef_bridge.bridge.model.registry import ModelSpec, model_spec
 
 from . import fixturegen
 
-
 LEVELS = ("unit", "integration", "slow")
 
 

@@ -22,6 +22,8 @@ from .reference import assert_same_answers
 from .serverkit import RunningServer
 from .test_end_to_end import F32_TOLERANCE, REQUESTS, oracle, reference_probabilities  # noqa: F401 - fixture
 
+pytestmark = pytest.mark.slow
+
 ROUNDING = 5e-5  # answers carry 4 decimals
 
 

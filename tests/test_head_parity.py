@@ -12,6 +12,8 @@ from clef_bridge.head.weights import load_state_dict, save_state_dict, unflatten
 from .randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
 from .reference import reference_logits, torch_head
 
+pytestmark = pytest.mark.slow
+
 LOGIT_TOLERANCE = 1e-3
 PROB_TOLERANCE = 1e-4
 TINY = HeadConfig(hidden_size=64, width=32, routing_layers=1, layers=1, heads=2, feedforward=64)

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.model.integrity import ModelRefused
 from clef_bridge.bridge.model.loading import load_checked
-from clef_bridge.bridge.model.registry import model_spec
 from clef_bridge.bridge.model.provenance import (
     MAX_CANARY_DIFF,
     MAX_STATE_DRIFT,
@@ -24,6 +23,7 @@ from clef_bridge.bridge.model.provenance import (
     sha256_file,
     state_drift,
 )
+from clef_bridge.bridge.model.registry import model_spec
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.weights import load_state_dict, save_state_dict
 from clef_bridge.tools.cli import main
@@ -31,6 +31,8 @@ from clef_bridge.tools.cli import main
 from .conftest import open_spec, tiny_spec
 from .randomhead import random_state_dict
 from .serverkit import RunningServer, registry_for
+
+pytestmark = pytest.mark.integration
 
 
 def run_check(capsys, *args) -> tuple[int, dict]:

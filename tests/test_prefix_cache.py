@@ -14,6 +14,8 @@ import pytest
 from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions, DecodeFailed
 from clef_bridge.bridge.llama.prefix_cache import PrefillRequest, PrefixCacheOptions
 
+pytestmark = pytest.mark.integration
+
 TOL = 1e-4
 EVERY, MARGIN = 64, 4
 PREFIX = np.random.default_rng(7).integers(1000, 100000, size=30).astype(np.int32)

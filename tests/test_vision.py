@@ -32,6 +32,8 @@ from .conftest import open_spec, tiny_spec
 from .fixturegen_vision import data_url, encoded, picture
 from .reference import assert_same_answers
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 
 # Probabilities: measured worst over the cases below 1.9e-5 (f32 GGUFs, the f16 mmproj: see its test);
