@@ -309,4 +309,4 @@ def test_the_agent_loop_benchmark_runs_on_the_tiny_model(fx, capsys):
     assert (result.cache["hits"], result.cache["misses"]) == (5, 1)  # every request after the first hits
     assert result.speedup > 0 and result.split_ms["head"] > 0
     assert [r["reused"] > 0 for r in result.same_state] == [False, True]
-    assert "uncached / cached" in text(result) and result.to_dict()["plain_over_cached"] == result.speedup
+    assert "uncached / cached" in text(result) and "plain_over_cached" in result.to_dict()
