@@ -138,7 +138,7 @@ def serve_step(gguf: Path, head: Path, head_device: str, tokens: int, requests: 
     free = read_gpu()
     head_bytes = head_gpu_bytes(load_config(config_path_for(head)), head_device, spec.head_dtype)
     with PeakMemory() as memory, served(registry) as url:
-        runs = [bench_run(url, [level], count, None, None, None, None, NAME, body=body).result["runs"][0]
+        runs = [bench_run(url, [level], count, None, None, NAME, body=body).result["runs"][0]
                 for level, count in zip(LEVELS, requests)]
     out: dict[str, Any] = {"tokens": n_tokens, "head_device": head_device, "levels": {}}
     for run in runs:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 def test_bench_measures_the_floor_on_the_same_tokens(fx, tmp_path, tiny_model):
     with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml")) as srv:
-        outcome = bench.run(srv.url, [1, 2], 4, None, gguf=fx.gguf_f32, hf_dir=None, head=None, model="tiny")
+        outcome = bench.run(srv.url, [1, 2], 4, None, gguf=fx.gguf_f32, model="tiny")
     result = outcome.to_dict()
     assert outcome.ok
     assert [r["errors"] for r in result["runs"]] == [0, 0]

@@ -32,7 +32,8 @@ from clef_bridge.bridge.scale.ray_plan import plan_replicas
 from .serverkit import metric_sum
 from .test_server_clients import _free_port
 
-pytestmark = pytest.mark.slow
+# Ray's own deadlines inside these tests reach 240 s after a cluster start: more than the suite's 300 s
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 NO_RAY = "Ray Serve is not installed: pip install 'clef-bridge[ray]' (tests/run.sh does)"
 try:
     import ray
