@@ -111,7 +111,7 @@ def test_the_bucket_key_wins_over_the_type_key_at_each_size(n, bucket):
 
 def test_answers_carry_the_tempered_probabilities():
     """What is served (rounded to 4 decimals) is softmax(z / T), not z / T^2 or z * T."""
-    request = request_with({"noul": [2], "choice": [3, 6], "score": [4, 11 - 1]})
+    request = request_with({"noul": [2], "choice": [3, 6], "score": [4, 10]})
     logits, offsets, parsed = logits_for(request, seed=3)
     temps = {"noul": 0.5, "choice.3_5": 0.3, "choice": 2.0, "score": 0.45, "score.6_10": 4.0}
     served = answers(parsed, logits, offsets, AnswerOptions(temperature=temps))

@@ -297,9 +297,8 @@ def test_one_batch_decodes_a_shared_new_prefix_once(cached, plain):
 
 
 def test_the_agent_loop_benchmark_runs_on_the_tiny_model(fx, capsys):
-    from clef_bridge.tools.render import text
-
     from benchmarks.agent_loop import AgentLoopConfig, agent_loop
+    from benchmarks.render import text  # the package's renderer, with the benchmarks' results registered
 
     cfg = AgentLoopConfig(turns=3, message_tokens=60, questions=2, state_tokens=120, baseline_turns=1,
                           baseline_questions=1, n_ctx=2048)
