@@ -169,7 +169,7 @@ def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem]) -> Qu
         return None
     qtype = raw.get("type")
     if not isinstance(qtype, str) or qtype not in QUESTION_TYPES:  # {} or [] would not even hash
-        problems.append(Problem(loc + ("type",), f"type must be one of noul, choice, score; got {qtype!r}",
+        problems.append(Problem(loc + ("type",), f"type must be one of {', '.join(QUESTION_TYPES)}; got {qtype!r}",
                                 "value_error"))
         return None
     instructions = raw.get("instructions")

@@ -174,8 +174,8 @@ def test_float16_refuses_what_it_cannot_hold():
     with pytest.raises(HeadWeightsError) as raised:
         store_matrices(flat, "float16", "joint_head.safetensors")
     assert {p.split(":")[0] for p in raised.value.problems} == {"memory_projection.weight", "layers.0.linear1.weight"}
-    assert "head_dtype = \"float32\"" in str(raised.value)
-    with pytest.raises(HeadConfigError, match="float32, float16"):
+    assert "head_dtype = \"f32\"" in str(raised.value)
+    with pytest.raises(HeadConfigError, match="f32, f16"):
         store_matrices(flat, "bfloat16")
 
 

@@ -173,7 +173,7 @@ def test_a_fault_leaves_no_poisoned_checkpoint(fx, plain, tmp_path):
 def test_memory_stays_within_the_budget(fx):
     """400 requests of 100 growing conversations through a 0.5 MB cache: bytes never above the budget, and
     the process's memory flat after warm-up (the cache's own bytes plus a bounded overhead). A 2,000-request
-    run of the same loop (2 MB budget) grew 11 MiB of RSS in all; see README "Agent loops"."""
+    run of the same loop (2 MB budget) grew 11 MiB of RSS in all; see docs/prefix-cache.md."""
     cached = cached_model(fx, prefix_cache_mb=0.5, prefix_cache_every=16)
     rng = random.Random(6)
     conversations = [conversation(rng, 4) for _ in range(100)]

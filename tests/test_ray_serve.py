@@ -3,8 +3,8 @@
 Ray is slow to start, so one Ray serves the module and the tests are few: the one command; jevcompat
 and 200 mixed requests through the proxy over 2 replicas, counted by the replicas' own metrics; a
 replica killed under load; autoscaling from 1 to 2. They need the `ray` extra, which tests/run.sh
-installs (README, "Scaling out with Ray Serve"): they skip without it on a developer's machine and
-fail without it in CI (CI=true).
+installs (docs/ray.md): they skip without it on a developer's machine and fail without it in CI
+(CI=true).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def check_body(i: int, outcome: Outcome) -> None:
 
 def demo(keys: Path, ray_spec: RaySpec):
     registry = demo_registry(keys.parent / "models.toml")
-    spec = with_keys(registry.models["demo"], question_ids="blind")  # jevcompat's MUSTs (README, "Conformance")
+    spec = with_keys(registry.models["demo"], question_ids="blind")  # jevcompat's MUSTs (docs/api.md, "Conformance")
     materialize(spec)
     server = replace(registry.server, api_keys_file=keys)
     return replace(registry, models={"demo": spec}, server=server, ray=ray_spec)

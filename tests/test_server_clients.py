@@ -79,7 +79,7 @@ def test_jevcompat_blind_ids_pass_every_must(fx, tmp_path):
     summary = report["summary"]
     assert summary["MUST"]["passed"] == 32 and summary["MUST"]["failed"] == 0, _by_status(report, "MUST", "fail")
     assert summary["conformant"] is True
-    # The SHOULDs this backend fails by design (README, "Conformance"): the reference confidence.
+    # The SHOULDs this backend fails by design (docs/api.md, "Conformance"): the reference confidence.
     assert _by_status(report, "SHOULD", "fail") <= {"confidence.formula", "semantics.batching",
                                                      "semantics.question-order"}
 

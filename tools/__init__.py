@@ -1,1 +1,2 @@
-"""User-facing commands beyond serving: decide, bench-head, and the tools built on them."""
+"""The `clef-bridge` command and the tools beyond serving: check, pair, fit, pull, split, join, decide,
+eval, calibrate, drift, bench."""

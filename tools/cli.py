@@ -145,7 +145,7 @@ def _eval(args: argparse.Namespace) -> int:
         outcomes = run_http(args.url, examples, args.concurrency, args.api_key)
     else:
         with checked_model(args.models, args.model) as model:
-            outcomes = run_local(model.decide, examples)
+            outcomes = run_local(model.respond, examples)
     report = build_report(outcomes)
     if args.out:
         for note in write_report(report, args.out):

@@ -105,7 +105,7 @@ def run_http(url: str, examples: list[Example], concurrency: int = 4, api_key: s
         progress.close()
 
 
-def run_local(decide: Callable[[dict], dict], examples: list[Example]) -> list[Outcome]:
+def run_local(respond: Callable[[dict], dict], examples: list[Example]) -> list[Outcome]:
     from ..head.errors import ClefError
 
     progress = Progress("eval", len(examples), unit="requests")
@@ -113,7 +113,7 @@ def run_local(decide: Callable[[dict], dict], examples: list[Example]) -> list[O
     for example in examples:
         outcome = Outcome(example)
         try:
-            outcome.response = decide(example.request)
+            outcome.response = respond(example.request)
         except ClefError as exc:
             outcome.error = f"{exc.error_type}: {exc}"
         outcomes.append(outcome)

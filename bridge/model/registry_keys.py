@@ -96,8 +96,8 @@ def _temperature(value: Any) -> dict[str, float]:
         value = dict.fromkeys(QUESTION_TYPES, value)
     unknown = sorted(set(value) - set(TEMPERATURE_KEYS))
     if unknown:
-        raise _Bad(f"unknown question type(s) {unknown}; use noul, choice, score (or TYPE.BUCKET with a bucket of "
-                   f"{', '.join(b for b, _ in BUCKETS)} options, as llama.cpp's clef GGUFs do)")
+        raise _Bad(f"unknown question type(s) {unknown}; use {', '.join(QUESTION_TYPES)} (or TYPE.BUCKET with a "
+                   f"bucket of {', '.join(b for b, _ in BUCKETS)} options, as llama.cpp's clef GGUFs do)")
     out = {}
     for key, t in value.items():
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 100:
