@@ -76,7 +76,7 @@ MUTANTS = (
            "def layer_norm(x, weight, bias, eps=1e-3):", HEAD),
     Mutant("schema: choices in reverse code-point order", "head/schema.py",
            'return sorted(keys) if qtype == "choice"', 'return sorted(keys, reverse=True) if qtype == "choice"',
-           ("tests/test_pipeline.py", "tests/test_tokenizer.py")),
+           ("tests/test_answer_math.py", "tests/test_pipeline.py")),
     # the prefix cache (bridge/llama/)
     Mutant("prefix: a follower joins 8 tokens past the divergence", "bridge/llama/prefix_cache.py",
            "c <= common and c < len(p.tokens)", "c <= common + 8 and c < len(p.tokens)", PREFIX),

@@ -146,6 +146,15 @@ def test_choice_answer_in_request_order_with_reference_and_jev_confidence():
     assert answer(q, np.array([0.2, 0.4, 0.4]), "reference")["choice"] == "zeta"
 
 
+def test_choice_options_are_prompted_in_code_point_order_and_answered_in_the_requests():
+    """The reference sorts a choice's criteria by code point (digits, capitals, small letters, then the rest),
+    whatever the request's order; the answer lists them as the request did."""
+    keys = ["b", "é", "B", "a", "10", "Z", "9"]
+    q = question({"type": "choice", "criteria": dict.fromkeys(keys)})
+    assert [k for k, _ in q.options] == ["10", "9", "B", "Z", "a", "b", "é"]
+    assert list(answer(q, np.full(7, 1 / 7), "reference")["probabilities"]) == keys
+
+
 def test_score_answer_expected_level_and_confidences():
     q = question({"type": "score", "criteria": ["bad", "fair", "good", "great"]})
     p = np.array([0.05, 0.15, 0.6, 0.2])

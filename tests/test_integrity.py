@@ -299,6 +299,7 @@ def test_fingerprint_and_canary_tolerances(fx):
 
 @pytest.mark.parametrize("case, code", [("headless", "pair.headless"), ("hidden-size", "pair.hidden_size"),
                                         ("nan-head", "head.nonfinite"), ("pin", "pin.gguf_sha256"),
+                                        ("pin-last-digit", "pin.gguf_sha256"),
                                         ("swapped-backbone", "pair.backbone_mismatch")])
 def test_the_server_refuses_to_start(fx, tmp_path, pairing, case, code):
     spec = tiny_spec(fx)
@@ -321,6 +322,9 @@ def test_the_server_refuses_to_start(fx, tmp_path, pairing, case, code):
         spec = tiny_spec(fx, head=tmp_path / "joint_head.safetensors")
     elif case == "pin":
         spec = tiny_spec(fx, gguf_sha256="f" * 64)
+    elif case == "pin-last-digit":  # all 64 digits count, not a prefix
+        real = sha256_file(fx.gguf_f32)
+        spec = tiny_spec(fx, gguf_sha256=real[:-1] + ("0" if real[-1] != "0" else "1"))
     else:
         spec = tiny_spec(fx, gguf=fx.gguf_other, pair=pairing)
     with pytest.raises(ModelRefused) as info:
