@@ -117,7 +117,7 @@ NEAR_MISS = Scenario(  # an edit 3 tokens before the checkpoint at 64, both prom
 ACROSS = Scenario(100, ((Edit("replace", 64, 1),), (Edit("insert", 70, 3),)), ((0,), (1, 2, 0)), 2)
 
 
-@settings(max_examples=16, deadline=None, derandomize=True, database=None,
+@settings(max_examples=30, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @example(NEAR_MISS)
 @example(ACROSS)
