@@ -16,6 +16,8 @@ from .fakehub import Hub, RunningHub
 from .fixturegen import build_head
 from .fixturegen_moe import MoeDims, write_qwen3vlmoe_gguf
 
+pytestmark = pytest.mark.integration
+
 RELEASE = "Cloudflare/clef-omni"
 GGUF_REPO = "community/clef-omni-GGUF"
 GGUF_FILE = "clef-omni-Q4_K_M.gguf"
