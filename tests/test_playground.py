@@ -141,12 +141,12 @@ def _served(name: str, models_toml) -> Iterator[ClefServer]:
             srv.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server(artifacts: Path) -> Iterator[ClefServer]:
     yield from _served("server", three_model_registry)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def auth_server(artifacts: Path) -> Iterator[ClefServer]:
     def registry(folder: Path) -> str:
         (folder / "keys.txt").write_text(f"# test key\n{API_KEY}\n")
@@ -154,8 +154,8 @@ def auth_server(artifacts: Path) -> Iterator[ClefServer]:
     yield from _served("auth_server", registry)
 
 
-@pytest.fixture(scope="session")
-def browser(artifacts: Path):
+@pytest.fixture(scope="module")  # not the session: Playwright's sync API keeps an event loop running in this
+def browser(artifacts: Path):      # thread until it stops, and later tests' asyncio.run() would refuse to start
     if playwright_sync is None:
         pytest.fail("playwright is not installed: pip install -e '.[test]' (tests/run.sh does; never `playwright "
                     "install`: the tests drive Debian's Chromium)")
