@@ -154,8 +154,10 @@ def auth_server(artifacts: Path) -> Iterator[ClefServer]:
     yield from _served("auth_server", registry)
 
 
-@pytest.fixture(scope="module")  # not the session: Playwright's sync API keeps an event loop running in this
-def browser(artifacts: Path):      # thread until it stops, and later tests' asyncio.run() would refuse to start
+# the module, not the session: Playwright's sync API keeps an event loop running in this thread until it
+# stops, and every later test's asyncio.run() would refuse to start
+@pytest.fixture(scope="module")
+def browser(artifacts: Path):
     if playwright_sync is None:
         pytest.fail("playwright is not installed: pip install -e '.[test]' (tests/run.sh does; never `playwright "
                     "install`: the tests drive Debian's Chromium)")
