@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from clef_bridge.bridge.model.demo import DEMO_DESCRIPTION, make_demo
+from clef_bridge.bridge.model.demo import DEMO_DESCRIPTION, DEMO_VERSION, make_demo
 from clef_bridge.tools.cli import main
 
 from .test_server_clients import _free_port, _wait_ready
@@ -57,7 +57,7 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path):
                                          "application/json"}, data=body.replace(b"jev-latest", name.encode()))
             with urllib.request.urlopen(req, timeout=60) as r:
                 assert json.load(r)["model"] == name
-        assert (tmp_path / "cache" / "demo-v1" / "demo.gguf").is_file()
+        assert (tmp_path / "cache" / f"demo-v{DEMO_VERSION}" / "demo.gguf").is_file()
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)

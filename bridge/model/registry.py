@@ -56,7 +56,7 @@ class ModelSpec:
     gguf_sha256: str = ""  # optional pins, checked at load
     head_sha256: str = ""
     pair: Path | None = None  # pairing record; default <gguf stem>.pair.json beside the GGUF when present
-    builtin: str = ""  # "demo": the embedded demo model, built into the cache on first use
+    builtin: str = ""  # "demo" or "demo-omni": an embedded demo model, built into the cache on first use
     mmproj: Path | None = None  # vision projector GGUF; None: mmproj*.gguf beside the GGUF, if there is one
 
 
@@ -156,9 +156,13 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     if "builtin" in raw:
         if "gguf" in raw or "head" in raw:
             problems.append(f"{where}: a builtin model takes no gguf or head")
-        from .demo import demo_entry
+        from .demo import BUILTINS, OMNI_DEMO, demo_entry, omni_served
 
-        raw = {**demo_entry(), **{k: v for k, v in raw.items() if k not in ("gguf", "head")}}
+        if raw["builtin"] == OMNI_DEMO and not omni_served():
+            problems.append(f"{where}.builtin: \"{OMNI_DEMO}\" needs a clef-bridge that serves Clef-omni's qwen3vlmoe "
+                            "backbone, and this one does not; use builtin = \"demo\"")
+        entry = demo_entry(raw["builtin"]) if raw["builtin"] in BUILTINS else {}
+        raw = {**entry, **{k: v for k, v in raw.items() if k not in ("gguf", "head")}}
     elif "gguf" not in raw:
         problems.append(f"{where}.gguf: missing: the backbone GGUF file (a path relative to models.toml) is "
                         "required; `clef-bridge pull` writes complete entries")
@@ -232,8 +236,12 @@ def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
 
 
 def demo_registry(path: Path) -> Registry:
-    """What `serve` uses when there is no models.toml: the built-in demo alone."""
-    return parse_registry({"default": "demo", "models": {"demo": {"builtin": "demo"}}}, path)
+    """What `serve` uses when there is no models.toml: the built-in demo (text and images), and the Clef-omni demo
+    (text, images, audio) where this clef-bridge serves its qwen3vlmoe backbone."""
+    from .demo import BUILTINS, DEMO, OMNI_DEMO, omni_served
+
+    names = [n for n in BUILTINS if n != OMNI_DEMO or omni_served()]
+    return parse_registry({"default": DEMO, "models": {n: {"builtin": n} for n in names}}, path)
 
 
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:

@@ -348,7 +348,7 @@ def banner(app: web.Application, url: str) -> list[str]:
                   f"    gguf  {spec.gguf} ({facts.architecture}, hidden {facts.embedding_length}, "
                   f"{facts.block_count} layers)",
                   f"    head  {head}"]
-        if spec.builtin == "demo":
+        if spec.builtin:
             lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
                          "`clef-bridge pull clef-flash` and a models.toml")
         lines += [f"    warning: {w}" for w in served.warnings]
