@@ -229,6 +229,33 @@ def test_the_audio_tower_encodes_a_clip_from_the_demo_projector(omni):
         assert rows.shape == (tokens, OMNI_DIMS.hidden) and np.isfinite(rows).all()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("tests.fixturegen_omni") is None,
+                    reason="the converter's Qwen3-Omni fixture (tests/fixturegen_omni.py) comes with the omni branch")
+def test_the_omni_projector_is_laid_out_as_the_converter_writes_qwen3_omnis(tmp_path):
+    """Written at the dimensions of the tiny Qwen3-Omni that llama.cpp's own converter turned into a projector, the
+    random one has its keys, key types and values, and its tensors' names, types (F16 convolutions), shapes and
+    order; the audio positions are the same sinusoids (to float32 sin/cos rounding at positions up to 1,500)."""
+    from . import fixturegen_omni
+    from .test_demo_media import layout
+
+    converted = fixturegen_omni.build().mmproj_f32
+    meta = {k: f.contents() for k, f in GGUFReader(converted).fields.items()}
+    tensors = {t.name: np.asarray(t.data) for t in GGUFReader(converted).tensors}
+    v, a = "clip.vision.", "clip.audio."
+    vision = VisionDims(width=meta[v + "embedding_length"], ff=meta[v + "feed_forward_length"],
+                        blocks=meta[v + "block_count"], heads=meta[v + "attention.head_count"],
+                        patch=meta[v + "patch_size"], merge=meta[v + "spatial_merge_size"],
+                        image_size=meta[v + "image_size"], deepstack=tuple(meta[v + "is_deepstack_layers"]))
+    audio = AudioDims(width=meta[a + "embedding_length"], ff=meta[a + "feed_forward_length"],
+                      blocks=meta[a + "block_count"], heads=meta[a + "attention.head_count"],
+                      mel_bins=meta[a + "num_mel_bins"], conv=tensors["a.conv2d.1.weight"].shape[0],
+                      positions=tensors["a.position_embd.weight"].shape[0])
+    ours = write_projector(tmp_path / "mmproj.gguf", meta[v + "projection_dim"], 0, vision, audio)
+    assert layout(ours) == layout(converted)
+    positions = {t.name: np.asarray(t.data) for t in GGUFReader(ours).tensors}["a.position_embd.weight"]
+    np.testing.assert_allclose(positions, tensors["a.position_embd.weight"], rtol=0, atol=1e-4)
+
+
 def test_the_converters_layout_at_other_widths(tmp_path):
     """Every tensor of the combined projector follows the dimensions it is written with (no size is fixed)."""
     path = write_projector(tmp_path / "p.gguf", 96, 0, VisionDims(width=48, ff=80, blocks=2, heads=3,
@@ -251,3 +278,47 @@ def test_the_demo_registry_holds_the_omni_demo_where_qwen3vlmoe_is_served(tmp_pa
     else:
         with pytest.raises(RegistryError, match="needs a clef-bridge that serves Clef-omni's qwen3vlmoe"):
             parse_registry(raw, tmp_path / "models.toml")
+
+
+def _wav(seconds: float) -> bytes:
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        n = int(seconds * 16000)
+        w.writeframes((8000 * np.sin(2 * np.pi * 440 * np.arange(n) / 16000)).astype("<i2").tobytes())
+    return out.getvalue()
+
+
+@SERVED
+def test_serve_without_models_toml_answers_clef_omni_with_images_and_audio(tmp_path, monkeypatch):
+    """The demo registry's Clef-omni demo answers to `clef-omni` on the Workers AI route, its usage counting each
+    image's and each clip's tokens (with Qwen3-Omni's markup: start, end and a "\\n" each)."""
+    import base64
+
+    from clef_bridge.bridge.media.audio_tower import audio_tokens
+    from clef_bridge.bridge.media.images import ImageGeometry
+
+    from .fixturegen_vision import encoded, picture
+    from .serverkit import RunningServer
+
+    monkeypatch.setenv("CLEF_BRIDGE_CACHE", str(tmp_path / "cache"))
+    seconds = 1.7
+    png, wav = encoded(picture(320, 256), "PNG"), _wav(seconds)
+    body = {"state": "A voicemail and a photo", "questions": {"urgent": {"type": "noul", "instructions": "Urgent?"}}}
+    with RunningServer(demo_registry(tmp_path / "models.toml")) as server:
+        [model] = [m for m in server.request("GET", "/v1/models").json()["models"] if m["name"] == OMNI_DEMO]
+        assert model["x_media"] == ["image", "audio"] and "clef-omni" in model["x_aliases"]
+        route = "/accounts/local/ai/run/@cf/cloudflare/clef-omni"
+        text = server.request("POST", route, body)
+        media = {"images": ["data:image/png;base64," + base64.b64encode(png).decode()],
+                 "audio": ["data:audio/wav;base64," + base64.b64encode(wav).decode()]}
+        both = server.request("POST", route, {**body, **media})
+    assert text.status == 200 and both.status == 200, both.body[:400]
+    assert both.json()["result"]["model"] == "clef-omni"
+    image = ImageGeometry(32, 64 * 32 * 32, 1024 * 32 * 32).tokens(320, 256)  # Qwen3-Omni's image sizes
+    [clip] = audio_tokens([int(seconds * 16000)])
+    assert both.json()["result"]["usage"]["input_tokens"] == \
+        text.json()["result"]["usage"]["input_tokens"] + image + 3 + clip + 3
