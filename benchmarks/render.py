@@ -8,6 +8,7 @@ from clef_bridge.tools.render import text
 
 from .agent_loop import AgentLoopResult
 from .bench_head import LOGIT_TOLERANCE, HeadBench
+from .demo_start import DemoStart
 from .gpu_check import GpuCheck
 from .gpu_models import GpuModels
 from .soak import SoakVerdict
@@ -76,3 +77,14 @@ def _(result: GpuModels) -> str:
     files = ", ".join(f"{k} {p.name}" for k, p in result.ggufs.items())
     return (f"gpu-check models ({result.shape.name}) in {result.folder}: {files}, {result.head.name}; "
             f"{result.bytes / 1e9:.2f} GB" + (f", written in {result.seconds:.1f} s" if result.seconds else ""))
+
+
+@text.register
+def _(result: DemoStart) -> str:
+    lines = [f"built-in demos{' (Clef-omni included)' if result.omni else ''}: written in {result.write_s:.3f} s "
+             f"({result.write_mb} MB), median of the writes into empty folders",
+             f"clef-bridge serve without models.toml on a fresh cache, medians of {result.runs} starts "
+             f"(load average {result.load:.1f}):"]
+    lines += [f"  {step}: {seconds:.2f} s" for step, seconds in result.steps.items()]
+    lines.append("  statuses: " + ", ".join(f"{k} {v}" for k, v in result.statuses.items()))
+    return "\n".join(lines)

@@ -145,3 +145,13 @@ def test_the_official_sdks_image_reaches_the_demo(demo):
     assert {k: a.model_dump(exclude_none=True) for k, a in result.answers.items()} == want["answers"]
     assert result.usage.input_tokens == want["usage"]["input_tokens"] == \
         text_only_tokens(direct, {"scan": "[image 1]"}) + image_tokens(PNG) + MARKUP_TOKENS
+
+
+def test_the_demo_start_benchmark_answers_every_medium():
+    """`python -m benchmarks demo-start`: every answer it times is a 200 (an error would be timed as fast)."""
+    from benchmarks.demo_start import run
+
+    result = run(1)
+    assert result.write_s > 0 and result.steps["ready"] < result.steps["first text answer"]
+    assert set(result.statuses) == {"text", "image"} | ({"clef-omni"} if result.omni else set())
+    assert all(s == [200] for s in result.statuses.values()), result.statuses
