@@ -19,6 +19,7 @@ from aiohttp import hdrs, web
 from ...head.errors import ClefError
 from ...head.schema import is_unicode, parse_request
 from ..model.clef_model import Decision
+from ..model.demo import OMNI_DEMO
 from ..model.integrity import ModelRefused
 from ..model.loading import Loaded, load_checked
 from ..model.registry import ModelSpec, Registry, name_table, resolve
@@ -349,8 +350,9 @@ def banner(app: web.Application, url: str) -> list[str]:
                   f"{facts.block_count} layers)",
                   f"    head  {head}"]
         if spec.builtin:
+            release = "clef-omni" if spec.builtin == OMNI_DEMO else "clef-flash"
             lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
-                         "`clef-bridge pull clef-flash` and a models.toml")
+                         f"`clef-bridge pull {release}` and a models.toml")
         lines += [f"    warning: {w}" for w in served.warnings]
     return lines
 
