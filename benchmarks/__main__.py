@@ -81,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="write latency and throughput charts (PNG, needs matplotlib) here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
+    p = sub.add_parser("omni", help="what serving Clef-omni costs: lm_head skipped or run, the projector split, the "
+                                    "numpy audio tower, Clef-omni- against Clef-flash-shaped latency (tiny models)")
+    p.add_argument("--tokens", type=int, default=4096, help="prompt length of the lm_head timing (default: 4096)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; the best is reported (default: 3)")
+    p.add_argument("--no-real-tower", action="store_true", help="skip the audio tower of Qwen3-Omni's shape "
+                                                                "(~2.5 GB of random float32 weights)")
+    p.add_argument("--pad-mb", type=int, default=512, help="size of the padded projector the split copies (MB)")
+    p.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default: 1; more swing widely on a "
+                                                          "shared machine)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
     return parser
 
 
@@ -149,6 +160,14 @@ def _demo_start(args: argparse.Namespace) -> int:
 
 
 def _gpu_check(args: argparse.Namespace) -> int:
+    from clef_bridge.bridge.host.gpu import why_no_gpu
+
+    # before anything is written: without --smoke the models alone are ~16 GB, and hours of CPU to time
+    missing = None if args.smoke else why_no_gpu()
+    if missing:
+        raise UsageError(f"gpu-check measures a CUDA GPU, and none was found: {missing}",
+                         fix=f"run every step on the CPU at small shapes instead: python -m benchmarks gpu-check "
+                             f"--smoke --vocab {args.vocab}")
     folder = args.folder or Path(tempfile.gettempdir()) / "clef-bridge-gpu-check"
     if args.prepare:
         from .gpu_models import prepare
@@ -159,7 +178,13 @@ def _gpu_check(args: argparse.Namespace) -> int:
     return emit(run(folder, args.smoke, args.vocab, args.out, args.repeats, args.build_seconds), args.json)
 
 
-COMMANDS = {"bench": _bench, "soak": _soak, "bench-head": _bench_head, "gpu-check": _gpu_check,
+def _omni(args: argparse.Namespace) -> int:
+    from .omni import run
+
+    return emit(run(args.tokens, args.repeats, not args.no_real_tower, args.pad_mb, args.threads), args.json)
+
+
+COMMANDS = {"bench": _bench, "soak": _soak, "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni,
             "demo-start": _demo_start}
 
 

@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 from clef_bridge.head.answer import softmax64
+from clef_bridge.head.errors import ClefError
 from clef_bridge.head.model import Layout, joint_schema_head
+from clef_bridge.head.schema import Limits
 from clef_bridge.head.weights import DTYPES, ENCODERS, dtype_name, store_matrices, unflatten
 
-from tests.randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
+from tests.randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict, schema_tokens
 from tests.reference import ReferenceUnavailable, reference_logits, torch_head
 
 # A router-like schema: 4 questions (noul, choice, score, choice), 19 options.
@@ -61,8 +63,23 @@ class HeadBench:
                 "head_dtype": self.half}
 
 
+class ShapeError(ClefError):
+    """--tokens too few for the router schema, or --options outside what one choice question holds."""
+
+    error_type = "usage_error"
+
+
 def schema_layout(tokens: int, options: int | None) -> tuple[Layout, int]:
     """The router schema in `tokens` tokens, or one choice of `options` options after a `tokens`-token state."""
+    if options is not None and not 2 <= options <= Limits().max_options:
+        raise ShapeError(f"--options {options}: a choice question has 2 to {Limits().max_options} options",
+                            fix=f"pass --options between 2 and {Limits().max_options}")
+    if options is None and tokens < schema_tokens(OPTIONS):
+        need = schema_tokens(OPTIONS)
+        raise ShapeError(f"--tokens {tokens} cannot hold the router schema: its 4 questions and 19 options alone "
+                            f"take {need} tokens", fix=f"pass --tokens {need} or more (the default, 750, is the "
+                            "router request's length with Clef's tokenizer), or --options N for one choice question "
+                            "after a state of --tokens tokens")
     if options is None:
         return random_layout(tokens, TYPES, OPTIONS, seed=0), tokens
     probe = 1 << 20  # the schema's own length does not depend on the total
@@ -95,6 +112,7 @@ def turns_ms(fns, repeats: int) -> list[list[float]]:
 def run(tokens: int = 750, repeats: int = 7, options: int | None = None, weights: str = "F32",
         head_dtype: str = "f32") -> HeadBench:
     """Time our head and the reference's on the same random Clef-flash-shaped weights and inputs."""
+    layout, n_tokens = schema_layout(tokens, options)  # a shape that cannot be is refused before any work
     try:
         import torch
     except ImportError:
@@ -103,7 +121,6 @@ def run(tokens: int = 750, repeats: int = 7, options: int | None = None, weights
     cfg = CLEF_FLASH_HEAD
     flat = rounded(random_state_dict(cfg, seed=0), weights)
     params = unflatten(flat)
-    layout, n_tokens = schema_layout(tokens, options)
     hidden, input_ids, output_embedding, rows = random_inputs(cfg, layout, n_tokens, seed=0, vocab=2048)
     head = torch_head(cfg, flat)
     ours = lambda: joint_schema_head(hidden, rows, layout, cfg.heads, **params)  # noqa: E731

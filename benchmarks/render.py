@@ -11,6 +11,7 @@ from .bench_head import LOGIT_TOLERANCE, HeadBench
 from .demo_start import DemoStart
 from .gpu_check import GpuCheck
 from .gpu_models import GpuModels
+from .omni import OmniBench
 from .soak import SoakVerdict
 
 
@@ -77,6 +78,35 @@ def _(result: GpuModels) -> str:
     files = ", ".join(f"{k} {p.name}" for k, p in result.ggufs.items())
     return (f"gpu-check models ({result.shape.name}) in {result.folder}: {files}, {result.head.name}; "
             f"{result.bytes / 1e9:.2f} GB" + (f", written in {result.seconds:.1f} s" if result.seconds else ""))
+
+
+@text.register
+def _(result: OmniBench) -> str:
+    lines = [f"python -m benchmarks omni: tiny Clef-omni (vocabulary 151,936, hidden 64), llama.cpp on "
+             f"{result.threads} thread(s)"]
+    lines.append("  lm_head on every token (ms per 1k tokens, best run; buffers as llama.cpp reports them):")
+    for r in result.lm_head:
+        lines.append(f"    chunk {r['chunk']:4d}: body only {r['body_ms_per_1k']:7.1f}, every token an output + stop "
+                     f"{r['skip_ms_per_1k']:7.1f}, lm_head running {r['run_ms_per_1k']:7.1f}; host logits buffer "
+                     f"{r['host_logits_mib']:.1f} MiB, compute buffer "
+                     f"{r.get('compute_buffer_mib', 0):.1f} MiB")
+    lines.append("  projector split (the vision half into the cache):")
+    for r in result.split:
+        lines.append(f"    {r['source']}: {r['source_bytes'] / 1e6:.1f} MB -> {r['written_bytes'] / 1e6:.1f} MB in "
+                     f"{r['seconds'] * 1e3:.0f} ms ({r['mb_per_s']:.0f} MB/s); reused in "
+                     f"{r['reuse_seconds'] * 1e3:.1f} ms")
+    lines.append("  numpy audio tower (features + tower):")
+    for r in result.audio:
+        lines.append(f"    {r['tower']}: {r['seconds_of_audio']:g} s -> {r['tokens']} tokens in {r['ms']:.0f} ms "
+                     f"({r['cpu_s_per_audio_s']:.3f} s per second of audio)")
+    lines.append("  latency, one request, prefix cache off (best run and its stages; median):")
+    for r in result.latency:
+        lines.append(f"    {r['request']}: {r['input_tokens']} tokens, {r['best_ms']:.0f} ms (median "
+                     f"{r['median_ms']:.0f}; backbone "
+                     f"{r['backbone_ms']:.0f}, head {r['head_ms']:.0f}, vision {r['vision_ms']:.0f}, audio "
+                     f"{r['audio_ms']:.0f})")
+    lines += [f"  {n}" for n in result.notes]
+    return "\n".join(lines)
 
 
 @text.register

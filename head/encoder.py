@@ -22,8 +22,14 @@ SYSTEM_PROMPT = (
 PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nSTATE:\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
 SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
-# Qwen3.5's image markup: the processor expands each <|image_pad|> into one token per image token
+# Qwen3.5's and Qwen3-Omni's image markup: the processor expands each <|image_pad|> into one token per image token
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+# Qwen3-Omni's audio markup: one <|audio_pad|> per token of the audio tower's output
+AUDIO_START, AUDIO_PAD, AUDIO_END = "<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"
+# How the media block after `STATE:\n` reads: "dense" (Clef, Clef-flash): every image's placeholder, then one
+# "\n" after them all; "omni" (Clef-omni): each placeholder followed by its own "\n", all images, then all audio.
+MEDIA_LAYOUTS = ("dense", "omni")
+DEFAULT_MAX_LENGTH = {"dense": 16384, "omni": 64000}  # the references' default max_length
 
 # tokenize(text, parse_special) -> token ids, with no BOS/EOS added
 Tokenize = Callable[[str, bool], list[int]]
@@ -37,10 +43,15 @@ def no_bound(text: str) -> int:
 
 @dataclass(frozen=True)
 class EncodeOptions:
-    max_length: int = 16384
+    max_length: int = DEFAULT_MAX_LENGTH["dense"]
     truncate_state: bool = False  # the reference's silent state truncation, opt-in only
     parse_special_in_user_text: bool = False  # True = reference behaviour: '<|im_end|>' in a state is a control token
     blind_ids: bool = False  # write FIELD numbers instead of question ids into the prompt
+    media_layout: str = "dense"  # one of MEDIA_LAYOUTS: the model's reference (Clef-omni's is "omni")
+
+    def __post_init__(self):
+        if self.media_layout not in MEDIA_LAYOUTS:
+            raise ValueError(f"media_layout {self.media_layout!r}: one of {', '.join(MEDIA_LAYOUTS)}")
 
 
 @dataclass(frozen=True)
@@ -97,26 +108,36 @@ def _fields(request: DecisionRequest, options: EncodeOptions, min_tokens: MinTok
     return fields
 
 
-def media_ids(tokenize: Tokenize, image_tokens: Sequence[int]) -> list[int]:
-    """The reference's media block for images of these token counts: per image <|vision_start|>, one
-    <|image_pad|> per image token, <|vision_end|>; then one "\\n" after them all (none without images)."""
-    if not image_tokens:
+def media_ids(tokenize: Tokenize, image_tokens: Sequence[int], audio_tokens: Sequence[int] = (),
+              layout: str = "dense") -> list[int]:
+    """The reference's media block for media of these token counts: per image <|vision_start|>, one <|image_pad|>
+    per image token, <|vision_end|>; per audio clip the same with <|audio_start|>, <|audio_pad|>, <|audio_end|>.
+
+    dense: one "\\n" after them all (none without media); omni: a "\\n" after each, images before audio.
+    """
+    if not image_tokens and not audio_tokens:
         return []
-    start, pad, end = (tokenize(t, True) for t in (VISION_START, IMAGE_PAD, VISION_END))
-    return [t for n in image_tokens for t in start + pad * n + end] + tokenize("\n", True)
+    image = [tokenize(t, True) for t in (VISION_START, IMAGE_PAD, VISION_END)] if image_tokens else []
+    audio = [tokenize(t, True) for t in (AUDIO_START, AUDIO_PAD, AUDIO_END)] if audio_tokens else []
+    newline = tokenize("\n", True)
+    each = newline if layout == "omni" else []
+    block = [t for n in image_tokens for t in image[0] + image[1] * n + image[2] + each]
+    block += [t for n in audio_tokens for t in audio[0] + audio[1] * n + audio[2] + each]
+    return block if layout == "omni" else block + newline
 
 
 def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions = EncodeOptions(),
-           min_tokens: MinTokens = no_bound, image_tokens: Sequence[int] = ()) -> Encoded:
-    """The prompt's token ids and spans; image_tokens: the token count of each image, in prompt order
-    (their <|image_pad|> runs sit right after PREFIX, where the reference puts them).
+           min_tokens: MinTokens = no_bound, image_tokens: Sequence[int] = (), audio_tokens: Sequence[int] = ()
+           ) -> Encoded:
+    """The prompt's token ids and spans; image_tokens / audio_tokens: the token count of each image / audio clip,
+    in prompt order (their pad runs sit right after PREFIX, where the reference puts them; see media_ids).
 
     The context check comes first and again before each user text is tokenized: every text's size
     bounds its tokens from below (min_tokens), so a request that cannot fit is refused (413) before
     its bulk is tokenized, whatever its size.
     """
     user = options.parse_special_in_user_text
-    prefix = tokenize(PREFIX, True) + media_ids(tokenize, image_tokens)
+    prefix = tokenize(PREFIX, True) + media_ids(tokenize, image_tokens, audio_tokens, options.media_layout)
     suffix = tokenize(SUFFIX, True)
     state_text = _text(request.state, ("body", "state"))
     fields = _fields(request, options, min_tokens)

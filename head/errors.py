@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
+from typing import Iterable
 
 
 def printable(text: str) -> str:
@@ -10,6 +12,12 @@ def printable(text: str) -> str:
     if text.isascii():
         return text
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """'did you mean NAME? ' for the choice nearest a misspelt word (difflib's ratio of at least 0.6), else ''."""
+    close = difflib.get_close_matches(word, list(choices), n=1) if isinstance(word, str) else []
+    return f"did you mean {close[0]}? " if close else ""
 
 
 class ClefError(Exception):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from clef_bridge.bridge.model.registry import ModelSpec, model_spec
 
-from . import fixturegen
+from . import fixturegen, fixturegen_omni
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +36,16 @@ def tiny_model(fx):
     model = open_tiny(fx)
     yield model
     model.close()
+
+
+@pytest.fixture(scope="session")
+def ofx() -> fixturegen_omni.OmniFixtures:
+    return fixturegen_omni.build()
+
+
+@pytest.fixture(scope="session")
+def omni_oracle(ofx):
+    """Cloudflare's clef-omni reference over the tiny Qwen3-Omni (tests/omni_reference.py)."""
+    from .omni_reference import Oracle
+
+    return Oracle(ofx)

@@ -99,11 +99,13 @@ def _vocab(vocab_gguf: Path) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def qwen35_tokenizer(vocab_gguf: Path, added: dict[int, tuple[str, bool]], nfc: bool = True):
+def qwen35_tokenizer(vocab_gguf: Path, added: dict[int, tuple[str, bool]], nfc: bool = True,
+                     split: str = QWEN35_SPLIT):
     """A `tokenizers` byte-level BPE over the vocab's tokens and merges with the qwen35 pre-tokenizer.
 
     added: extra added tokens by id (text, special), placed in slots the vocab leaves as [PADn].
     nfc: normalize to NFC first, as transformers' Qwen3_5Tokenizer (the release's tokenizer class) does.
+    split: the pre-tokenizer's regex (llama.cpp's qwen35 one; Qwen2/Qwen3 vocabularies use QWEN2's).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
@@ -116,7 +118,7 @@ def qwen35_tokenizer(vocab_gguf: Path, added: dict[int, tuple[str, bool]], nfc: 
     if nfc:
         tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN35_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()

@@ -7,7 +7,7 @@ from clef_bridge.bridge.model.demo import random_head
 from clef_bridge.head.config import CLEF_FLASH_HEAD, HeadConfig
 from clef_bridge.head.model import Layout
 
-__all__ = ["CLEF_FLASH_HEAD", "SCALARS", "random_inputs", "random_layout", "random_state_dict"]
+__all__ = ["CLEF_FLASH_HEAD", "SCALARS", "random_inputs", "random_layout", "random_state_dict", "schema_tokens"]
 
 SCALARS = {"prior_logit_scale": 0.7, "joint_logit_scale": 1.5, "residual_gate": 0.5}
 
@@ -27,13 +27,25 @@ def random_inputs(cfg: HeadConfig, layout: Layout, tokens: int, seed: int, vocab
     return hidden, input_ids, output_embedding, rows
 
 
-def random_layout(n_tokens: int, types: list[int], n_options: list[int], seed: int = 0) -> Layout:
-    """Question and option spans laid out like an encoded prompt, inside n_tokens tokens."""
+def _span_lengths(n_options: list[int], seed: int) -> list[int]:
+    """Question span length, then each option span length, per question."""
     rng = np.random.default_rng(seed)
-    lengths = []  # question span length, then each option span length, per question
+    lengths = []
     for n in n_options:
         lengths.append(int(rng.integers(3, 12)))
         lengths += [int(v) for v in rng.integers(6, 14, size=n)]
+    return lengths
+
+
+def schema_tokens(n_options: list[int], seed: int = 0) -> int:
+    """The fewest tokens random_layout can lay this schema out in."""
+    lengths = _span_lengths(n_options, seed)
+    return sum(lengths) + 3 * len(lengths) + 20
+
+
+def random_layout(n_tokens: int, types: list[int], n_options: list[int], seed: int = 0) -> Layout:
+    """Question and option spans laid out like an encoded prompt, inside n_tokens tokens."""
+    lengths = _span_lengths(n_options, seed)
     gaps = 3 * len(lengths) + 20
     if sum(lengths) + gaps > n_tokens:
         raise ValueError(f"{n_tokens} tokens cannot hold this schema")

@@ -26,7 +26,8 @@ def test_ray_table_is_parsed_and_every_problem_reported(tmp_path):
     text = str(err.value)
     assert "4 problem(s)" in text and "ray.num_gpus: a number of GPUs" in text
     assert "ray.num_cpus: must be above 0" in text
-    assert "ray.replicas: unknown key; known keys: " in text and "ray.min_replicas: must be positive" in text
+    assert "ray.replicas: unknown key; did you mean min_replicas? known keys: " in text
+    assert "ray.min_replicas: must be positive" in text
 
 
 def test_cpu_replicas_take_their_threads_and_a_batch_sets_the_target(tmp_path):

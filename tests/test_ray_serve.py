@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import ipaddress
 import json
 import os
 import signal
@@ -152,8 +153,58 @@ def deploy(registry, sockets: Path):
     return plan
 
 
+def process_tree(root: int) -> set[int]:
+    """root and every process descended from it, from /proc's parent ids."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:  # gone meanwhile
+            continue
+        if stat:
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, grown = {root}, True
+    while grown:
+        children = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree, grown = tree | children, bool(children)
+    return tree
+
+
+def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    raw = bytes.fromhex(hex_address)  # /proc/net/tcp*: 32-bit words in host (little-endian) order
+    return ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+
+
+def listening(pids: set[int]) -> list[tuple[int, str, str, int]]:
+    """(pid, process name, address, port) of every TCP socket those processes listen on."""
+    inodes = {}
+    for pid in pids:
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes[link[8:-1]] = (pid, name)
+        except OSError:  # gone meanwhile, or a descriptor closed while listed
+            continue
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # state LISTEN
+                address, port = cols[1].split(":")
+                out.append((*inodes[cols[9]], str(_address(address)), int(port, 16)))
+    return out
+
+
+def loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
+
+
 def test_one_command_serves_through_the_proxy_and_stops_on_sigterm(tmp_path):
-    """`clef-bridge serve --ray` without models.toml: the demo, through Serve's proxy, until SIGTERM."""
+    """`clef-bridge serve --ray` without models.toml: the demo, through Serve's proxy, until SIGTERM; with the
+    default --host 127.0.0.1, nothing the command starts listens beyond this machine, Ray's dashboard included."""
     port = _free_port()
     env = dict(os.environ, CLEF_BRIDGE_CACHE=str(tmp_path / "cache"))
     start = time.time()
@@ -167,10 +218,17 @@ def test_one_command_serves_through_the_proxy_and_stops_on_sigterm(tmp_path):
         assert outcome.status == 200, (outcome, proc.poll())
         assert json.loads(outcome.body)["answers"]["q"]["type"] == "noul" and outcome.replica
         print(f"serve --ray: first answer {time.time() - start:.1f} s after the command")
+        if Path("/proc/net/tcp").is_file():  # Linux: the sockets of the whole process tree
+            sockets = listening(process_tree(proc.pid))
+            print(f"serve --ray listens on {len(sockets)} TCP sockets: {sorted(set(s[1] for s in sockets))}")
+            assert (port in {s[3] for s in sockets}) and len(sockets) > 5, sockets  # the proxy, and Ray's own
+            assert not [s for s in sockets if not loopback(s[2])], sockets
+            assert 8265 not in {s[3] for s in sockets}, sockets  # no dashboard unless --ray-dashboard
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
         assert "through Ray Serve's proxy: 1 replica(s), each 1 CPU" in out
+        assert "started a Ray on this machine, listening on 127.0.0.1 only; its dashboard off" in out
     finally:
         proc.kill()
 

@@ -50,10 +50,12 @@ def test_exactly_two_setup_commands():
 
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory):
-    """The first set-up command's `clef-bridge serve`, run where there is no models.toml."""
+    """The first set-up command's `clef-bridge serve`, run where there is no models.toml; the blocks' own
+    temporary folder ($TMPDIR) is a folder of this run's."""
     work = tmp_path_factory.mktemp("readme")
     port = _free_port()
-    env = dict(os.environ, CLEF_BRIDGE_CACHE=str(work / "cache"))
+    (work / "tmp").mkdir()
+    env = dict(os.environ, CLEF_BRIDGE_CACHE=str(work / "cache"), TMPDIR=str(work / "tmp"))
     proc = subprocess.Popen([sys.executable, "-m", "clef_bridge.tools.cli", "serve", "--port", str(port)], cwd=work,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -78,20 +80,31 @@ def test_every_curl_in_a_runnable_block_fails_on_an_http_error():
     assert curls and all("--fail-with-body" in line or " -f" in line for line in curls), curls
 
 
+@pytest.fixture(scope="module")
+def checkout(demo_server) -> Path:
+    """Where a reader runs the blocks from: a stand-in for the checkout, with its models.toml."""
+    folder = demo_server[0] / "checkout"
+    folder.mkdir()
+    (folder / "models.toml").write_bytes((ROOT / "models.toml").read_bytes())
+    return folder
+
+
 @pytest.mark.parametrize("index", range(len(RUNNABLE)),
                          ids=[f"{page.relative_to(ROOT)}-{i}" for i, (page, _, _) in enumerate(RUNNABLE)])
-def test_runnable_block(demo_server, index):
+def test_runnable_block(demo_server, checkout, index):
     work, port, env = demo_server
     page, lang, body = RUNNABLE[index]
     body = body.replace("127.0.0.1:8792", f"127.0.0.1:{port}")
     venv_bin = str(Path(sys.executable).parent)
     env = dict(env, PATH=venv_bin + os.pathsep + env.get("PATH", ""))
     command = ["bash", "-euo", "pipefail", "-c", body] if lang == "sh" else [sys.executable, "-c", body]
-    # the blocks run in reading order (README.md, then docs/ by name) in one folder, as a reader would: later
-    # ones use files earlier ones wrote (router.json, demo/)
-    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    # the blocks run in reading order (README.md, then docs/ by name), as a reader would: later ones use files
+    # earlier ones wrote (router.json, demo/) in the scratch folder they name, never in the checkout
+    done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, \
         f"{page.relative_to(ROOT)} block failed:\n{body}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+    assert sorted(p.name for p in checkout.iterdir()) == ["models.toml"], \
+        f"{page.relative_to(ROOT)} block wrote into the checkout: {sorted(p.name for p in checkout.iterdir())}"
 
 
 def shape(value):
@@ -120,6 +133,24 @@ def test_the_sample_response_has_the_live_answers_shape(demo_server):
     assert shape(live) == shape(sample)
     assert {q: a["type"] for q, a in live["answers"].items()} == {"needs_tools": "noul", "model": "choice",
                                                                  "difficulty": "score", "domain": "choice"}
+
+
+def test_a_python_example_says_what_to_install_for_it():
+    """What a python block imports is there after the first set-up command, or the page says to pip install it
+    before the block."""
+    import tomllib
+
+    requirements = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    installed = {"clef_bridge"} | {re.split(r"[^\w-]", r, 1)[0].replace("-", "_").lower() for r in requirements}
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for lang, tags, body in page_blocks(page):
+            if lang != "python" or "runnable" not in tags:
+                continue
+            before = text[:text.index(body.splitlines()[0])]
+            for module in re.findall(r"^(?:from|import) (\w+)", body, re.MULTILINE):
+                if module not in sys.stdlib_module_names and module.lower() not in installed:
+                    assert f"pip install {module.replace('_', '-')}" in before, (page.name, module)
 
 
 # a repository path as the pages write it: `bridge/model/registry.py`, deploy/models.toml, tests/run.sh

@@ -114,7 +114,7 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 120) -> None
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"server exited: {proc.stdout.read()}")
+            raise AssertionError(f"server exited: {proc.stdout.read() if proc.stdout else ''}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
                 if r.status == 200:

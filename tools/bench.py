@@ -105,15 +105,20 @@ def with_ticket(body: dict, ticket: int) -> dict:
     return {**body, "state": {**body["state"], "ticket": ticket}}
 
 
-def median_ms(fn, repeats: int) -> float:
-    """Median wall time of fn in milliseconds, after one warm-up call."""
+def timed_ms(fn, repeats: int) -> list[float]:
+    """Wall times of `repeats` calls of fn in milliseconds, after one warm-up call."""
     fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def median_ms(fn, repeats: int) -> float:
+    """Median wall time of fn in milliseconds, after one warm-up call."""
+    return statistics.median(timed_ms(fn, repeats))
 
 
 async def _alternate(url: str, body: dict, headers: dict[str, str], prefill, repeats: int) -> tuple[list, list]:

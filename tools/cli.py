@@ -1,7 +1,8 @@
 """The `clef-bridge` command: argparse over library functions that return typed results.
 
 This module alone prints: a result's text (tools/render.py) or, with --json, its to_dict(); and it
-alone picks exit codes: 0 ok, 1 refused / not ok, 2 usage, I/O or another error, with the fix.
+alone picks exit codes: 0 ok, 1 refused / not ok, 2 usage, I/O or another error, with the fix; 141 when
+the reader of its output went away (`| head`), as a command stopped by SIGPIPE exits.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +20,7 @@ from ..head.errors import ClefError, ContextLengthExceeded, RequestInvalid
 from .cliargs import build_parser
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+EXIT_PIPE = 128 + 13  # SIGPIPE's: Python ignores the signal and raises BrokenPipeError instead
 
 
 def _jsonable(value: Any) -> Any:
@@ -53,12 +56,13 @@ def checked_model(models: Path, name: str) -> Iterator[Any]:
     from ..bridge.model.registry import load_registry, name_table, resolve
 
     registry = load_registry(models)
-    hidden = {}
+    hidden, architectures = {}, {}
     for n, spec in registry.models.items():
         if spec.gguf.is_file():
-            width = read_gguf(spec.gguf).arch_key("embedding_length")
-            hidden[n] = width if isinstance(width, int) else 0
-    spec = registry.models[resolve(name_table(registry, hidden), name)]
+            info = read_gguf(spec.gguf)
+            width = info.arch_key("embedding_length")
+            hidden[n], architectures[n] = (width if isinstance(width, int) else 0), info.architecture or ""
+    spec = registry.models[resolve(name_table(registry, hidden, architectures), name)]
     loaded = load_checked(spec, registry.server.limits)
     for warning in loaded.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -217,8 +221,8 @@ def _serve(args: argparse.Namespace) -> int:
     from ..bridge.model.registry import demo_registry, load_registry
     from ..bridge.server.app import serve
 
-    if args.ray_address and not args.ray:
-        raise UsageError("--ray-address joins a Ray cluster for --ray", fix="add --ray, or drop --ray-address")
+    if (args.ray_address or args.ray_dashboard) and not args.ray:
+        raise UsageError("--ray-address and --ray-dashboard are for --ray", fix="add --ray, or drop them")
     path = args.models or Path("models.toml")
     if args.models is None and not path.is_file():
         registry = demo_registry(path.resolve())
@@ -236,6 +240,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_ray(registry: Any, args: argparse.Namespace) -> None:
+    from ..bridge.scale.ray_plan import LOCAL_ONLY_ENV, cluster_address
+
+    address = cluster_address(args.ray_address, os.environ)
+    if address is not None and args.ray_dashboard:
+        raise UsageError(f"--ray-dashboard starts the dashboard of a Ray this command starts; it joins {address}",
+                         fix="drop --ray-dashboard (the cluster's `ray start --head` decides its dashboard), or "
+                             "drop --ray-address and RAY_ADDRESS")
+    if address is None:
+        os.environ[LOCAL_ONLY_ENV[0]] = LOCAL_ONLY_ENV[1]  # before Ray is imported; the processes it starts inherit it
     try:
         from ..bridge.scale.ray_serve import run
     except ModuleNotFoundError as exc:
@@ -243,9 +256,9 @@ def _serve_ray(registry: Any, args: argparse.Namespace) -> None:
             raise
         raise UsageError(f"--ray needs Ray Serve ({exc})", fix="pip install 'clef-bridge[ray]'") from None
     try:
-        run(registry, args.host, args.port, args.ray_address)
+        run(registry, args.host, args.port, address, args.ray_dashboard)
     except ConnectionError as exc:  # ray.init found no cluster at the address
-        raise UsageError(f"cannot join the Ray cluster {args.ray_address or '(RAY_ADDRESS)'}: {exc}",
+        raise UsageError(f"cannot join the Ray cluster {address}: {exc}",
                          fix="start one (ray start --head), or drop --ray-address for a Ray on this machine") from None
 
 
@@ -274,7 +287,14 @@ COMMANDS = {"serve": _serve, "fit": _fit, "pull": _pull, "make-demo": _make_demo
 def dispatch(commands: dict[str, Any], args: argparse.Namespace, prog: str = "clef-bridge") -> int:
     """Run args.command; a ClefError becomes its message and fix on stderr and an exit code."""
     try:
-        return commands[args.command](args)
+        code = commands[args.command](args)
+        sys.stdout.flush()  # into a pipe the output is buffered: a reader gone shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # `clef-bridge decide ... | head`: the reader has what it wanted; stdout goes nowhere from now on, so
+        # the interpreter's last flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
     except ClefError as exc:
         from ..bridge.model.integrity import ModelRefused
         from .pull import PullError

@@ -31,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve's proxy, as models.toml [ray] "
                                                       "says (needs pip install 'clef-bridge[ray]')")
     p.add_argument("--ray-address", help="with --ray: the Ray cluster to join, e.g. auto or HEAD_IP:6379 "
-                                         "(default: RAY_ADDRESS, else a Ray started on this machine)")
+                                         "(default: RAY_ADDRESS, else a Ray started on this machine, listening on "
+                                         "127.0.0.1 only)")
+    p.add_argument("--ray-dashboard", action="store_true", help="with --ray: start Ray's dashboard too, on "
+                                                                "127.0.0.1:8265 (default: off)")
 
     p = sub.add_parser("fit", help="GPU memory plan for a GGUF and its head (exit 0 fits, 1 does not)")
     p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF")

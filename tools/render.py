@@ -26,7 +26,7 @@ def text(result: Any) -> str:
 
 def report_lines(report: CheckReport, name: str | None) -> list[str]:
     title = f"model {name}: " if name else ""
-    lines = [f"{title}{report.gguf} + {report.head or '(no head)'}: {'ACCEPTED' if report.accepted else 'REFUSED'}"]
+    lines = [f"{title}{report.gguf} + {report.head_label}: {'ACCEPTED' if report.accepted else 'REFUSED'}"]
     for f in report.findings:
         lines.append(f"  {f.level.upper():7s} {f.code}: {f.message}")
         if f.fix:
@@ -36,8 +36,10 @@ def report_lines(report: CheckReport, name: str | None) -> list[str]:
         lines.append(f"  {facts.architecture}, hidden {facts.embedding_length}, {facts.block_count} layers "
                      f"({facts.full_attention_layers} full attention), vocab {facts.vocab_size}")
     if report.accepted and facts.mmproj:
-        lines.append(f"  vision projector {facts.mmproj}: {facts.mmproj_type}, width {facts.mmproj_width}, "
-                     f"{(facts.mmproj_weight_bytes or 0) / 2**20:.1f} MiB of weights")
+        deepstack = f" with {facts.mmproj_deepstack_layers} deepstack levels" if facts.mmproj_deepstack_layers else ""
+        audio = f"; audio encoder {facts.mmproj_audio} in the same file" if facts.mmproj_audio else ""
+        lines.append(f"  vision projector {facts.mmproj}: {facts.mmproj_type}{deepstack}, width {facts.mmproj_width}, "
+                     f"{(facts.mmproj_weight_bytes or 0) / 2**20:.1f} MiB of weights{audio}")
     elif report.accepted and facts.projector_checked:
         lines.append("  no vision projector: text only (image requests get a 422)")
     return lines

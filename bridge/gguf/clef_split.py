@@ -41,8 +41,8 @@ class ConvertError(ClefError):
 
 
 @dataclass(frozen=True)
-class BackboneCache:
-    """What ensure_backbone did: 'converted' or 'reused', the file's size, the seconds it took."""
+class CachedFile:
+    """What ensure_cached did: 'converted' or 'reused', the file's size, the seconds it took."""
 
     action: str
     bytes: int
@@ -70,7 +70,7 @@ class JoinResult:
     seconds: float
 
 
-def _copied(info: GGUFInfo, names: list[str]) -> list[OutTensor]:
+def copied(info: GGUFInfo, names: list[str]) -> list[OutTensor]:
     out = []
     for name in names:
         t = info.tensors[name]
@@ -106,7 +106,7 @@ def _backbone_plan(info: GGUFInfo) -> tuple[list[tuple[str, bytes]], list[OutTen
     _require_arch(info, cf.CLEF_ARCH, "only a clef GGUF has a backbone to take out (a qwen35 GGUF already is one)")
     renamed = _renamed(info, cf.CLEF_ARCH, cf.BACKBONE_ARCH, lambda k: not cf.is_head_key(k))
     kvs = [(new, raw) for _, new, raw in renamed]
-    return kvs, _copied(info, [n for n in info.tensors if not cf.is_head_tensor(n)])
+    return kvs, copied(info, [n for n in info.tensors if not cf.is_head_tensor(n)])
 
 
 def to_backbone(clef: str | Path, out: str | Path, progress: bool | None = None, on_chunk: OnChunk | None = None,
@@ -117,13 +117,13 @@ def to_backbone(clef: str | Path, out: str | Path, progress: bool | None = None,
     return write_gguf(out, kvs, tensors, info.alignment, progress, on_chunk, reserve)
 
 
-def _cache_name(src: Path) -> tuple[str, str]:
-    """(prefix shared by every conversion of this path, file name of this version of it)."""
+def cache_name(src: Path, suffix: str) -> tuple[str, str]:
+    """(prefix shared by every file made from this path, file name of the one made from this version of it)."""
     st = src.stat()
     where = hashlib.sha256(str(src).encode()).hexdigest()[:12]
     version = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
     prefix = f"{src.stem}.{where}."
-    return prefix, f"{prefix}{version}.qwen35.gguf"
+    return prefix, f"{prefix}{version}{suffix}"
 
 
 def _complete(path: Path) -> bool:
@@ -134,27 +134,34 @@ def _complete(path: Path) -> bool:
     return all((tensor_end(info, t) or math.inf) <= info.file_size for t in info.tensors.values())
 
 
-def ensure_backbone(clef: str | Path, cache_root: str | Path, progress: bool | None = None,
-                    on_chunk: OnChunk | None = None) -> tuple[Path, BackboneCache]:
-    """The qwen35 backbone of a clef GGUF from the cache, converting it once (and again if the source changes)."""
-    src = Path(clef).resolve()
+def ensure_cached(src: str | Path, cache_root: str | Path, suffix: str,
+                  write: Callable[[Path, Path], WriteResult]) -> tuple[Path, CachedFile]:
+    """A GGUF made from src by write(src, out), from the cache keyed by src's path, size and mtime: made once,
+    again when src changes (older versions removed), under a lock so that a second process waits and reuses it."""
+    src = Path(src).resolve()
     root = Path(cache_root)
     root.mkdir(parents=True, exist_ok=True)
-    prefix, name = _cache_name(src)
+    prefix, name = cache_name(src, suffix)
     out = root / name
     start = time.monotonic()
     with (root / f".{prefix}lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second server process waits, then reuses the file
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if out.is_file() and _complete(out):
-            return out, BackboneCache("reused", out.stat().st_size, time.monotonic() - start, ())
-        superseded = tuple(p for p in root.glob(f"{prefix}*.qwen35.gguf") if p != out)
+            return out, CachedFile("reused", out.stat().st_size, time.monotonic() - start, ())
+        superseded = tuple(p for p in root.glob(f"{prefix}*{suffix}") if p != out)
         for old in superseded:
             old.unlink(missing_ok=True)
-        result = to_backbone(src, out, progress, on_chunk)
-        if _cache_name(src)[1] != name:
+        result = write(src, out)
+        if cache_name(src, suffix)[1] != name:
             out.unlink(missing_ok=True)
-            raise ConvertError(f"{src} changed while its backbone was being written; try again")
-        return out, BackboneCache("converted", result.bytes, time.monotonic() - start, superseded)
+            raise ConvertError(f"{src} changed while {out.name} was being written from it; try again")
+        return out, CachedFile("converted", result.bytes, time.monotonic() - start, superseded)
+
+
+def ensure_backbone(clef: str | Path, cache_root: str | Path, progress: bool | None = None,
+                    on_chunk: OnChunk | None = None) -> tuple[Path, CachedFile]:
+    """The qwen35 backbone of a clef GGUF from the cache, converting it once (and again if the source changes)."""
+    return ensure_cached(clef, cache_root, ".qwen35.gguf", lambda src, out: to_backbone(src, out, progress, on_chunk))
 
 
 # --- split ------------------------------------------------------------------------------------------
@@ -287,7 +294,7 @@ def join(backbone: str | Path, head: str | Path, out: str | Path, head_type: str
                            f"length {n_embd}: pair each backbone with its own head")
     _refuse_existing([out], overwrite)
     kvs, names, dropped = _without_mtp(info)
-    tensors = _copied(info, names) + _head_plan(flat, cfg, cf.HEAD_TYPES[choice])
+    tensors = copied(info, names) + _head_plan(flat, cfg, cf.HEAD_TYPES[choice])
     result = write_gguf(out, kvs + _head_keys(cfg, temperatures or {}), tensors, info.alignment, progress)
     return JoinResult(out, cf.HEAD_TYPES[choice].name, tuple(dropped), result.bytes, result.seconds)
 

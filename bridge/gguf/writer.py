@@ -11,6 +11,7 @@ removes it.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +34,23 @@ CHUNK = 16 * 2**20  # big enough to stream at disk speed, small enough to keep t
 HEADROOM = 16 * 2**20  # free space kept beyond the file itself (filesystem metadata, logs)
 VERSION = 3
 PARTIAL = ".partial"
+
+@contextmanager
+def quiet_gguf_py() -> Iterator[None]:
+    """gguf-py's GGUFWriter logs at INFO as it goes ("gguf: This GGUF file is for Little Endian only", "Writing
+    the following files:"); under `serve`, whose root logger prints INFO, that lands in the banner. Its
+    warnings still pass."""
+    logger = logging.getLogger("gguf.gguf_writer")
+
+    def warnings_only(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+    logger.addFilter(warnings_only)
+    try:
+        yield
+    finally:
+        logger.removeFilter(warnings_only)
+
 
 _SCALAR_FORMATS = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
                    V.FLOAT32: "<f", V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d"}

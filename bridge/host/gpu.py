@@ -137,3 +137,16 @@ def read_gpu(env: Mapping[str, str] = os.environ) -> GpuMemory | None:
         return None
     name = name.decode() if isinstance(name, bytes) else name
     return GpuMemory(f"GPU {device} ({name})", int(info.free), int(info.total), int(info.used))
+
+
+def why_no_gpu(env: Mapping[str, str] = os.environ) -> str | None:
+    """Why there is no GPU for CUDA to use, as NVML sees it; None when there is one."""
+    if visible_device(env) is None:
+        return f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} hides every GPU"
+    try:
+        import pynvml  # noqa: F401 - only whether it is there
+    except ImportError:
+        return "nvidia-ml-py, which reads the GPU, is not installed (pip install 'clef-bridge[cuda]')"
+    if read_gpu(env) is None:
+        return "NVML finds no NVIDIA GPU (no driver, or no device)"
+    return None

@@ -1,4 +1,7 @@
-"""The Qwen3.5 backbone through llama.cpp: tokenize, and prefill into last-layer hidden states."""
+"""The Qwen3.5 backbone through llama.cpp: tokenize, and prefill into last-layer hidden states.
+
+Qwen3-Omni's thinker (qwen3vlmoe) reads its hidden states another way: bridge/llama/omni.py subclasses Backbone.
+"""
 
 from __future__ import annotations
 
@@ -51,6 +54,10 @@ class BackboneOptions:
     op_offload: bool = True
     verbose: bool = False
     prefix_cache: PrefixCacheOptions | None = None  # None or max_mb 0: off, each decode starts from empty memory
+    kv_type: str = "f16"  # the KV cache's type: "f32" doubles its memory and drops llama.cpp's f16 rounding of it
+
+
+KV_TYPES = {"f16": lc.GGML_TYPE_F16, "f32": lc.GGML_TYPE_F32}
 
 
 # Pre-tokenizers whose Hugging Face tokenizer NFC-normalizes text first (transformers' Qwen2Tokenizer and
@@ -88,15 +95,16 @@ class _Batch:
         self.struct.seq_id = self.seq_ptr.ctypes.data_as(ctypes.POINTER(ctypes.POINTER(lc.llama_seq_id)))
         self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
-    def fill_chunks(self, chunks: list[tuple[int, int, np.ndarray]]) -> int:
-        """Chunks of (sequence id, position of the first token, token ids); each chunk's last token is an output."""
+    def fill_chunks(self, chunks: list[tuple[int, int, np.ndarray]], all_outputs: bool = False) -> int:
+        """Chunks of (sequence id, position of the first token, token ids); each chunk's last token is an output
+        (every token with all_outputs)."""
         n = 0
         for seq_id, start, ids in chunks:
             k = len(ids)
             self.token[n:n + k] = ids
             self.pos[n:n + k] = np.arange(start, start + k, dtype=np.int32)
             self.seq[n:n + k] = seq_id
-            self.logits[n:n + k] = 0
+            self.logits[n:n + k] = int(all_outputs)
             self.logits[n + k - 1] = 1
             n += k
         self.struct.n_tokens = n
@@ -193,6 +201,7 @@ class Backbone:
         self._overrides = cpu_experts(options.n_cpu_moe)  # its arrays must outlive the load
         if self._overrides is not None:
             self._overrides.apply(mparams)
+        self._configure_model(mparams)
         self._model = lc.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise BackboneError(f"{self.path}: llama.cpp could not load this GGUF (run `clef-bridge check "
@@ -217,22 +226,44 @@ class Backbone:
         cparams.op_offload = options.op_offload
         threads = options.n_threads or os.cpu_count() or 1
         cparams.n_threads = cparams.n_threads_batch = threads
+        if options.kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type {options.kv_type!r}: use one of {', '.join(KV_TYPES)}")
+        cparams.type_k = cparams.type_v = KV_TYPES[options.kv_type]
+        self._configure_context(cparams)
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lc.llama_model_free(self._model)
             self._model = None
             raise BackboneError(f"{self.path}: llama.cpp could not create a context with n_ctx={options.n_ctx} "
                                 "(out of memory? lower n_ctx or n_gpu_layers in models.toml)")
-        lc_ext.llama_set_embeddings_nextn(self._ctx, True, False)
+        self._start_context()
         self._vocab = lc.llama_model_get_vocab(self._model)
         self._memory = lc.llama_get_memory(self._ctx)
         self.n_embd = lc.llama_model_n_embd(self._model)
+        self.n_embd_inp = lc.llama_model_n_embd_inp(self._model)  # input embeddings' width (deepstack: wider)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
-        # the decode budget: the nextn buffer holds n_batch rows, and n_batch <= n_ctx
-        self.decode_budget = min(lc.llama_n_ctx(self._ctx), lc.llama_n_batch(self._ctx))
-        self._batch = _Batch(self.decode_budget)
+        self.architecture = _meta_str(self._model, "general.architecture") or ""
+        # the decode budget: the tokens one prefill takes, all sequences together (within n_ctx)
+        self.decode_budget = min(options.n_ctx, self._max_decode())
+        self._batch = _Batch(lc.llama_n_batch(self._ctx))
         self._tokenizer = Tokenizer(self._vocab, unicode_normalization(self._model))
         self.prefix_cache = PrefixCache(self, cache, options.n_seq_max, lc.llama_n_ctx(self._ctx)) if cache else None
+
+    # Hooks for a backbone that reads its hidden states another way (bridge/llama/omni.py).
+
+    def _configure_model(self, mparams) -> None:
+        """Change the model's load parameters (kv overrides) before it loads."""
+
+    def _configure_context(self, cparams) -> None:
+        """Change the context's parameters before it is made: here the defaults suit Qwen3.5."""
+
+    def _start_context(self) -> None:
+        # the final-norm rows of every token, while only each sequence's last token is an output
+        lc_ext.llama_set_embeddings_nextn(self._ctx, True, False)
+
+    def _max_decode(self) -> int:
+        """The most tokens one prefill may hold: the nextn buffer's n_batch rows."""
+        return lc.llama_n_batch(self._ctx)
 
     def close(self) -> None:
         self.prefix_cache = None

@@ -15,7 +15,7 @@ class MediaChunk:
 
     pos: np.ndarray  # int32: [n] for tokens; [n_pos_per_embd, n] (M-RoPE sections, section-major) for embd
     tokens: np.ndarray | None = None  # int32 [n]
-    embd: np.ndarray | None = None  # float32 [n, n_embd]
+    embd: np.ndarray | None = None  # float32 [n, n_embd_inp] (the backbone's input width: deepstack makes it wider)
 
     def __len__(self) -> int:
         return self.pos.shape[-1]
@@ -24,14 +24,16 @@ class MediaChunk:
 class MediaBatch:
     """A llama_batch over one chunk's numpy buffers (kept alive here while llama_decode reads them)."""
 
-    def __init__(self, chunk: MediaChunk):
+    def __init__(self, chunk: MediaChunk, all_outputs: bool = False):
         n = len(chunk)
         self.pos = np.ascontiguousarray(chunk.pos, dtype=np.int32)
         self.n_seq_id = np.ones(n, dtype=np.int32)
         self.seq = np.zeros(n, dtype=np.int32)
         self.seq_ptr = (self.seq.ctypes.data + 4 * np.arange(n, dtype=np.uint64)).astype(np.uint64)
-        self.logits = np.zeros(n, dtype=np.int8)
-        self.logits[-1] = 1  # one output per decode; the hidden states come from the unmasked nextn rows
+        # one output per decode: Qwen3.5's hidden states come from the unmasked nextn rows; Qwen3-Omni's from the
+        # final norm of every token, each an output (bridge/llama/omni.py)
+        self.logits = np.full(n, int(all_outputs), dtype=np.int8)
+        self.logits[-1] = 1
         self.struct = lc.llama_batch()
         self.struct.n_tokens = n
         if chunk.embd is not None:

@@ -1,14 +1,20 @@
-"""Images through llama.cpp's multimodal projector (mtmd): Qwen3.5's vision tower, M-RoPE positions.
+"""Images through llama.cpp's multimodal projector (mtmd): the vision tower of Qwen3.5 or Qwen3-Omni, M-RoPE
+positions; and Qwen3-Omni's audio rows (from bridge/media/audio_tower.py) placed in the same prompt.
 
-A prompt is a list of pieces: token ids (int32 arrays) and images (EncodedImage, from
-Projector.encode). Every image sits between a piece ending in <|vision_start|> and one starting with
-<|vision_end|>, as the reference's processor writes it. The pieces are decoded into the backbone
-chunk after chunk (text, image embeddings, text, ...) into one sequence, and the hidden states of
-EVERY token, image tokens included, come back in prompt order.
+A prompt is a list of pieces: token ids (int32 arrays), images (EncodedImage, from Projector.encode) and
+audio clips (EncodedAudio). Every image sits between a piece ending in <|vision_start|> and one starting
+with <|vision_end|>, every clip between <|audio_start|> and <|audio_end|>, as the reference's processor
+writes them. The pieces are decoded into the backbone chunk after chunk (text, embeddings, text, ...) into
+one sequence, and the hidden states of EVERY token, media tokens included, come back in prompt order.
 
-Positions are mtmd's, which are the reference's (transformers' Qwen3.5 get_rope_index): text tokens
-count up on all three M-RoPE axes; an image of rows x cols tokens starting at p puts token (r, c) at
-(t, h, w) = (p, p + r, p + c); the text after it resumes at p + max(rows, cols).
+Positions are mtmd's, which are the reference's (transformers' get_rope_index of Qwen3.5 and Qwen3-Omni): text
+tokens count up on all three M-RoPE axes; an image of rows x cols tokens starting at p puts token (r, c) at
+(t, h, w) = (p, p + r, p + c); the text after it resumes at p + max(rows, cols). An audio clip's tokens count
+up like text (Qwen3-Omni's audio branch of get_rope_index).
+
+Qwen3-Omni's image rows are n_embd x (1 + deepstack levels) wide, the backbone's input width n_embd_inp (the
+main embedding, then one slice per layer that takes deepstack features); audio rows carry no deepstack slices
+and are zero-padded to that width, as llama.cpp pads text tokens' embeddings.
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 
 import llama_cpp as lc
 import numpy as np
 from llama_cpp import mtmd_cpp as mt
 
-from ...head.encoder import IMAGE_PAD, VISION_END, VISION_START
+from ...head.encoder import AUDIO_END, AUDIO_PAD, AUDIO_START, IMAGE_PAD, VISION_END, VISION_START
 from ...head.errors import Problem, RequestInvalid
 from ..gguf.projector import MAX_IMAGE_TOKENS, ProjectorError, pairing_problems, projector_info
 from ..media.images import ImageGeometry
@@ -44,7 +51,7 @@ class ProjectorOptions:
 class EncodedImage:
     """One image through the vision tower: its embeddings in llama.cpp's token order (row-major)."""
 
-    embd: np.ndarray  # float32 [rows * cols, n_embd]
+    embd: np.ndarray  # float32 [rows * cols, n_embd_inp]
     rows: int
     cols: int
 
@@ -53,24 +60,46 @@ class EncodedImage:
         return self.rows * self.cols
 
 
-Piece = np.ndarray | EncodedImage
+@dataclass(frozen=True)
+class EncodedAudio:
+    """One audio clip through Qwen3-Omni's audio tower (bridge/media/audio_tower.py): a row per token."""
+
+    embd: np.ndarray  # float32 [n, n_embd]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.embd)
+
+
+Piece = np.ndarray | EncodedImage | EncodedAudio
 
 
 class Projector:
     """An mmproj GGUF bound to one Backbone (llama.cpp's mtmd context); used by the backbone's worker only."""
 
     def __init__(self, path: str | Path, backbone: Backbone, options: ProjectorOptions = ProjectorOptions()):
+        """path: a vision projector mtmd loads (for Qwen3-Omni the vision half of its combined projector)."""
         self.path = Path(path)
         self.backbone = backbone
         if not self.path.is_file():
             raise ProjectorError(f"{self.path}: no such projector file; fix mmproj in models.toml")
         info = projector_info(self.path)
-        problems = pairing_problems(info, backbone.n_embd)
+        problems = pairing_problems(info, backbone.n_embd, backbone.architecture)
+        if info.combined:
+            problems.append("it holds an audio encoder too, which mtmd refuses: load the vision half "
+                            "(bridge.gguf.projector.ensure_vision_projector)")
+        if info.n_embd * (1 + info.deepstack_layers) != backbone.n_embd_inp:
+            problems.append(f"its rows are {info.n_embd * (1 + info.deepstack_layers)} wide ({info.deepstack_layers} "
+                            f"deepstack levels) but the backbone takes {backbone.n_embd_inp}: load the backbone with "
+                            f"the projector's deepstack count")
         if problems:
             raise ProjectorError(f"{self.path} does not fit {backbone.path.name}: " + "; ".join(problems))
         factor = info.patch_size * info.merge
         self.geometry = ImageGeometry(factor, options.min_tokens * factor**2, options.max_tokens * factor**2)
         self._start, self._end, self.image_pad = (self._single_token(t) for t in (VISION_START, VISION_END, IMAGE_PAD))
+        # Qwen3-Omni's audio markup, where the vocabulary has it (the rows come from the numpy audio tower)
+        audio = [backbone.tokenize(t, True) for t in (AUDIO_START, AUDIO_END, AUDIO_PAD)]
+        self._audio_marks = tuple(ids[0] for ids in audio) if all(len(ids) == 1 for ids in audio) else None
         llama_log.install_mtmd(options.verbose)
         params = mt.mtmd_context_params_default()
         params.use_gpu = backbone.on_gpu
@@ -87,7 +116,8 @@ class Projector:
             raise ProjectorError(f"{self.path}: llama.cpp could not load this projector (see its log above)")
         if not mt.mtmd_decode_use_mrope(self._ctx) or mt.mtmd_decode_use_non_causal(self._ctx, None):
             self.close()
-            raise ProjectorError(f"{self.path}: not a Qwen3.5 projector (no M-RoPE or non-causal image decoding)")
+            raise ProjectorError(f"{self.path}: not a Qwen3.5 or Qwen3-Omni projector (no M-RoPE or non-causal image "
+                                 "decoding)")
 
     def _single_token(self, text: str) -> int:
         ids = self.backbone.tokenize(text, True)
@@ -131,7 +161,7 @@ class Projector:
                 raise ProjectorError(f"mtmd made {n} tokens of a {w}x{h} image; the processor makes {rows * cols}")
             if mt.mtmd_encode_chunk(self._ctx, chunk) != 0:
                 raise ProjectorError(f"the vision tower failed on a {w}x{h} image (out of memory?)")
-            embd = np.empty((n, self.backbone.n_embd), dtype=np.float32)
+            embd = np.empty((n, self.backbone.n_embd_inp), dtype=np.float32)
             ctypes.memmove(embd.ctypes.data, mt.mtmd_get_output_embd(self._ctx), embd.nbytes)
             self._check_positions(mt.mtmd_input_chunk_get_tokens_image(chunk), rows, cols)
             return EncodedImage(embd, rows, cols)
@@ -152,43 +182,68 @@ class Projector:
     def chunks(self, pieces: list[Piece]) -> list[MediaChunk]:
         """The backbone chunks of a prompt, each at its M-RoPE positions."""
         out, pos = [], 0
+        width = self.backbone.n_embd_inp
         for i, piece in enumerate(pieces):
-            if isinstance(piece, EncodedImage):
+            if isinstance(piece, (EncodedImage, EncodedAudio)):
+                image = isinstance(piece, EncodedImage)
+                start, end = (self._start, self._end) if image else (self._audio_marks or (None, None))[:2]
+                names = (VISION_START, VISION_END) if image else (AUDIO_START, AUDIO_END)
                 before = pieces[i - 1] if i else None
                 after = pieces[i + 1] if i + 1 < len(pieces) else None
-                if not (isinstance(before, np.ndarray) and len(before) and before[-1] == self._start
-                        and isinstance(after, np.ndarray) and len(after) and after[0] == self._end):
-                    raise ValueError(f"image piece {i} must follow {VISION_START} and precede {VISION_END}")
-                out.append(MediaChunk(pos=image_positions(piece.rows, piece.cols, pos), embd=piece.embd))
-                pos += max(piece.rows, piece.cols)
+                if not (isinstance(before, np.ndarray) and len(before) and before[-1] == start
+                        and isinstance(after, np.ndarray) and len(after) and after[0] == end):
+                    raise ValueError(f"{'image' if image else 'audio'} piece {i} must follow {names[0]} and precede "
+                                     f"{names[1]}")
+                if image:
+                    out.append(MediaChunk(pos=image_positions(piece.rows, piece.cols, pos), embd=piece.embd))
+                    pos += max(piece.rows, piece.cols)
+                else:
+                    n, rows = piece.n_tokens, piece.embd
+                    if rows.shape[1] < width:  # no deepstack slices: zeros, as llama.cpp pads text embeddings
+                        rows = np.concatenate([rows, np.zeros((n, width - rows.shape[1]), np.float32)], axis=1)
+                    out.append(MediaChunk(pos=sequential_positions(n, pos), embd=rows))
+                    pos += n
             elif len(piece):
                 ids = np.asarray(piece, dtype=np.int32)
                 out.append(MediaChunk(pos=np.arange(pos, pos + len(ids), dtype=np.int32), tokens=ids))
                 pos += len(ids)
         return out
 
-    def pieces(self, input_ids: np.ndarray, images: list[EncodedImage]) -> list[Piece]:
-        """A prompt's pieces from its token ids, where each image stands as a run of <|image_pad|> ids
-        (as in the reference's input_ids), the runs in the order of `images`."""
+    def pieces(self, input_ids: np.ndarray, images: list[EncodedImage],
+               audio: Sequence[EncodedAudio] = ()) -> list[Piece]:
+        """A prompt's pieces from its token ids, where each image stands as a run of <|image_pad|> ids and each
+        audio clip as a run of <|audio_pad|> ids (as in the reference's input_ids), each kind's runs in the order
+        of `images` and `audio`."""
         ids = np.asarray(input_ids, dtype=np.int32)
-        pad = np.flatnonzero(ids == self.image_pad)
-        runs = np.split(pad, np.flatnonzero(np.diff(pad) != 1) + 1) if len(pad) else []
-        if [len(r) for r in runs] != [im.n_tokens for im in images]:
-            # only user text tokenized with special tokens parsed can hold a stray <|image_pad|>
-            raise RequestInvalid([Problem(("body",), f"the prompt holds {IMAGE_PAD} tokens that are no image's "
-                                          f"(runs of {[len(r) for r in runs]}, images of "
-                                          f"{[im.n_tokens for im in images]} tokens): remove {IMAGE_PAD} from the "
-                                          "text", "value_error.image_token")])
+        placed = self._runs(ids, self.image_pad, images, IMAGE_PAD, "image")
+        if audio or self._audio_marks is not None:
+            if self._audio_marks is None:
+                raise ProjectorError(f"{self.backbone.path.name}: the vocabulary has no {AUDIO_PAD} token; not "
+                                     "Qwen3-Omni's backbone")
+            placed += self._runs(ids, self._audio_marks[2], audio, AUDIO_PAD, "audio clip")
         out, at = [], 0
-        for run, image in zip(runs, images):
-            out += [ids[at:run[0]], image]
+        for run, item in sorted(placed, key=lambda p: p[0][0]):
+            out += [ids[at:run[0]], item]
             at = run[-1] + 1
         return out + [ids[at:]]
 
-    def prefill(self, input_ids: np.ndarray, images: list[EncodedImage]) -> np.ndarray:
-        """float32 [t, n_embd] hidden states of every token (text and image) of a prompt whose images
-        stand as runs of <|image_pad|> ids (see pieces)."""
-        return self.backbone.decode_media(self.chunks(self.pieces(input_ids, images)))
+    @staticmethod
+    def _runs(ids: np.ndarray, pad: int, items: Sequence, pad_text: str, what: str) -> list[tuple[np.ndarray, Any]]:
+        found = np.flatnonzero(ids == pad)
+        runs = np.split(found, np.flatnonzero(np.diff(found) != 1) + 1) if len(found) else []
+        if [len(r) for r in runs] != [item.n_tokens for item in items]:
+            # only user text tokenized with special tokens parsed can hold a stray pad token
+            raise RequestInvalid([Problem(("body",), f"the prompt holds {pad_text} tokens that are no {what}'s "
+                                          f"(runs of {[len(r) for r in runs]}, {what}s of "
+                                          f"{[item.n_tokens for item in items]} tokens): remove {pad_text} from the "
+                                          f"text", "value_error.media_token")])
+        return list(zip(runs, items))
+
+    def prefill(self, input_ids: np.ndarray, images: list[EncodedImage], audio: Sequence[EncodedAudio] = ()
+                ) -> np.ndarray:
+        """float32 [t, n_embd] hidden states of every token (text and media) of a prompt whose media stand as
+        runs of pad ids (see pieces)."""
+        return self.backbone.decode_media(self.chunks(self.pieces(input_ids, images, audio)))
 
 
 def _image_chunk(chunks):
@@ -198,6 +253,12 @@ def _image_chunk(chunks):
     if len(found) != 1:
         raise ProjectorError(f"mtmd made {len(found)} image chunks of one image (sliced?); Qwen3.5 makes one")
     return found[0]
+
+
+def sequential_positions(n: int, start: int) -> np.ndarray:
+    """int32 [4, n]: positions counting up on the three M-RoPE axes alike (audio tokens), plus the unused 4th."""
+    p = np.arange(start, start + n, dtype=np.int32)
+    return np.stack([p, p, p, np.zeros_like(p)])
 
 
 def image_positions(rows: int, cols: int, start: int) -> np.ndarray:

@@ -16,14 +16,16 @@ import numpy as np
 from ...head.answer import AnswerOptions, answers
 from ...head.config import HeadConfig
 from ...head.encoder import Encoded, EncodeOptions, encode
+from ...head.errors import Problem, RequestInvalid
 from ...head.model import Layout, hidden_memory, option_logits
 from ...head.schema import DecisionRequest, Limits, Question, parse_request
 from ..host.gpu import device_out_of_memory, to_device
 from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
 from ..llama.prefix_cache import PrefillRequest
-from ..llama.vision import Projector
+from ..llama.vision import EncodedAudio, Projector
 from ..media.audio import AudioLimits, decode_audio_all
+from ..media.audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE, AudioTower, audio_tokens
 from ..media.images import ImageGeometry, ImageLimits
 from ..media.request import decode_all, extract, no_audio, no_projector
 
@@ -59,6 +61,7 @@ class Timings:
     batch_size: int = 1
     reused_tokens: int = 0  # prompt tokens the prefix cache spared the backbone
     vision: float = 0.0  # the vision tower, for image requests
+    audio: float = 0.0  # the audio tower (numpy/CuPy), for audio requests
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,12 @@ class Prepared:
     encoded: Encoded
     tokenize_s: float
     images: tuple[np.ndarray, ...] = ()  # uint8 [h, w, 3] pixels at the projector's size, in prompt order
+    audio: tuple[np.ndarray, ...] = ()  # float32 16 kHz mono samples, in prompt order
+
+    @property
+    def has_media(self) -> bool:
+        """A request with media decodes alone (llama.cpp takes token ids or embeddings in a batch, not both)."""
+        return bool(self.images or self.audio)
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class Prefilled:
     new_segments: tuple[tuple[int, int], ...] = ()  # [start, end) whose memory rows the cache waits for
     ticket: int = 0
     vision_s: float = 0.0
+    audio_s: float = 0.0
 
 
 def _device_memory_errors(method):
@@ -109,15 +119,18 @@ def _device_memory_errors(method):
 
 
 class ClefModel:
-    """A GGUF backbone and its joint head (and its vision projector, if any), with the options of one
-    models.toml entry."""
+    """A GGUF backbone and its joint head (and its vision projector and audio tower, if any), with the options of
+    one models.toml entry."""
 
     def __init__(self, name: str, backbone: Backbone, embedding: OutputEmbedding, head: Head,
                  encode_options: EncodeOptions, answer_options: AnswerOptions, limits: Limits = Limits(),
-                 projector: Projector | None = None):
+                 projector: Projector | None = None, audio_tower: AudioTower | None = None):
+        if audio_tower is not None and projector is None:
+            raise ValueError("an audio tower places its rows through the projector's prompt pieces: give both")
         self.name = name
         self.backbone = backbone
         self.projector = projector
+        self.audio_tower = audio_tower
         self.embedding = embedding
         self.head = head
         self.encode_options = encode_options
@@ -135,8 +148,8 @@ class ClefModel:
 
     @property
     def takes_audio(self) -> bool:
-        """Whether this model hears audio clips (an audio encoder beside the backbone); none does yet."""
-        return False
+        """Clef-omni with its projector's audio encoder: audio clips in requests."""
+        return self.audio_tower is not None
 
     @property
     def media(self) -> tuple[str, ...]:
@@ -149,8 +162,9 @@ class ClefModel:
         self.backbone.close()
 
     def prepare(self, body: Any, images: Sequence[np.ndarray] = (), audio: Sequence[np.ndarray] = ()) -> Prepared:
-        """Validate and encode a text body (bridge.media.request.extract's) with its decoded images and audio
-        samples (no llama.cpp decode): raises RequestInvalid or ContextLengthExceeded."""
+        """Validate and encode a text body (bridge.media.request.extract's) with its decoded images and audio clips
+        (float32 16 kHz mono samples, bridge.media.audio's), no llama.cpp decode: raises RequestInvalid or
+        ContextLengthExceeded."""
         t0 = time.perf_counter()
         request = parse_request(body, self.limits)
         if images and self.projector is None:
@@ -159,8 +173,18 @@ class ClefModel:
             raise no_audio(self.name)
         factor = self.projector.geometry.factor if images else 1
         counts = [(p.shape[0] // factor) * (p.shape[1] // factor) for p in images]
-        encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts)
-        return Prepared(request, encoded, time.perf_counter() - t0, tuple(images))
+        clips = tuple(np.asarray(a, dtype=np.float32).reshape(-1) for a in audio)
+        short = [i for i, c in enumerate(clips) if len(c) < MIN_AUDIO_SAMPLES]
+        if short:
+            raise RequestInvalid([Problem(("body", "audio", i), f"audio clip {i} holds {len(clips[i])} samples; at "
+                                          f"least {MIN_AUDIO_SAMPLES} ({1000 * MIN_AUDIO_SAMPLES / SAMPLE_RATE:.1f} ms "
+                                          f"at {SAMPLE_RATE} Hz) are needed: the reference's feature extractor "
+                                          "cannot frame a shorter clip", "value_error.audio_too_short")
+                                  for i in short])
+        audio_counts = audio_tokens([len(c) for c in clips])
+        encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts,
+                         audio_counts)
+        return Prepared(request, encoded, time.perf_counter() - t0, tuple(images), clips)
 
     @_device_memory_errors
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
@@ -197,10 +221,10 @@ class ClefModel:
 
     def prefill_batch(self, batch: list[Prepared]) -> list[Prefilled]:
         """Text requests through ONE batched llama_decode, each from its longest cached prefix; a request with
-        images decodes alone and in full (llama.cpp takes token ids or embeddings in a batch, not both)."""
-        if any(p.images for p in batch):
+        media decodes alone and in full (llama.cpp takes token ids or embeddings in a batch, not both)."""
+        if any(p.has_media for p in batch):
             return [item for p in batch for item in
-                    (self._prefill_images(p) if p.images else self.prefill_batch([p]))]
+                    (self._prefill_media(p) if p.has_media else self.prefill_batch([p]))]
         t0 = time.perf_counter()
         done = self.backbone.prefill_cached([PrefillRequest(p.encoded.input_ids, p.encoded.state_span)
                                              for p in batch])
@@ -208,13 +232,16 @@ class ClefModel:
         return [Prefilled(p, d.hidden, backbone_s, len(batch), d.reused, d.prefix_payloads, d.new_segments, d.ticket)
                 for p, d in zip(batch, done)]
 
-    def _prefill_images(self, prepared: Prepared) -> list[Prefilled]:
-        """The vision tower over each image, then the prompt chunk by chunk (text, image embeddings, text)."""
+    def _prefill_media(self, prepared: Prepared) -> list[Prefilled]:
+        """The vision tower over each image and the audio tower over the clips, then the prompt chunk by chunk
+        (text, media embeddings, text)."""
         t0 = time.perf_counter()
         images = [self.projector.encode(pixels) for pixels in prepared.images]
         t1 = time.perf_counter()
-        hidden = self.projector.prefill(prepared.encoded.input_ids, images)
-        return [Prefilled(prepared, hidden, time.perf_counter() - t1, 1, vision_s=t1 - t0)]
+        audio = [EncodedAudio(rows) for rows in self.audio_tower.encode(prepared.audio)] if prepared.audio else []
+        t2 = time.perf_counter()
+        hidden = self.projector.prefill(prepared.encoded.input_ids, images, audio)
+        return [Prefilled(prepared, hidden, time.perf_counter() - t2, 1, vision_s=t1 - t0, audio_s=t2 - t1)]
 
     def decide(self, item: Prefilled) -> Decision:
         """The head and the answers for one prefilled request."""
@@ -227,7 +254,7 @@ class ClefModel:
             "usage": {"input_tokens": int(len(prepared.encoded.input_ids)), "output_tokens": 0},
         }
         timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused,
-                          item.vision_s)
+                          item.vision_s, item.audio_s)
         return Decision(body, len(prepared.encoded.input_ids), timings)
 
     def decide_batch(self, batch: list[Prepared]) -> list[Decision]:

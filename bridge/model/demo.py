@@ -19,6 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from ...head.config import CONFIG_NAME, HeadConfig
 from ...head.weights import save_state_dict
+from ..gguf.writer import quiet_gguf_py
 from .demo_media import AudioDims, VisionDims, write_projector
 from .demo_moe import ARCH as OMNI_ARCH
 from .demo_moe import MoeDims, write_qwen3vlmoe_gguf
@@ -128,7 +129,8 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
     tokens += [f"<|unused_{i}|>" for i in range(pad)]
     types += [1] * pad
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(str(path), "qwen35")
+    with quiet_gguf_py():
+        writer = GGUFWriter(str(path), "qwen35")
     arch = "qwen35"
     writer.add_name(name)
     writer.add_uint32(f"{arch}.block_count", d.layers)
@@ -169,7 +171,8 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
         block, size = GGML_QUANT_SIZES[kinds[n]]
         writer.add_tensor_info(n, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size, kinds[n])
         total += int(np.prod(shape)) // block * size
-    writer.write_header_to_file()
+    with quiet_gguf_py():
+        writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     pool = rng.integers(0, 256, min(POOL_BYTES, total), dtype=np.uint8) if matrices in ("Q8_0", "Q4_K_M") else None
@@ -195,6 +198,7 @@ OMNI_AUDIO = AudioDims()
 OMNI_HEAD = HeadConfig(hidden_size=OMNI_DIMS.hidden, width=64, routing_layers=1, layers=1, heads=4, feedforward=128)
 DEMO, OMNI_DEMO = "demo", "demo-omni"  # the builtin values of models.toml, and the demo registry's model names
 BUILTINS = (DEMO, OMNI_DEMO)
+REAL_RELEASES = {DEMO: "clef-flash", OMNI_DEMO: "clef-omni"}  # what to pull instead of each demo
 OMNI_DESCRIPTION = ("built-in Clef-omni demo (text, images, audio): RANDOM weights, its answers are meaningless; "
                     "configure a real Clef-omni in models.toml (clef-bridge pull clef-omni)")
 DEMO_N_CTX = 32768  # a 64-question request through the byte-level demo vocabulary needs ~20k tokens

@@ -20,6 +20,8 @@ import numpy as np
 from gguf import GGUFWriter
 from gguf.utility import size_label
 
+from ..gguf.writer import quiet_gguf_py
+
 QWEN3VL_MERGER, QWEN3_AUDIO = "qwen3vl_merger", "qwen3a"
 IMAGE_MEAN = IMAGE_STD = (0.5, 0.5, 0.5)  # Qwen3.5's and Qwen3-Omni's preprocessor
 
@@ -136,7 +138,13 @@ def write_projector(path: Path, out: int, seed: int, vision: VisionDims, audio: 
     """A random projector GGUF feeding a backbone of width `out`: vision alone (Qwen3.5's layout) or vision and
     audio in one file (Qwen3-Omni's). Deterministic per seed."""
     specs = (audio_specs(audio, out) if audio else {}) | vision_specs(vision, out)
-    writer = GGUFWriter(str(path), "clip")
+    with quiet_gguf_py():  # gguf-py's INFO lines would land in serve's banner (the demo is written on first serve)
+        _write(GGUFWriter(str(path), "clip"), specs, out, seed, vision, audio, name)
+    return path
+
+
+def _write(writer: GGUFWriter, specs: dict[str, Spec], out: int, seed: int, vision: VisionDims,
+           audio: AudioDims | None, name: str) -> None:
     writer.add_type("mmproj")
     writer.add_name(name)
     writer.add_size_label(size_label(sum(int(np.prod(s)) for _, s, _ in specs.values()), 0, 0, 0))
@@ -178,4 +186,3 @@ def write_projector(path: Path, out: int, seed: int, vision: VisionDims, audio: 
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path

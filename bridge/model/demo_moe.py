@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
+from ..gguf.writer import quiet_gguf_py
 from .demo_weights import BLOCKS, POOL_BYTES, Vocab, byte_level_vocab, more_bits, random_blocks, random_tensor
 
 ARCH = "qwen3vlmoe"
@@ -84,7 +85,8 @@ def write_qwen3vlmoe_gguf(path: Path, d: MoeDims = MoeDims(), seed: int = 0, mat
     tokens += [f"<|unused_{i}|>" for i in range(pad)]
     types += [1] * pad
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(str(path), ARCH)
+    with quiet_gguf_py():  # gguf-py's INFO lines would land in serve's banner (the demo is written on first serve)
+        writer = GGUFWriter(str(path), ARCH)
     writer.add_name(name)
     for key, value in (("block_count", d.layers), ("context_length", d.context), ("embedding_length", d.hidden),
                        ("feed_forward_length", d.expert_ff), ("attention.head_count", d.heads),
@@ -112,7 +114,8 @@ def write_qwen3vlmoe_gguf(path: Path, d: MoeDims = MoeDims(), seed: int = 0, mat
     for n, (_, shape) in specs.items():
         writer.add_tensor_info(n, shape, np.dtype(np.float32), _nbytes(kinds[n], shape), kinds[n])
         total += _nbytes(kinds[n], shape)
-    writer.write_header_to_file()
+    with quiet_gguf_py():
+        writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     if not data:

@@ -7,6 +7,8 @@ Every check reads headers through memory maps; nothing loads a whole file into m
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from ..gguf.projector import (
     PROJECTOR_HOME,
     ProjectorError,
     compute_bytes,
+    max_image_tokens,
     pairing_problems,
     projector_for,
     projector_info,
@@ -43,7 +46,8 @@ from .provenance import (
     state_drift,
 )
 
-CLEF_ARCHITECTURES = ("qwen35", "qwen35moe", CLEF_ARCH)
+# Qwen3.5 (Clef-flash, Clef; llama.cpp's clef format embeds the head) and Qwen3-Omni's thinker (Clef-omni)
+CLEF_ARCHITECTURES = ("qwen35", "qwen35moe", "qwen3vlmoe", CLEF_ARCH)
 PROMPT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
 SPECIAL_TYPES = (3, 4)  # CONTROL, USER_DEFINED
 HEAD_HOME = ("get a llama.cpp `clef` GGUF, which embeds the head (ggml-org/Clef-Flash-GGUF, ggml-org/Clef-GGUF, "
@@ -89,6 +93,8 @@ class Facts:
     mmproj_width: int | None = None
     mmproj_weight_bytes: int | None = None
     mmproj_compute_bytes: int | None = None
+    mmproj_deepstack_layers: int | None = None  # Qwen3-Omni's vision feeds this many layers besides the input
+    mmproj_audio: str | None = None  # the audio encoder in the same projector (Qwen3-Omni's qwen3a)
     image_canary_drift: float | None = None
     verified_against: dict[str, Any] | None = None  # tools/verify.py's comparison with a release
 
@@ -123,6 +129,11 @@ class CheckReport:
     @property
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.level == "warning"]
+
+    @property
+    def head_label(self) -> str:
+        """The head as people read it: its path, or a clef GGUF's "(embedded head)", or "(no head)"."""
+        return "(embedded head)" if self.facts.head_source == "embedded" else self.head or "(no head)"
 
     def add(self, level: str, code: str, message: str, fix: str = "") -> None:
         self.findings.append(Finding(level, code, message, fix))
@@ -164,7 +175,7 @@ def check_gguf(path: Path, report: CheckReport) -> GGUFInfo | None:
     if info.architecture not in CLEF_ARCHITECTURES:
         report.add("error", "gguf.architecture", f"architecture {info.architecture!r} is not a Clef backbone "
                    f"(Clef uses {' or '.join(CLEF_ARCHITECTURES)})",
-                   "use a GGUF converted from Cloudflare/clef-flash or Cloudflare/clef")
+                   "use a GGUF converted from Cloudflare/clef-flash, Cloudflare/clef or Cloudflare/clef-omni")
         return info
     n_embd = info.arch_key("embedding_length")
     pattern = layer_pattern(info)
@@ -194,7 +205,7 @@ def check_gguf(path: Path, report: CheckReport) -> GGUFInfo | None:
     plain = [t for t, i in ids.items() if isinstance(types, np.ndarray) and types[i] not in SPECIAL_TYPES]
     if missing or plain:
         report.add("error", "gguf.special_tokens", f"the tokenizer lacks the prompt's special tokens {missing}"
-                   + (f" (plain tokens: {plain})" if plain else ""), "use a Qwen3.5 GGUF of the Clef release")
+                   + (f" (plain tokens: {plain})" if plain else ""), "use the GGUF of a Clef release's backbone")
     if output is not None and len(output.shape) == 2:
         if isinstance(n_embd, int) and output.shape[0] != n_embd:
             report.add("error", "gguf.output_embedding", f"{output.name} rows have {output.shape[0]} values but "
@@ -268,6 +279,11 @@ def check_head(path: Path, report: CheckReport) -> tuple[HeadConfig, Safetensors
     return cfg, header
 
 
+def shell_path(path: str | Path) -> str:
+    """A path as a hint prints it: absolute (it works wherever the user stands), quoted for the shell."""
+    return shlex.quote(os.path.abspath(path))
+
+
 # --- together ----------------------------------------------------------------------------------
 
 def check_pair(gguf: Path, head: Path | None) -> CheckReport:
@@ -291,7 +307,9 @@ def check_pair(gguf: Path, head: Path | None) -> CheckReport:
         return report  # the GGUF itself is unreadable: that finding says it all
     if head is None:
         report.add("error", "pair.headless", f"no head for {gguf.name}: {HEADLESS}",
-                   f"{HEAD_HOME}; put the safetensors head beside the GGUF as joint_head.safetensors or pass --head")
+                   f"{HEAD_HOME}; then put joint_head.safetensors and its joint_head_config.json beside the GGUF, or "
+                   "name the head: `head = \"PATH\"` in the model's models.toml entry (serve, decide), `--head PATH` "
+                   "on the command line (check, pair, drift)")
         return report
     report.head = str(head)
     report.facts.head_source = "safetensors"
@@ -305,7 +323,8 @@ def check_pair(gguf: Path, head: Path | None) -> CheckReport:
     if isinstance(n_embd, int) and cfg.hidden_size != n_embd:
         report.add("error", "pair.hidden_size", f"the head expects hidden_size {cfg.hidden_size} but the GGUF's "
                    f"embedding length is {n_embd}: this head belongs to another model",
-                   "Clef-flash (9B) uses hidden 4096, Clef (27B) hidden 5120: pair each GGUF with its own head")
+                   "Clef-flash (9B) uses hidden 4096, Clef (27B) hidden 5120, Clef-omni (30B-A3B) hidden 2048: pair "
+                   "each GGUF with its own head")
     return report
 
 
@@ -400,8 +419,8 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
     if pair is None and want_record:
         report.add("warning", "pair.no_record", "no pairing record: nothing proves this backbone is the one the "
                    "head was trained with (a same-shape backbone of another model would answer nonsense)",
-                   f"write one with `clef-bridge pair {Path(gguf).name}"
-                   f"{'' if report.embedded else ' ' + head.name}` once you trust the pair, or fetch it with "
+                   f"write one with `clef-bridge pair {shell_path(gguf)}"
+                   f"{'' if report.embedded else ' ' + shell_path(head)}` once you trust the pair, or fetch it with "
                    "`clef-bridge pull`")
     if pair is None:
         return report
@@ -420,7 +439,7 @@ class ModelRefused(ClefError):
 
     def __init__(self, name: str, report: CheckReport):
         self.name, self.report = name, report
-        lines = [f"model {name!r} refused ({report.gguf} + {report.head or 'no head'}):"]
+        lines = [f"model {name!r} refused ({report.gguf} + {report.head_label}):"]
         for f in report.findings:
             if f.level == "error":
                 lines.append(f"  {f.code}: {f.message}" + (f"\n    fix: {f.fix}" if f.fix else ""))
@@ -450,11 +469,14 @@ def check_projector(report: CheckReport, gguf: Path, configured: Path | None) ->
         return
     facts = report.facts
     facts.mmproj_type, facts.mmproj_width = info.projector_type, info.n_embd
-    facts.mmproj_weight_bytes, facts.mmproj_compute_bytes = info.weight_bytes, compute_bytes(info)
+    facts.mmproj_weight_bytes = info.weight_bytes
+    facts.mmproj_compute_bytes = compute_bytes(info, max_image_tokens(facts.architecture))
+    facts.mmproj_deepstack_layers, facts.mmproj_audio = info.deepstack_layers, info.audio_type or None
     n_embd = facts.embedding_length
-    for problem in pairing_problems(info, n_embd) if isinstance(n_embd, int) else []:
+    for problem in pairing_problems(info, n_embd, facts.architecture or "") if isinstance(n_embd, int) else []:
         report.add("error", "mmproj.pairing", f"{path.name} does not fit this backbone: {problem}",
-                   "use the mmproj GGUF converted from the same Qwen3.5 model as the backbone")
+                   "use the mmproj GGUF converted from the same model as the backbone (Qwen3.5 for Clef and "
+                   "Clef-flash, Qwen3-Omni for Clef-omni)")
 
 
 def check_image_canary(report: CheckReport, record: dict, current: dict | None) -> None:

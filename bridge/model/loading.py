@@ -15,18 +15,28 @@ from typing import Any
 import numpy as np
 
 from ...head.config import HeadConfig, config_path_for, load_config
+from ...head.encoder import DEFAULT_MAX_LENGTH
 from ...head.errors import HeadConfigError
 from ...head.schema import Limits
 from ...head.weights import load_state_dict, params_from
 from ..gguf.clef_format import CLEF_ARCH
 from ..gguf.clef_split import ensure_backbone
-from ..gguf.projector import vision_bytes
+from ..gguf.projector import (
+    MAX_IMAGE_TOKENS,
+    OMNI_IMAGE_TOKENS,
+    ensure_vision_projector,
+    max_image_tokens,
+    projector_info,
+    vision_bytes,
+)
 from ..gguf.reader import read_gguf
 from ..host.gpu import host_rows_for, release_cached
 from ..host.paths import cache_dir
-from ..llama.backbone import Backbone
+from ..llama.backbone import Backbone, BackboneOptions
 from ..llama.embedding import OutputEmbedding
+from ..llama.omni import OMNI_ARCH, OmniBackbone
 from ..llama.vision import Projector, ProjectorOptions
+from ..media.audio_tower import AudioTower
 from .clef_model import ClefModel, Head
 from .integrity import CheckReport, ModelRefused, check_all, check_canaries, check_image_canary, check_projector
 from .memory_plan import head_gpu_bytes, placement_for
@@ -74,10 +84,55 @@ def inspect_spec(spec: ModelSpec) -> CheckReport:
 
 
 def open_projector(spec: ModelSpec, report: CheckReport, backbone: Backbone) -> Projector | None:
-    """The entry's checked vision projector on the backbone's device, or None when it has none."""
+    """The entry's checked vision projector on the backbone's device, or None when it has none. Qwen3-Omni's
+    combined vision + audio projector loads as its vision half, written once into the cache (mtmd refuses the
+    combined file)."""
     path = report.facts.mmproj
-    options = ProjectorOptions(n_threads=spec.backbone.n_threads, verbose=spec.backbone.verbose)
-    return Projector(path, backbone, options) if path is not None else None
+    if path is None:
+        return None
+    omni = report.facts.architecture == OMNI_ARCH
+    low, high = OMNI_IMAGE_TOKENS if omni else (ProjectorOptions.min_tokens, MAX_IMAGE_TOKENS)
+    options = ProjectorOptions(min_tokens=low, max_tokens=high, n_threads=spec.backbone.n_threads,
+                               verbose=spec.backbone.verbose)
+    if projector_info(path).combined:
+        vision, done = ensure_vision_projector(path, cache_dir() / "projectors")
+        if done.action == "converted":
+            log.info("wrote the vision half of %s to %s (%.1f MB in %.2f s; mtmd refuses a projector holding vision "
+                     "and audio; the audio tower reads the combined file)", path.name, vision, done.bytes / 1e6,
+                     done.seconds)
+        else:
+            log.info("using the vision half of %s written earlier: %s", path.name, vision)
+        path = vision
+    return Projector(path, backbone, options)
+
+
+def omni_spec(spec: ModelSpec) -> ModelSpec:
+    """A Clef-omni entry with Clef-omni's defaults where the entry leaves the key unset: the reference's
+    max_length (64,000 tokens) and an n_ctx that holds it, and its media layout (a "\\n" after each medium)."""
+    length = DEFAULT_MAX_LENGTH["omni"]
+    if "max_length" in spec.keys:
+        length = spec.encode.max_length
+    elif "n_ctx" in spec.keys:
+        length = min(length, spec.backbone.n_ctx)
+    n_ctx = spec.backbone.n_ctx if spec.keys & {"n_ctx", "max_length"} else length
+    return replace(spec, backbone=replace(spec.backbone, n_ctx=n_ctx),
+                   encode=replace(spec.encode, max_length=length, media_layout="omni"))
+
+
+def open_backbone(report: CheckReport, path: Path, options: BackboneOptions, host_rows) -> Backbone:
+    """Qwen3.5's backbone, or Qwen3-Omni's thinker with its projector's deepstack count (options: the entry's,
+    placed on the GPU by its memory plan)."""
+    if report.facts.architecture != OMNI_ARCH:
+        return Backbone(path, options, host_rows)
+    mmproj = report.facts.mmproj
+    deepstack = projector_info(mmproj).deepstack_layers if mmproj is not None else 0
+    if deepstack:  # the converter writes 0 for Qwen3-Omni: the projector's count is the one the thinker uses
+        log.info("loading %s with qwen3vlmoe.n_deepstack_layers = %d, the count of %s (the GGUF says %s)",
+                 path.name, deepstack, mmproj.name, report.info.arch_key("n_deepstack_layers") if report.info else "?")
+    if options.prefix_cache and options.prefix_cache.max_mb > 0:
+        log.info("prefix cache on %s: qwen3vlmoe keeps KV cells only, so a checkpoint holds no state and a hit "
+                 "shares the cached cells", path.name)
+    return OmniBackbone(path, options, host_rows, deepstack)
 
 
 def backbone_file(gguf: Path, architecture: str | None = None) -> Path:
@@ -115,20 +170,26 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     config, flat, temperatures = _head_weights(report)
     xp = array_module_for(spec.head_device)
     path = backbone_file(spec.gguf, report.facts.architecture)
+    if report.facts.architecture == OMNI_ARCH:
+        spec = omni_spec(spec)
     release_cached(xp)
     head_bytes = head_gpu_bytes(config, spec.head_device, spec.head_dtype)
-    placed, warnings = placement_for(path, spec.backbone, head_bytes, vision_bytes=vision_bytes(report.facts.mmproj))
+    placed, warnings = placement_for(path, spec.backbone, head_bytes, vision_bytes=vision_bytes(
+        report.facts.mmproj, max_image_tokens(report.facts.architecture)))
     head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
-    backbone = Backbone(path, placed, host_rows_for(xp))
+    backbone = open_backbone(report, path, placed, host_rows_for(xp))
     try:
         embedding = OutputEmbedding(spec.gguf, info=report.info)
         projector = open_projector(spec, report, backbone)
+        mmproj = report.facts.mmproj
+        # Qwen3-Omni's audio encoder runs in numpy/CuPy, on the head's device, from the combined projector
+        tower = AudioTower.from_gguf(mmproj, xp) if mmproj is not None and projector_info(mmproj).audio_type else None
     except BaseException:
         backbone.close()
         raise
     # models.toml's temperatures win over the GGUF's, key by key
     answer = replace(spec.answer, temperature=temperatures | spec.answer.temperature)
-    return ClefModel(spec.name, backbone, embedding, head, spec.encode, answer, limits, projector), warnings
+    return ClefModel(spec.name, backbone, embedding, head, spec.encode, answer, limits, projector, tower), warnings
 
 
 def load_checked(spec: ModelSpec, limits: Limits = Limits()) -> Loaded:

@@ -87,14 +87,15 @@ def _layer_of(name: str, n_layer: int) -> int | None:
     return n_layer  # output.weight, output_norm.weight
 
 
-FULL_ATTENTION_ARCHES = ("qwen3vlmoe",)  # every layer full attention (Clef-omni's thinker)
+# Architectures whose every layer is full attention (a KV cache each; no recurrent layers): Qwen3-Omni's thinker
+FULL_ATTENTION_ARCHITECTURES = frozenset({"qwen3vlmoe"})
 EVERY_TOKEN_OUTPUT_ARCHES = ("qwen3vlmoe",)
 
 
 def layer_pattern(info: GGUFInfo) -> list[bool] | None:
     """True for each full-attention layer (the ones with a KV cache), from the GGUF's metadata."""
     n_layers = info.arch_key("block_count")
-    if info.architecture in FULL_ATTENTION_ARCHES and isinstance(n_layers, int):
+    if info.architecture in FULL_ATTENTION_ARCHITECTURES and isinstance(n_layers, int):
         return [True] * n_layers
     recurrent = info.arch_key("attention.recurrent_layers")
     if isinstance(recurrent, np.ndarray) and len(recurrent):
@@ -324,8 +325,8 @@ def options_plan(arch: Arch, options: BackboneOptions, head_bytes: int, vram_byt
     ctx = options.n_ctx + (cache.extra_cells if cache else 0)
     parallel = options.n_seq_max + (cache.sequences if cache else 0)
     n_cpu_moe = None if options.n_cpu_moe == "auto" else int(options.n_cpu_moe)
-    return plan(arch, vram_bytes, ctx, parallel, options.n_ubatch, head_bytes=head_bytes, vision_bytes=vision_bytes,
-                n_cpu_moe=n_cpu_moe)
+    return plan(arch, vram_bytes, ctx, parallel, options.n_ubatch, options.kv_type, head_bytes=head_bytes,
+                vision_bytes=vision_bytes, n_cpu_moe=n_cpu_moe)
 
 
 def head_gpu_bytes(config: HeadConfig, head_device: str, head_dtype: str) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
-from ...head.errors import ClefError
+from ...head.errors import ClefError, did_you_mean
 from ...head.schema import Limits
 from ..llama.backbone import BackboneOptions
 from ..llama.prefix_cache import PrefixCacheOptions
@@ -25,7 +25,10 @@ from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
 
 LATEST = "jev-latest"
 DEFAULT_NAMES = (LATEST, "jev-preview")  # the names that mean the registry's default model
-CLOUDFLARE_NAMES = {4096: "clef-flash", 5120: "clef"}  # Workers AI's model names by backbone width
+CLOUDFLARE_NAMES = {4096: "clef-flash", 5120: "clef"}  # Workers AI's model names of the Qwen3.5 Clefs by width
+# Workers AI's name for Clef-omni, the Clef whose backbone is Qwen3-Omni's thinker (llama.cpp's qwen3vlmoe; hidden
+# 2048): its architecture names it, whatever its width (the tests' tiny random Clef-omni is 64 wide)
+OMNI_NAME, OMNI_ARCHITECTURE = "clef-omni", "qwen3vlmoe"
 
 
 class RegistryError(ClefError):
@@ -58,6 +61,9 @@ class ModelSpec:
     pair: Path | None = None  # pairing record; default <gguf stem>.pair.json beside the GGUF when present
     builtin: str = ""  # "demo" or "demo-omni": an embedded demo model, built into the cache on first use
     mmproj: Path | None = None  # vision projector GGUF; None: mmproj*.gguf beside the GGUF, if there is one
+    # the models.toml keys the entry sets: where a default depends on the model (Clef-omni's context length, see
+    # bridge/model/loading.py), only a key left unset takes it
+    keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -102,21 +108,28 @@ class Registry:
 
 # --- names -------------------------------------------------------------------------------------
 
-def name_table(registry: Registry, hidden_sizes: dict[str, int]) -> dict[str, str]:
+def name_table(registry: Registry, hidden_sizes: dict[str, int], architectures: dict[str, str] | None = None
+               ) -> dict[str, str]:
     """Every name a request may use -> the model it means.
 
     Explicit names and aliases first; then jev-latest / jev-preview for the default model; then
     Cloudflare's names (clef-flash for hidden 4096, clef for 5120; the demo answers to both) for the
-    default model when it has that width, else the first model that does.
+    default model when it has that width, else the first model that does; clef-omni for the default model
+    when its backbone is Qwen3-Omni's (architectures: each model's GGUF architecture), else the first that is.
     """
+    architectures = architectures or {}
     table = {n: spec.name for spec in registry.models.values() for n in (spec.name, *spec.aliases)}
     for n in DEFAULT_NAMES:
         table.setdefault(n, registry.default)
     order = [registry.default] + [n for n in registry.models if n != registry.default]
+    omni = [n for n in order if architectures.get(n) == OMNI_ARCHITECTURE]
     for hidden, cf_name in CLOUDFLARE_NAMES.items():
-        match = next((n for n in order if hidden_sizes.get(n) == hidden or registry.models[n].builtin == "demo"), None)
+        match = next((n for n in order if n not in omni and (hidden_sizes.get(n) == hidden
+                                                              or registry.models[n].builtin == "demo")), None)
         if match is not None:
             table.setdefault(cf_name, match)
+    if omni:
+        table.setdefault(OMNI_NAME, omni[0])
     return table
 
 
@@ -124,8 +137,9 @@ def resolve(table: dict[str, str], name: str) -> str:
     """The model a request's `model` field names."""
     if name in table:
         return table[name]
-    raise UnknownModel(f"model {name!r} is not served here; served: {', '.join(table)} (a client that always sends "
-                       "its own name is served by adding it to a model's aliases in models.toml)")
+    raise UnknownModel(f"model {name!r} is not served here; {did_you_mean(name, table)}served: {', '.join(table)} (a "
+                       "client that always sends its own name is served by adding it to a model's aliases in "
+                       "models.toml)")
 
 
 # --- keys ----------------------------------------------------------------------------------------
@@ -176,7 +190,8 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
             top[key] = _absolute(base / top[key])
     # the prefix cache is on unless prefix_cache_mb = 0; it keeps the head's memory rows with its checkpoints
     cache = PrefixCacheOptions(**groups.get("prefix", {}), payloads=True)
-    spec = ModelSpec(name=name, **top, backbone=BackboneOptions(**groups.get("backbone", {}), prefix_cache=cache),
+    spec = ModelSpec(name=name, **top, keys=frozenset(raw), backbone=BackboneOptions(**groups.get("backbone", {}),
+                                                                                     prefix_cache=cache),
                      encode=EncodeOptions(**groups.get("encode", {})), answer=AnswerOptions(**groups.get("answer", {})))
     problems += _combinations(spec, where)
     return spec
@@ -228,7 +243,7 @@ def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
     if "prefix" in groups:
         groups.setdefault("backbone", {})["prefix_cache"] = replace(spec.backbone.prefix_cache, **groups.pop("prefix"))
     nested = {g: replace(getattr(spec, g), **values) for g, values in groups.items()}
-    changed = replace(spec, **top, **nested)
+    changed = replace(spec, **top, **nested, keys=spec.keys | set(keys))
     problems = _combinations(changed, f"models.{spec.name}")
     if problems:
         raise RegistryError("\n".join(problems))
@@ -246,16 +261,17 @@ def demo_registry(path: Path) -> Registry:
 
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
     problems: list[str] = []
-    unknown = sorted(set(raw) - {"default", "models", "server", "ray"})
-    if unknown:
-        problems.append(f"unknown top-level key(s) {unknown}; known: default, models, server, ray")
+    top = ("default", "models", "server", "ray")
+    for key in sorted(set(raw) - set(top)):
+        problems.append(f"{key}: unknown top-level key; {did_you_mean(key, top)}known: {', '.join(top)}")
     models_raw = raw.get("models")
     if not isinstance(models_raw, dict) or not models_raw:
         raise RegistryError(f"{path}: no models; add a [models.NAME] table with at least gguf = \"...\"")
     specs = {name: _model(name, spec, path.parent, f"models.{name}", problems) for name, spec in models_raw.items()}
     default = raw.get("default", next(iter(models_raw)))
     if default not in models_raw:
-        problems.append(f"default = {default!r} is not one of the models {sorted(models_raw)}")
+        problems.append(f"default = {default!r} is not one of the models; {did_you_mean(default, models_raw)}models: "
+                        f"{', '.join(sorted(models_raw))}")
     seen: dict[str, str] = {}
     for spec in filter(None, specs.values()):
         for n in (spec.name, *spec.aliases):

@@ -12,6 +12,7 @@ from datetime import date
 from typing import Any, Callable
 
 from ...head.answer import BUCKETS
+from ...head.errors import did_you_mean
 from ...head.schema import QUESTION_TYPES, Limits
 from ...head.weights import STORAGE_DTYPES, dtype_name
 
@@ -137,6 +138,7 @@ MODEL_KEYS: dict[str, Key] = {
     "n_ubatch": Key("backbone", "n_ubatch", int, _positive),
     "n_seq_max": Key("backbone", "n_seq_max", int, _positive),
     "n_threads": Key("backbone", "n_threads", int, _non_negative),
+    "kv_type": Key("backbone", "kv_type", str, _one_of("f16", "f32")),
     "max_length": Key("encode", "max_length", int, _positive),
     "truncate_state": Key("encode", "truncate_state", bool),
     "parse_special_in_user_text": Key("encode", "parse_special_in_user_text", bool),
@@ -190,7 +192,8 @@ def values_by_group(raw: dict[str, Any], keys: dict[str, Key], where: str, probl
     for name, value in raw.items():
         key = keys.get(name)
         if key is None:
-            problems.append(f"{where}.{name}: unknown key; known keys: {', '.join(sorted(keys))}")
+            problems.append(f"{where}.{name}: unknown key; {did_you_mean(name, keys)}known keys: "
+                            f"{', '.join(sorted(keys))}")
             continue
         if not _typed(value, key.types):
             problems.append(f"{where}.{name}: wrong type {type(value).__name__}")

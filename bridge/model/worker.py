@@ -165,12 +165,12 @@ class InferenceWorker:
                 self._decide(batch)
 
     def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
-        """Greedy packing of text requests under the decode's token budget (n_ctx); a request with images
+        """Greedy packing of text requests under the decode's token budget (n_ctx); a request with media
         decodes alone (llama.cpp takes token ids or embeddings in one batch, not both)."""
         budget = self.model.backbone.decode_budget
-        batches = [[item] for item in ready if item[1].images]
+        batches = [[item] for item in ready if item[1].has_media]
         current, used = [], 0
-        for item in (item for item in ready if not item[1].images):
+        for item in (item for item in ready if not item[1].has_media):
             n = len(item[1].encoded.input_ids)
             if current and used + n > budget:
                 batches.append(current)

@@ -1,4 +1,5 @@
-"""How `serve --ray` runs its replicas, planned from models.toml alone (no Ray import: checked without it).
+"""How `serve --ray` runs its replicas, planned from models.toml alone, and where the Ray it starts listens
+(no Ray import: checked without it, and read before Ray is imported).
 
 One replica serves every model of the registry, as `serve` does. Serve autoscales on ongoing requests
 (running and queued) per replica; a replica's worker decodes n_seq_max requests at once, so one full
@@ -10,9 +11,36 @@ another replica could still take them.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
+from ...head.errors import ClefError
 from ..model.registry import Registry, with_keys
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Read by Ray at import, and by every process it starts: "0" gives the node the address 127.0.0.1 (Ray's
+# default on macOS and Windows), and Ray's servers then bind loopback alone (GCS, raylet, agents, workers,
+# metrics). On Linux Ray otherwise takes the machine's address, even given _node_ip_address="127.0.0.1",
+# and binds several of its ports on every interface.
+LOCAL_ONLY_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+DASHBOARD_URL = "http://127.0.0.1:8265"  # ray.init's dashboard_host and dashboard_port defaults
+
+
+class RayNotLocal(ClefError):
+    """The Ray that `serve --ray` started would listen beyond this machine."""
+
+    error_type = "usage_error"
+
+
+def cluster_address(flag: str | None, environ: Mapping[str, str]) -> str | None:
+    """The Ray cluster `serve --ray` joins: --ray-address, else RAY_ADDRESS; None: it starts a Ray of its own."""
+    return flag or environ.get("RAY_ADDRESS") or None
+
+
+def local_ray_options(dashboard: bool) -> dict[str, Any]:
+    """ray.init's arguments for the Ray `serve --ray` starts: a new one (not a `ray start` cluster found on
+    this machine), its node on loopback (with LOCAL_ONLY_ENV set before Ray's import), the dashboard only
+    when asked for."""
+    return {"address": "local", "_node_ip_address": "127.0.0.1", "include_dashboard": dashboard}
 
 
 @dataclass(frozen=True)

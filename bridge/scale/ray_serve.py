@@ -24,7 +24,15 @@ from ray import serve
 
 from ..model.registry import Registry, RegistryError, load_registry
 from ..server.app import RUNNER_OPTIONS, banner, create_app
-from .ray_plan import ReplicaPlan, plan_replicas
+from .ray_plan import (
+    DASHBOARD_URL,
+    LOCAL_ONLY_ENV,
+    LOOPBACK,
+    RayNotLocal,
+    ReplicaPlan,
+    local_ray_options,
+    plan_replicas,
+)
 
 log = logging.getLogger("clef_bridge.ray")
 
@@ -79,6 +87,31 @@ async def _body(receive: Any) -> AsyncIterator[bytes]:
             return
 
 
+def replica_grpc_on_loopback() -> None:
+    """On a node at 127.0.0.1, the replica's inter-deployment gRPC server listens there too.
+
+    Serve 2.60 opens it on [::]:0, every interface, whatever the node's address, once the replica's
+    constructor returns (Replica._on_initialized); its peers reach it at the node's address, so on a
+    loopback node 127.0.0.1 is all they use. The name is Serve's, looked up at that call.
+    """
+    from ray.serve._private import replica as serve_replica
+
+    node = ray.util.get_node_ip_address()
+    add = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if node not in LOOPBACK or getattr(add, "loopback", False):
+        return
+    if add is None:
+        log.warning("WARNING: this Ray Serve has no replica.add_port_to_grpc_server: its replicas' gRPC servers may "
+                    "listen on every interface (the Ray nodes' own ports are on %s)", node)
+        return
+
+    def on_node(server: Any, address: str) -> int:
+        return add(server, f"{node}:0" if address == "[::]:0" else address)
+
+    on_node.loopback = True  # type: ignore[attr-defined]
+    serve_replica.add_port_to_grpc_server = on_node
+
+
 @serve.deployment
 @serve.ingress()
 class ClefReplica:
@@ -86,6 +119,7 @@ class ClefReplica:
 
     async def __init__(self, registry: Registry, sockets: str):
         logging.basicConfig(level=logging.INFO, format="%(message)s")  # the access log, as `serve` writes it
+        replica_grpc_on_loopback()
         self.replica = serve.get_replica_context().replica_id.unique_id
         folder = Path(sockets)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -145,13 +179,29 @@ def replica_states() -> dict[str, int]:
     return {str(state): n for d in application.deployments.values() for state, n in d.replica_states.items()}
 
 
-def run(registry: Registry, host: str, port: int, address: str | None) -> None:
+def start_ray(address: str | None, dashboard: bool) -> str:
+    """Join the cluster at address, or start a Ray on this machine that listens on loopback alone; says which."""
+    if address is not None:
+        ray.init(address=address)
+        return f"joined the Ray cluster at {address}"
+    ray.init(**local_ray_options(dashboard))
+    node = ray.util.get_node_ip_address()
+    if node not in LOOPBACK:  # Ray was imported before LOCAL_ONLY_ENV was set: its ports would be there too
+        ray.shutdown()
+        raise RayNotLocal(f"the Ray started here took the node address {node}, and would listen there",
+                          fix=f"set {LOCAL_ONLY_ENV[0]}={LOCAL_ONLY_ENV[1]} before Ray is imported (clef-bridge "
+                              "serve --ray does), or join a cluster you started on purpose: --ray-address")
+    return (f"started a Ray on this machine, listening on 127.0.0.1 only; its dashboard "
+            f"{'on ' + DASHBOARD_URL if dashboard else 'off (--ray-dashboard starts it)'}")
+
+
+def run(registry: Registry, host: str, port: int, address: str | None, dashboard: bool = False) -> None:
     """`clef-bridge serve --ray`: the replicas on a Ray cluster (a local one without address) until SIGINT/SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if host not in ("127.0.0.1", "localhost", "::1") and not registry.server.api_keys_file:
+    if host not in LOOPBACK and not registry.server.api_keys_file:
         log.warning("WARNING: Serve's proxy binds %s and models.toml [server] sets no api_keys_file: anyone who can "
                     "reach it can run decisions on your GPUs", host)
-    ray.init(address=address)
+    log.info("clef-bridge: %s", start_ray(address, dashboard))
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

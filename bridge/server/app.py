@@ -19,7 +19,7 @@ from aiohttp import hdrs, web
 from ...head.errors import ClefError
 from ...head.schema import is_unicode, parse_request
 from ..model.clef_model import Decision
-from ..model.demo import OMNI_DEMO
+from ..model.demo import REAL_RELEASES
 from ..model.integrity import ModelRefused
 from ..model.loading import Loaded, load_checked
 from ..model.registry import ModelSpec, Registry, name_table, resolve
@@ -142,8 +142,14 @@ def no_model_warning(default: str) -> str:
             "`default`); send \"model\" to choose one")
 
 
-async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]:
-    """Both decision routes: read, decide, and the response with its x_ extensions."""
+# every answer of the built-in demo says what the banner says: its weights are random
+DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
+DEMO_WARNING = ("demo: the built-in demo model has RANDOM weights, this answer is meaningless; serve a real model "
+                "(clef-bridge pull {release} writes its models.toml entry)")
+
+
+async def answer(request: web.Request, path_model: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Both decision routes: read, decide; the response with its x_ extensions, and its extra headers."""
     start = time.perf_counter()
     hosted = path_model is not None
     body = await read_json(request, workers_ai.MAX_BODY_BYTES if hosted else None)
@@ -162,18 +168,25 @@ async def answer(request: web.Request, path_model: str | None) -> dict[str, Any]
     info.timings["total_ms"] = total_ms
     request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
     extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+    headers = {}
+    builtin = request.app[SERVED][info.model].spec.builtin
+    if builtin:
+        warnings.append(DEMO_WARNING.format(release=REAL_RELEASES[builtin]))
+        headers[DEMO_HEADER] = DEMO_HEADER_VALUE
     if warnings:
         extensions["x_warnings"] = warnings
-    return {**decision.response, **extensions}
+    return {**decision.response, **extensions}, headers
 
 
 async def systemone_handler(request: web.Request) -> web.Response:
-    return json_response(await answer(request, None))
+    response, headers = await answer(request, None)
+    return json_response(response, headers=headers)
 
 
 async def workers_ai_handler(request: web.Request) -> web.Response:
     """Cloudflare's Workers AI routes: the model comes from the path, the answer in its envelope."""
-    return json_response(workers_ai_envelope(await answer(request, request.match_info["model"])))
+    response, headers = await answer(request, request.match_info["model"])
+    return json_response(workers_ai_envelope(response), headers=headers)
 
 
 # --- the rest of the API ----------------------------------------------------------------------
@@ -274,7 +287,8 @@ def load_models(registry: Registry) -> dict[str, Loaded]:
     models: dict[str, Loaded] = {}
     try:
         for name, spec in registry.models.items():
-            log.info("loading model %s: %s + %s", name, spec.gguf, spec.head or "(head beside the GGUF)")
+            # the head is named once checked (the banner): a clef GGUF embeds it, a qwen35 one has it beside it
+            log.info("loading model %s: %s%s", name, spec.gguf, f" + {spec.head}" if spec.head else "")
             try:
                 models[name] = load_checked(spec, registry.server.limits)
             except ModelRefused:
@@ -311,7 +325,8 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         worker.start()
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
                                    _release_date(spec), item.report.facts, item.report.head)
-    app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()}))
+    app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()},
+                                 {n: s.facts.architecture or "" for n, s in app[SERVED].items()}))
     caches = {name: item.model.backbone.prefix_cache for name, item in loaded.items()
               if item.model.backbone.prefix_cache is not None}
     metrics.registry.register(PrefixCacheCollector(lambda: {name: c.stats() for name, c in caches.items()}))
@@ -350,9 +365,8 @@ def banner(app: web.Application, url: str) -> list[str]:
                   f"{facts.block_count} layers)",
                   f"    head  {head}"]
         if spec.builtin:
-            release = "clef-omni" if spec.builtin == OMNI_DEMO else "clef-flash"
             lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
-                         f"`clef-bridge pull {release}` and a models.toml")
+                         f"`clef-bridge pull {REAL_RELEASES[spec.builtin]}` and a models.toml")
         lines += [f"    warning: {w}" for w in served.warnings]
     return lines
 

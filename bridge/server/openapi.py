@@ -92,7 +92,9 @@ def _schemas(names: list[str]) -> dict[str, Any]:
                 "x_latency_ms": {"type": "number"},
                 "x_timings": {"type": "object", "additionalProperties": {"type": "number"}},
                 "x_warnings": {"type": "array", "items": {"type": "string"},
-                               "description": "what the server chose for the request (the default model, say)"},
+                               "description": "what the server chose for the request (the default model, say) and what "
+                                              "makes an answer doubtful: the built-in demo's random weights (with the "
+                                              "header X-Clef-Demo: random-weights)"},
             },
         },
         "ValidationError": {
