@@ -1,7 +1,7 @@
 """How fast a newcomer's first `clef-bridge serve` answers: the built-in demos' write time (`make_demo`, what
 `serve` runs on first start), then `clef-bridge serve` without a models.toml on a fresh cache, timed from the
-process start to /ready, to the first text answer, to the first image answer after it, and (where the Clef-omni
-demo is served) to a first `clef-omni` answer with an image and an audio clip. Medians of `runs` fresh starts."""
+process start to /ready, to the first text answer, to the first image answer after it, and to a first `clef-omni`
+answer with an image and an audio clip after that. Medians of `runs` fresh starts."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clef_bridge.bridge.model.demo import make_demo, omni_served
+from clef_bridge.bridge.model.demo import make_demo
 
 QUESTIONS = {"urgent": {"type": "noul", "instructions": "Is it urgent?"}}
 
@@ -33,7 +33,6 @@ class DemoStart:
     runs: int
     write_s: float  # make_demo into an empty folder, in this process (median)
     write_mb: float
-    omni: bool  # whether the Clef-omni demo was written and served
     steps: dict[str, float]  # step -> median seconds (ready and first text from the process start; media after it)
     statuses: dict[str, list[int]] = field(default_factory=dict)
     load: float = 0.0  # the machine's 1-minute load average at the end
@@ -69,7 +68,7 @@ def _media() -> tuple[str, str]:
     return base64.b64encode(png.getvalue()).decode(), base64.b64encode(wav.getvalue()).decode()
 
 
-def _serve_once(work: Path, omni: bool) -> tuple[dict[str, float], dict[str, int]]:
+def _serve_once(work: Path) -> tuple[dict[str, float], dict[str, int]]:
     png, wav = _media()
     port = _port()
     env = dict(os.environ, CLEF_BRIDGE_CACHE=str(work / "cache"))
@@ -95,13 +94,12 @@ def _serve_once(work: Path, omni: bool) -> tuple[dict[str, float], dict[str, int
         t1 = time.perf_counter()
         statuses["image"] = _post(port, "/v1/systemone", image)
         steps["then first image answer"] = time.perf_counter() - t1
-        if omni:
-            t1 = time.perf_counter()
-            statuses["clef-omni"] = _post(port, "/accounts/local/ai/run/@cf/cloudflare/clef-omni",
-                                          {"state": "A voicemail", "questions": QUESTIONS,
-                                           "images": [f"data:image/png;base64,{png}"],
-                                           "audio": [f"data:audio/wav;base64,{wav}"]})
-            steps["then first clef-omni answer (image + audio)"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        statuses["clef-omni"] = _post(port, "/accounts/local/ai/run/@cf/cloudflare/clef-omni",
+                                      {"state": "A voicemail", "questions": QUESTIONS,
+                                       "images": [f"data:image/png;base64,{png}"],
+                                       "audio": [f"data:audio/wav;base64,{wav}"]})
+        steps["then first clef-omni answer (image + audio)"] = time.perf_counter() - t1
         return steps, statuses
     finally:
         proc.terminate()
@@ -109,7 +107,6 @@ def _serve_once(work: Path, omni: bool) -> tuple[dict[str, float], dict[str, int
 
 
 def run(runs: int = 3) -> DemoStart:
-    omni = omni_served()
     with tempfile.TemporaryDirectory(prefix="clef-demo-start-") as tmp:
         folder = Path(tmp)
         writes = []
@@ -118,8 +115,8 @@ def run(runs: int = 3) -> DemoStart:
             make_demo(folder / f"write{i}")
             writes.append(time.perf_counter() - t0)
         size = sum(f.stat().st_size for f in (folder / "write0").rglob("*") if f.is_file())
-        served = [_serve_once(Path(tempfile.mkdtemp(dir=folder)), omni) for _ in range(runs)]
+        served = [_serve_once(Path(tempfile.mkdtemp(dir=folder))) for _ in range(runs)]
     steps = {k: round(statistics.median(s[k] for s, _ in served), 3) for k in served[0][0]}
     statuses = {k: [st[k] for _, st in served] for k in served[0][1]}
-    return DemoStart(runs, round(statistics.median(writes), 4), round(size / 1e6, 2), omni, steps, statuses,
+    return DemoStart(runs, round(statistics.median(writes), 4), round(size / 1e6, 2), steps, statuses,
                      os.getloadavg()[0])

@@ -111,7 +111,7 @@ def _(result: OmniBench) -> str:
 
 @text.register
 def _(result: DemoStart) -> str:
-    lines = [f"built-in demos{' (Clef-omni included)' if result.omni else ''}: written in {result.write_s:.3f} s "
+    lines = [f"built-in demos (the demo and the Clef-omni demo): written in {result.write_s:.3f} s "
              f"({result.write_mb} MB), median of the writes into empty folders",
              f"clef-bridge serve without models.toml on a fresh cache, medians of {result.runs} starts "
              f"(load average {result.load:.1f}):"]

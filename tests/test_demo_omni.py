@@ -1,14 +1,13 @@
 """The Clef-omni demo's files (bridge/model/demo.py, demo_moe.py, demo_media.py): deterministic, in the layout
 llama.cpp's converter writes for Qwen3-Omni, and loaded by llama.cpp itself: the qwen3vlmoe GGUF with the
 projector's deepstack count, the projector's vision half through mtmd with its rows decoded by that backbone,
-its audio half through mtmd, the audio tensors in the shapes the numpy audio tower reads. The demo registry
-serves it exactly where this clef-bridge serves qwen3vlmoe (Clef-omni's serving path, the omni branch)."""
+its audio half through mtmd, the audio tensors in the shapes the numpy audio tower reads and the tower encoding
+clips from them; and `clef-bridge serve` without a models.toml answering `clef-omni` with images and audio."""
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.util
 import math
 
 import llama_cpp as lc
@@ -18,15 +17,14 @@ from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.bridge.llama import log as llama_log
 from clef_bridge.bridge.llama.media_batch import MediaBatch, MediaChunk
 from clef_bridge.bridge.llama.vision import image_positions
-from clef_bridge.bridge.model.demo import OMNI_AUDIO, OMNI_DEMO, OMNI_DIMS, make_demo, omni_served
+from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
+from clef_bridge.bridge.model.demo import OMNI_AUDIO, OMNI_DEMO, OMNI_DIMS, make_demo
 from clef_bridge.bridge.model.demo_media import AudioDims, VisionDims, write_projector
-from clef_bridge.bridge.model.registry import RegistryError, demo_registry, parse_registry
+from clef_bridge.bridge.model.registry import demo_registry, parse_registry
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from llama_cpp import mtmd_cpp as mt
 
 AUDIO_PREFIXES = ("a.", "mm.a.")
-SERVED = pytest.mark.skipif(not omni_served(), reason="Clef-omni's serving path (qwen3vlmoe: the omni branch) is not "
-                            "in this clef-bridge, so the demo registry leaves the Clef-omni demo out")
 
 
 @pytest.fixture(scope="module")
@@ -218,19 +216,13 @@ def test_the_audio_tensors_have_the_shapes_the_audio_tower_reads(omni):
                                                           "a.conv2d.3.weight", "a.conv_out.weight"}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("clef_bridge.bridge.media.audio_tower") is None,
-                    reason="the numpy audio tower comes with the omni branch")
 def test_the_audio_tower_encodes_a_clip_from_the_demo_projector(omni):
-    from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
-
     tower = AudioTower.from_gguf(omni.mmproj)
     clips = [np.sin(np.arange(n, dtype=np.float32) / 7).astype(np.float32) for n in (8000, 16000, 27200)]
     for clip, rows, tokens in zip(clips, tower.encode(clips), audio_tokens([len(c) for c in clips])):
         assert rows.shape == (tokens, OMNI_DIMS.hidden) and np.isfinite(rows).all()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tests.fixturegen_omni") is None,
-                    reason="the converter's Qwen3-Omni fixture (tests/fixturegen_omni.py) comes with the omni branch")
 def test_the_omni_projector_is_laid_out_as_the_converter_writes_qwen3_omnis(tmp_path):
     """Written at the dimensions of the tiny Qwen3-Omni that llama.cpp's own converter turned into a projector, the
     random one has its keys, key types and values, and its tensors' names, types (F16 convolutions), shapes and
@@ -267,17 +259,13 @@ def test_the_converters_layout_at_other_widths(tmp_path):
     assert "v.deepstack.1.fc1.weight" not in shapes and shapes["v.blk.1.attn_qkv.weight"] == (3 * 48, 48)
 
 
-def test_the_demo_registry_holds_the_omni_demo_where_qwen3vlmoe_is_served(tmp_path, monkeypatch):
+def test_the_demo_registry_holds_both_demos(tmp_path, monkeypatch):
     monkeypatch.setenv("CLEF_BRIDGE_CACHE", str(tmp_path / "cache"))
     registry = demo_registry(tmp_path / "models.toml")
-    assert registry.default == "demo" and (OMNI_DEMO in registry.models) == omni_served()
-    raw = {"models": {"o": {"builtin": OMNI_DEMO}}}
-    if omni_served():
-        spec = parse_registry(raw, tmp_path / "models.toml").models["o"]
-        assert spec.builtin == OMNI_DEMO and spec.gguf.name == "omni.gguf" and spec.gguf.parent.name == "omni"
-    else:
-        with pytest.raises(RegistryError, match="needs a clef-bridge that serves Clef-omni's qwen3vlmoe"):
-            parse_registry(raw, tmp_path / "models.toml")
+    assert registry.default == "demo" and list(registry.models) == ["demo", OMNI_DEMO]
+    spec = parse_registry({"models": {"o": {"builtin": OMNI_DEMO}}}, tmp_path / "models.toml").models["o"]
+    assert spec.builtin == OMNI_DEMO and spec.gguf.name == "omni.gguf" and spec.gguf.parent.name == "omni"
+    assert spec.gguf.parent.parent == registry.models["demo"].gguf.parent  # one folder, one make_demo
 
 
 def _wav(seconds: float) -> bytes:
@@ -292,13 +280,11 @@ def _wav(seconds: float) -> bytes:
     return out.getvalue()
 
 
-@SERVED
 def test_serve_without_models_toml_answers_clef_omni_with_images_and_audio(tmp_path, monkeypatch):
     """The demo registry's Clef-omni demo answers to `clef-omni` on the Workers AI route, its usage counting each
     image's and each clip's tokens (with Qwen3-Omni's markup: start, end and a "\\n" each)."""
     import base64
 
-    from clef_bridge.bridge.media.audio_tower import audio_tokens
     from clef_bridge.bridge.media.images import ImageGeometry
 
     from .fixturegen_vision import encoded, picture
@@ -317,7 +303,8 @@ def test_serve_without_models_toml_answers_clef_omni_with_images_and_audio(tmp_p
                  "audio": ["data:audio/wav;base64," + base64.b64encode(wav).decode()]}
         both = server.request("POST", route, {**body, **media})
     assert text.status == 200 and both.status == 200, both.body[:400]
-    assert both.json()["result"]["model"] == "clef-omni"
+    assert both.json()["result"]["model"] == "clef-omni" and both.headers["x-clef-demo"] == "random-weights"
+    assert [w for w in both.json()["result"]["x_warnings"] if "RANDOM weights" in w and "pull clef-omni" in w]
     image = ImageGeometry(32, 64 * 32 * 32, 1024 * 32 * 32).tokens(320, 256)  # Qwen3-Omni's image sizes
     [clip] = audio_tokens([int(seconds * 16000)])
     assert both.json()["result"]["usage"]["input_tokens"] == \

@@ -1,6 +1,6 @@
 """The embedded demo models, from numpy and gguf: a small random qwen35 GGUF with a random vision projector and
-a matching random head; and, where this clef-bridge serves Qwen3-Omni's thinker (qwen3vlmoe), a small random
-Clef-omni (a qwen3vlmoe GGUF, a vision + audio projector in the converter's layout, a head).
+a matching random head; and a small random Clef-omni (a qwen3vlmoe GGUF, a vision + audio projector in the
+converter's layout, a head).
 
 Their answers are meaningless; they exist so that `clef-bridge serve` answers on a fresh install
 before any real model is configured, with text, images (and audio on Clef-omni), and so that every part
@@ -21,7 +21,6 @@ from ...head.config import CONFIG_NAME, HeadConfig
 from ...head.weights import save_state_dict
 from ..gguf.writer import quiet_gguf_py
 from .demo_media import AudioDims, VisionDims, write_projector
-from .demo_moe import ARCH as OMNI_ARCH
 from .demo_moe import MoeDims, write_qwen3vlmoe_gguf
 from .demo_weights import (
     BLOCKS,
@@ -204,13 +203,6 @@ OMNI_DESCRIPTION = ("built-in Clef-omni demo (text, images, audio): RANDOM weigh
 DEMO_N_CTX = 32768  # a 64-question request through the byte-level demo vocabulary needs ~20k tokens
 
 
-def omni_served() -> bool:
-    """Whether this clef-bridge serves Qwen3-Omni's thinker (qwen3vlmoe), so the Clef-omni demo is worth writing."""
-    from .integrity import CLEF_ARCHITECTURES
-
-    return OMNI_ARCH in CLEF_ARCHITECTURES
-
-
 @dataclass(frozen=True)
 class OmniDemoFiles:
     folder: Path  # a folder of its own: its head's config has the one name a config has
@@ -226,7 +218,7 @@ class DemoFiles:
     head: Path
     models_toml: Path
     mmproj: Path  # the vision projector, beside the GGUF where find_projector looks
-    omni: OmniDemoFiles | None = None  # None: not written (this clef-bridge does not serve qwen3vlmoe)
+    omni: OmniDemoFiles | None = None  # None: not written (make_demo(omni=False))
 
 
 def demo_files(folder: Path, omni: bool = False) -> DemoFiles:
@@ -284,10 +276,9 @@ def _models_toml(files: DemoFiles) -> str:
     return text
 
 
-def make_demo(folder: str | Path, seed: int = 0, omni: bool | None = None) -> DemoFiles:
+def make_demo(folder: str | Path, seed: int = 0, omni: bool = True) -> DemoFiles:
     """Write the demo GGUF, its vision projector, head, config and a models.toml serving them (idempotent,
-    deterministic); with omni (default: where this clef-bridge serves qwen3vlmoe) the Clef-omni demo too."""
-    omni = omni_served() if omni is None else omni
+    deterministic); with omni the Clef-omni demo too."""
     files = demo_files(Path(folder).resolve(), omni)
     files.folder.mkdir(parents=True, exist_ok=True)
     with open(files.folder / ".lock", "w") as lock:

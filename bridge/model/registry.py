@@ -170,11 +170,8 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     if "builtin" in raw:
         if "gguf" in raw or "head" in raw:
             problems.append(f"{where}: a builtin model takes no gguf or head")
-        from .demo import BUILTINS, OMNI_DEMO, demo_entry, omni_served
+        from .demo import BUILTINS, demo_entry
 
-        if raw["builtin"] == OMNI_DEMO and not omni_served():
-            problems.append(f"{where}.builtin: \"{OMNI_DEMO}\" needs a clef-bridge that serves Clef-omni's qwen3vlmoe "
-                            "backbone, and this one does not; use builtin = \"demo\"")
         entry = demo_entry(raw["builtin"]) if raw["builtin"] in BUILTINS else {}
         raw = {**entry, **{k: v for k, v in raw.items() if k not in ("gguf", "head")}}
     elif "gguf" not in raw:
@@ -251,12 +248,11 @@ def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
 
 
 def demo_registry(path: Path) -> Registry:
-    """What `serve` uses when there is no models.toml: the built-in demo (text and images), and the Clef-omni demo
-    (text, images, audio) where this clef-bridge serves its qwen3vlmoe backbone."""
-    from .demo import BUILTINS, DEMO, OMNI_DEMO, omni_served
+    """What `serve` uses when there is no models.toml: the built-in demo (text and images) and the Clef-omni demo
+    (text, images, audio)."""
+    from .demo import BUILTINS, DEMO
 
-    names = [n for n in BUILTINS if n != OMNI_DEMO or omni_served()]
-    return parse_registry({"default": DEMO, "models": {n: {"builtin": n} for n in names}}, path)
+    return parse_registry({"default": DEMO, "models": {n: {"builtin": n} for n in BUILTINS}}, path)
 
 
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
