@@ -42,7 +42,8 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path):
         _wait_ready(port, proc)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
             models = json.load(r)["models"]
-        assert models[0]["name"] == "demo" and models[0]["description"] == DEMO_DESCRIPTION
+        assert [m["name"] for m in models] == ["demo", "demo-omni"] and models[0]["description"] == DEMO_DESCRIPTION
+        assert [m["x_media"] for m in models] == [["image"], ["image", "audio"]]
         assert "RANDOM weights" in models[0]["description"]
         body = json.dumps({"model": "jev-latest", "state": "The printer is on fire.",
                            "questions": {"urgent": {"type": "noul", "instructions": "Is it urgent?"}}}).encode()
@@ -66,6 +67,8 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path):
     banner = out[out.index("clef-bridge serving on"):]
     assert f"http://127.0.0.1:{port} (auth off)" in banner and "model demo (also answers to jev-latest" in banner
     assert "DEMO MODEL: RANDOM weights" in banner and "(qwen35, hidden 128, 4 layers)" in banner
+    assert "model demo-omni (also answers to clef-omni)" in banner and "(qwen3vlmoe, hidden 128, 4 layers)" in banner
+    assert "pull clef-omni" in banner[banner.index("model demo-omni"):]
     assert "llama_" not in out and "load:" not in out  # llama.cpp's own chatter stays out of the way
 
 
