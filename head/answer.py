@@ -33,9 +33,10 @@ class AnswerOptions:
 BUCKETS = (("2", 2), ("3_5", 5), ("6_10", 10), ("11", float("inf")))
 
 
-def softmax64(logits: np.ndarray) -> np.ndarray:
+def softmax64(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """softmax((z - max z) / T) in float64, as llama-server computes it (dividing in float32 would round first)."""
     z = logits.astype(np.float64)
-    e = np.exp(z - z.max())
+    e = np.exp((z - z.max()) / temperature)
     return e / e.sum()
 
 
@@ -76,14 +77,21 @@ def answer(question: Question, probabilities: np.ndarray, confidence: str) -> di
     }
 
 
-def answers(request: DecisionRequest, logits: np.ndarray, offsets: np.ndarray,
-            options: AnswerOptions = AnswerOptions()) -> dict[str, dict[str, Any]]:
-    """logits: [n_options] flat in layout order; offsets: [n_q] first option of each question."""
+def probabilities(request: DecisionRequest, logits: np.ndarray, offsets: np.ndarray,
+                  options: AnswerOptions = AnswerOptions()) -> list[np.ndarray]:
+    """Unrounded float64 probabilities per question, in prompt order, each at its temperature.
+
+    logits: [n_options] flat in layout order; offsets: [n_q] first option of each question.
+    """
     if not np.isfinite(logits).all():
         raise NonFiniteOutput("the head produced non-finite logits; the backend is faulty, retry later")
     bounds = list(offsets) + [len(logits)]
-    out = {}
-    for q, start, end in zip(request.questions, bounds, bounds[1:]):
-        p = softmax64(logits[start:end] / options.temperature_for(q.type, end - start))
-        out[q.id] = answer(q, p, options.confidence)
-    return out
+    return [softmax64(logits[start:end], options.temperature_for(q.type, end - start))
+            for q, start, end in zip(request.questions, bounds, bounds[1:])]
+
+
+def answers(request: DecisionRequest, logits: np.ndarray, offsets: np.ndarray,
+            options: AnswerOptions = AnswerOptions()) -> dict[str, dict[str, Any]]:
+    """The answer of each question (rounded to 4 decimals), keyed by question id."""
+    return {q.id: answer(q, p, options.confidence)
+            for q, p in zip(request.questions, probabilities(request, logits, offsets, options))}

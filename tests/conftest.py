@@ -1,4 +1,5 @@
-"""Shared fixtures: generated files (see fixturegen) and loaded models, built once per session."""
+"""Shared fixtures: generated files (see fixturegen) and loaded models, built once per session; and the
+check that every test carries exactly one level marker (unit, integration or slow; see pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,23 @@ import pytest
 from clef_bridge.bridge.model.registry import ModelSpec, model_spec
 
 from . import fixturegen, fixturegen_omni
+
+LEVELS = ("unit", "integration", "slow")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: an unmarked test must not just vanish from `-m unit`
+def pytest_collection_modifyitems(config, items):
+    """Refuse a run in which a test has no level marker or more than one: `-m unit` must mean what it says."""
+    wrong = []
+    for item in items:
+        levels = [m.name for m in item.iter_markers() if m.name in LEVELS]
+        if len(levels) != 1:
+            wrong.append(f"{item.nodeid}: {', '.join(levels) or 'no level'}")
+    if wrong:
+        raise pytest.UsageError(
+            f"{len(wrong)} test(s) need exactly one of the markers {', '.join(LEVELS)}; set "
+            "`pytestmark = pytest.mark.unit` (or integration, slow) once at the top of the file:\n  "
+            + "\n  ".join(wrong[:20]))
 
 
 @pytest.fixture(scope="session")

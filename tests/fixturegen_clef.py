@@ -151,8 +151,13 @@ def _encode(array: np.ndarray, qtype: Q) -> np.ndarray:
 
 
 def write_clef(path: Path, flat: dict[str, np.ndarray], cfg: dict, head_type: Q = Q.F32,
-               backbone: Path | None = None, damage: Damage = Damage()) -> Path:
-    """A clef GGUF per the facts; backbone None writes only the head and the two backbone keys it needs."""
+               backbone: Path | None = None, damage: Damage = Damage(),
+               temperatures: dict[str, float] | None = None) -> Path:
+    """A clef GGUF per the facts; backbone None writes only the head and the two backbone keys it needs.
+
+    temperatures: {"<type>" or "<type>.<bucket>": T} written as FLOAT32 clef.decision.temperature.* keys,
+    spelled here from the facts (not by clef_format), so a reader that spells them otherwise fails.
+    """
     writer = GGUFWriter(path, "clef")
     if backbone is None:
         writer.add_key_value("clef.embedding_length", cfg["hidden_size"], GGUFValueType.UINT32)
@@ -177,6 +182,8 @@ def write_clef(path: Path, flat: dict[str, np.ndarray], cfg: dict, head_type: Q 
         if damage.value is not None and key == damage.value[0]:
             value = damage.value[1]
         writer.add_key_value(key, value, vtype, sub)
+    for name, temperature in (temperatures or {}).items():
+        writer.add_key_value(f"clef.decision.temperature.{name}", temperature, GGUFValueType.FLOAT32)
     for t in source.tensors if source is not None else ():
         writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
     arrays = fact_arrays(flat, cfg)

@@ -92,3 +92,40 @@ def reference_logits(head: Any, hidden: np.ndarray, input_ids: np.ndarray, layou
             torch.from_numpy(np.asarray(output_embedding, dtype=np.float32)),
         )[0]
     return torch.cat(out).numpy()
+
+
+ROUNDING = 5e-5  # answers carry 4 decimals
+
+
+def assert_same_answers(got: dict[str, dict], want: dict[str, dict], tolerance: float) -> float:
+    """Every field of our answers against the reference's systemone answers; the worst probability diff.
+
+    Probabilities (and noul) within tolerance plus both sides' rounding. What follows from them within
+    the bound those differences give: `confidence` (the chosen option's or the top probability) by the
+    largest difference, the expected level `score` by sum_i i * |dp_i|, `choice` wherever the reference's
+    top two are further apart than twice the largest difference. Legends and key order exactly.
+    """
+    assert list(got) == list(want), "questions differ"
+    worst = 0.0
+    for qid, ours in got.items():
+        ref = want[qid]
+        assert set(ours) == set(ref) and ours["type"] == ref["type"], (qid, sorted(ours), sorted(ref))
+        if ours["type"] == "noul":
+            worst = max(worst, abs(ours["noul"] - ref["noul"]))
+            assert abs(ours["noul"] - ref["noul"]) <= tolerance + 2 * ROUNDING, (qid, ours, ref)
+            continue
+        assert list(ours["probabilities"]) == list(ref["probabilities"]), qid
+        dp = {k: abs(ours["probabilities"][k] - p) for k, p in ref["probabilities"].items()}
+        largest = max(dp.values())
+        worst = max(worst, largest)
+        assert largest <= tolerance + 2 * ROUNDING, (qid, dp)
+        assert abs(ours["confidence"] - ref["confidence"]) <= largest + 1e-9, (qid, ours, ref)
+        if ours["type"] == "score":
+            assert ours["legend"] == ref["legend"], qid
+            bound = sum(int(k) * (d + 2 * ROUNDING) for k, d in dp.items()) + 2 * ROUNDING
+            assert abs(ours["score"] - ref["score"]) <= bound, (qid, ours["score"], ref["score"], bound)
+        else:
+            low, high = sorted(ref["probabilities"].values())[-2:]
+            if high - low > 2 * largest + 4 * ROUNDING:
+                assert ours["choice"] == ref["choice"], (qid, ours, ref)
+    return worst

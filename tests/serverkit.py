@@ -187,15 +187,27 @@ class WrappedModel:
         return getattr(self._model, name)
 
 
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30) -> None:
+    """Poll condition until it holds: tests order events by state, never by a sleep of a guessed length."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}")
+        time.sleep(0.01)
+
+
 class SlowModel(WrappedModel):
-    """A real, checked model whose batches take at least `delay` seconds, counting what it decides."""
+    """A real, checked model whose batches take at least `delay` seconds, counting what it decides;
+    `started` is set once a batch has reached the backbone (so a test knows the worker is busy)."""
 
     def __init__(self, model, delay: float):
         super().__init__(model)
         self.delay, self.decided = delay, 0
+        self.started = threading.Event()
 
     def prefill_batch(self, batch):
-        time.sleep(self.delay)
+        self.started.set()
+        time.sleep(self.delay)  # the batch's work, made long: not an ordering
         self.decided += len(batch)
         return self._model.prefill_batch(batch)
 

@@ -17,6 +17,8 @@ from clef_bridge.head.errors import RequestInvalid
 
 from .fixturegen_vision import data_url, encoded, picture
 
+pytestmark = pytest.mark.unit
+
 PNG = {name: encoded(picture(40 + 8 * i, 32, seed=i), "PNG") for i, name in enumerate("ABCD")}
 LIMITS = ImageLimits()
 

@@ -32,6 +32,8 @@ from clef_bridge.head.errors import RequestInvalid
 
 from .fixturegen_vision import encoded, picture
 
+pytestmark = pytest.mark.integration
+
 LOC = ("body", "audio", 0)
 
 

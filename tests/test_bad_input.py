@@ -16,6 +16,8 @@ from clef_bridge.head.weights import load_state_dict, save_state_dict
 
 from .randomhead import random_state_dict
 
+pytestmark = pytest.mark.unit
+
 
 def byte_tokenize(text: str, parse_special: bool) -> list[int]:
     return list(text.encode("utf-8"))

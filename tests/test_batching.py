@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
 
+pytestmark = pytest.mark.integration
+
 # Different lengths, none longer than a ubatch: llama.cpp then splits a sequence at the same
 # points alone and in a batch, and the results agree to float32 rounding.
 LENGTHS = [37, 120, 250, 3, 511]

@@ -12,6 +12,8 @@ from benchmarks.bench_head import rounded, schema_layout, turns_ms
 from .randomhead import random_state_dict
 from .test_head_device import TINY
 
+pytestmark = pytest.mark.unit
+
 
 def test_options_put_one_choice_after_a_state_of_the_given_length():
     layout, total = schema_layout(750, 255)

@@ -30,6 +30,8 @@ from . import fixturegen_clef
 from .fixturegen import ROOT, TINY_HEAD
 from .test_clef_format import SCALAR_RTOL, SCALARS
 
+pytestmark = pytest.mark.integration
+
 CFG = HeadConfig(**TINY_HEAD)
 TOKENS = (np.arange(1, 180) * 7919 % 150000).astype(np.int32)
 

@@ -27,6 +27,8 @@ from .fixturegen import TINY_HEAD
 from .fixturegen_clef import FACT_KEYS, FACT_TEMPLATE, Damage, fact_arrays, fact_dtype, fact_tensors, write_clef
 from .randomhead import random_inputs, random_layout, random_state_dict
 
+pytestmark = pytest.mark.integration
+
 # The three scalars travel as exp / sigmoid in float64, stored as F32, and come back through log: within
 # a few float32 ulps of the original, not bit-exact (the facts' formula, also what llama-server uses).
 SCALARS = ("prior_logit_scale", "joint_logit_scale", "residual_gate")

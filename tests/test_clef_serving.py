@@ -18,8 +18,11 @@ from clef_bridge.tools.cli import main
 
 from . import fixturegen_clef
 from .fixturegen_clef import Damage
+from .reference import assert_same_answers
 from .serverkit import RunningServer
 from .test_end_to_end import F32_TOLERANCE, REQUESTS, oracle, reference_probabilities  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow
 
 ROUNDING = 5e-5  # answers carry 4 decimals
 
@@ -58,6 +61,8 @@ def test_a_clef_gguf_is_served_as_it_is(oracle, clef_fx, tmp_path, cache, caplog
             assert reply.json()["usage"]["input_tokens"] == len(ref_encoded.input_ids)
             for p, rp in zip(served_probabilities(request, reply.json()["answers"]), ref_probs):
                 worst = max(worst, float(np.abs(p - rp).max()))
+            expected = oracle.ref.systemone(oracle.model, oracle.processor, request, max_length=8192)
+            assert_same_answers(reply.json()["answers"], expected["answers"], F32_TOLERANCE)  # every field
         [model] = srv.request("GET", "/v1/models").json()["models"]
     print(f"clef GGUF served: max |p diff| vs the reference {worst:.2e}")
     assert worst <= F32_TOLERANCE + ROUNDING

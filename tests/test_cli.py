@@ -7,6 +7,8 @@ import pytest
 from clef_bridge.tools.cli import main
 from gguf import GGMLQuantizationType, GGUFWriter
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def keyless_gguf(tmp_path):

@@ -22,6 +22,8 @@ from . import fixturegen_vision
 from .fixturegen_vision import encoded, picture
 from .serverkit import RunningServer
 
+pytestmark = pytest.mark.integration
+
 PNG = encoded(picture(320, 256), "PNG")
 QUESTIONS = {"legible": {"type": "noul", "instructions": "Is the receipt legible?"},
              "kind": {"type": "choice", "instructions": "What is shown?",

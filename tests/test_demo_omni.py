@@ -24,6 +24,8 @@ from clef_bridge.bridge.model.registry import demo_registry, parse_registry
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from llama_cpp import mtmd_cpp as mt
 
+pytestmark = pytest.mark.integration
+
 AUDIO_PREFIXES = ("a.", "mm.a.")
 
 

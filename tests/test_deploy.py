@@ -19,6 +19,8 @@ from clef_bridge.tools.cliargs import build_parser
 
 from .test_readme import PAGES, blocks
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 

@@ -10,6 +10,8 @@ from gguf import GGUFWriter
 
 from . import ggml_oracle
 
+pytestmark = pytest.mark.unit
+
 N_VOCAB, N_EMBD = 300, 512  # K-quants need rows that are a multiple of 256 wide
 
 

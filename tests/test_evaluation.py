@@ -30,6 +30,8 @@ from clef_bridge.tools.scoring import (
 from .conftest import open_spec, tiny_spec
 from .serverkit import RunningServer, registry_for
 
+pytestmark = pytest.mark.slow
+
 
 def D(p, gold):
     return Decision(np.array(p, dtype=float), gold)

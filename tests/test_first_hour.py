@@ -25,6 +25,8 @@ from benchmarks.bench_head import OPTIONS, schema_layout
 from .randomhead import schema_tokens
 from .test_server_clients import _free_port
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "clef_bridge.tools.cli"]
 

@@ -24,6 +24,8 @@ from clef_bridge.bridge.model.memory_plan import (
 from clef_bridge.bridge.model.presets import arch_preset, head_params
 from clef_bridge.tools.cli import main
 
+pytestmark = pytest.mark.integration
+
 
 def test_clef_flash_kv_is_32_kib_per_token_at_f16():
     arch = arch_preset("clef-flash", "Q8_0")

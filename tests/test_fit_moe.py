@@ -21,6 +21,8 @@ from clef_bridge.bridge.model.presets import arch_preset, omni_projector, type_b
 from clef_bridge.bridge.model.registry import RegistryError, model_spec
 from clef_bridge.tools.cli import main
 
+pytestmark = pytest.mark.integration
+
 # Qwen3-Omni's proportions at a tiny width: expert width 3/8 of hidden, 8 experts used, q = 2 x hidden
 OMNI_SHAPED = {"h256": MoeDims(hidden=256, layers=6, heads=8, kv_heads=1, head_dim=64, experts=16, experts_used=8,
                                expert_ff=96),

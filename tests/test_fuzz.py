@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from .conftest import tiny_spec
 from .serverkit import RunningServer, registry_for
 
+pytestmark = pytest.mark.slow
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),

@@ -14,6 +14,8 @@ from .conftest import tiny_spec
 from .serverkit import RunningServer, registry_for
 from .test_server_adversarial import http
 
+pytestmark = pytest.mark.slow
+
 KEY = "fuzz-key"
 NOUL = {"model": "tiny", "state": "s", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
 HEADERS = [b"x-typesafe-request-id", b"Authorization", b"Content-Type", b"Content-Encoding", b"Expect", b"Accept",

@@ -26,6 +26,8 @@ from .serverkit import RunningServer, registry_for
 from .strictcupy import StrictCuPy
 from .test_worker import run_worker
 
+pytestmark = pytest.mark.integration
+
 TOLERANCE = 1e-5  # the stand-in computes with numpy: only the order of float32 sums may differ
 REQUESTS = [varied_requests()[i] for i in (0, 1, 2, 6, 8, 11, 22)]
 
@@ -152,6 +154,9 @@ def test_cupy_out_of_memory_is_a_503_the_pool_is_released_and_the_next_request_i
         assert server.post({**big, "state": big["state"] + "?"}).status == 200
 
 
+OTHER_PROCESS = 300 << 20  # what another process holds on every fake GPU
+
+
 class FakeNVML(types.ModuleType):
     """pynvml over fake GPUs; one of them's used memory follows a stand-in's pool (what CuPy holds)."""
 
@@ -189,7 +194,7 @@ class FakeNVML(types.ModuleType):
     def nvmlDeviceGetMemoryInfo(self, i):  # noqa: N802
         self.reads.append(i)
         total = self.gpus[i][2]
-        used = 300 << 20  # another process
+        used = OTHER_PROCESS
         if self.pool is not None and i == self.pool_on:
             used += self.pool.total_bytes()  # what CuPy's pool holds, cached blocks included
         return types.SimpleNamespace(total=total, used=used, free=total - used)

@@ -14,6 +14,8 @@ from clef_bridge.head.weights import load_params, save_state_dict, store_matrice
 from .randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
 from .strictcupy import IMPLICIT, StrictCuPy
 
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-5  # the stand-in computes with numpy: only the order of float32 sums may differ
 TINY = HeadConfig(hidden_size=64, width=32, routing_layers=1, layers=1, heads=2, feedforward=64)
 

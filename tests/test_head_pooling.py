@@ -11,6 +11,8 @@ from clef_bridge.head.model import option_summaries, span_means
 
 from .strictcupy import StrictCuPy
 
+pytestmark = pytest.mark.unit
+
 TOLERANCE = 1e-5  # relative to the values' scale; float32 sums in another order
 
 

@@ -24,6 +24,8 @@ from clef_bridge.bridge.media.images import (
 
 from .fixturegen_vision import QWEN35_IMAGE_PROCESSOR, data_url, encoded, image_processor, picture
 
+pytestmark = pytest.mark.integration  # the reference processors of transformers: seconds to import
+
 PIL = pytest.importorskip("PIL.Image")
 LOC = ("body", "assets", "receipt")
 

@@ -23,6 +23,7 @@ from clef_bridge.bridge.model.provenance import (
     sha256_file,
     state_drift,
 )
+from clef_bridge.bridge.model.registry import model_spec
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.weights import load_state_dict, save_state_dict
 from clef_bridge.tools.cli import main
@@ -30,6 +31,8 @@ from clef_bridge.tools.cli import main
 from .conftest import open_spec, tiny_spec
 from .randomhead import random_state_dict
 from .serverkit import RunningServer, registry_for
+
+pytestmark = pytest.mark.integration
 
 
 def run_check(capsys, *args) -> tuple[int, dict]:
@@ -294,13 +297,17 @@ def test_fingerprint_and_canary_tolerances(fx):
             assert cosine >= MIN_ROW_COSINE and canary <= MAX_CANARY_DIFF and drift <= MAX_STATE_DRIFT
 
 
-@pytest.mark.parametrize("case", ["headless", "hidden-size", "nan-head", "pin", "swapped-backbone"])
-def test_the_server_refuses_to_start(fx, tmp_path, pairing, case):
+@pytest.mark.parametrize("case, code", [("headless", "pair.headless"), ("hidden-size", "pair.hidden_size"),
+                                        ("nan-head", "head.nonfinite"), ("pin", "pin.gguf_sha256"),
+                                        ("pin-last-digit", "pin.gguf_sha256"),
+                                        ("swapped-backbone", "pair.backbone_mismatch")])
+def test_the_server_refuses_to_start(fx, tmp_path, pairing, case, code):
     spec = tiny_spec(fx)
-    if case == "headless":
+    if case == "headless":  # no head named, none beside the GGUF: the headless-GGUF trap
         lonely = tmp_path / "lonely.gguf"
         shutil.copy(fx.gguf_f32, lonely)
-        spec = tiny_spec(fx, gguf=lonely, head=tmp_path / "joint_head.safetensors")
+        spec = model_spec("tiny", lonely, n_ctx=8192, max_length=8192)
+        assert spec.head is None
     elif case == "hidden-size":
         cfg = HeadConfig(hidden_size=128, width=32, routing_layers=1, layers=1, heads=2, feedforward=64)
         save_state_dict(tmp_path / "joint_head.safetensors", random_state_dict(cfg))
@@ -315,11 +322,15 @@ def test_the_server_refuses_to_start(fx, tmp_path, pairing, case):
         spec = tiny_spec(fx, head=tmp_path / "joint_head.safetensors")
     elif case == "pin":
         spec = tiny_spec(fx, gguf_sha256="f" * 64)
+    elif case == "pin-last-digit":  # all 64 digits count, not a prefix
+        real = sha256_file(fx.gguf_f32)
+        spec = tiny_spec(fx, gguf_sha256=real[:-1] + ("0" if real[-1] != "0" else "1"))
     else:
         spec = tiny_spec(fx, gguf=fx.gguf_other, pair=pairing)
     with pytest.raises(ModelRefused) as info:
         load_checked(spec)
     assert "'tiny' refused" in str(info.value) and "fix:" in str(info.value)
+    assert {f.code for f in info.value.report.findings if f.level == "error"} == {code}
     with pytest.raises(ModelRefused):
         with RunningServer(registry_for(spec, tmp_path / "models.toml")):
             pass

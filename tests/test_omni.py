@@ -30,6 +30,8 @@ from clef_bridge.head.errors import RequestInvalid
 from . import fixturegen_omni, fixturegen_vision
 from .omni_cases import answer_probabilities, answer_problems, cases, max_dp, probabilities, tone
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 
 TOLERANCE = {"text": 2e-3, "image": 5e-3, "audio": 1e-2}

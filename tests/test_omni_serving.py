@@ -27,6 +27,8 @@ from . import fixturegen_vision
 from .omni_cases import answer_problems, cases, wav
 from .test_server_clients import _free_port, _wait_ready
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 TOLERANCE = {"text": 2e-3, "image": 5e-3, "audio": 1e-2}

@@ -18,6 +18,8 @@ from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
 from .randomhead import random_state_dict
 
+pytestmark = pytest.mark.integration
+
 ROUTER = varied_requests()[22]
 
 

@@ -31,6 +31,8 @@ from . import fixturegen_vision
 from .fixturegen_vision import encoded, picture
 from .test_server_clients import _free_port
 
+pytestmark = pytest.mark.slow
+
 try:
     from playwright import sync_api as playwright_sync
 except ImportError:  # the browser fixture fails naming the fix; nothing here is skipped

@@ -18,6 +18,8 @@ from .conftest import open_spec, tiny_spec
 from .serverkit import RunningServer, registry_for
 from .test_hardening import faulty_loader
 
+pytestmark = pytest.mark.integration
+
 TOLERANCE = 1e-4  # on probabilities; hidden states of a hit differ from a full prefill by ~1e-6
 WORDS = ("invoice refund printer outage password upgrade contract delivery dashboard export account billing "
          "urgent broken slow error please thanks yesterday again customer").split()

@@ -24,6 +24,8 @@ from . import fixturegen_vision
 from .fixturegen_vision import data_url, encoded, picture
 from .test_integrity import codes, run_check
 
+pytestmark = pytest.mark.integration
+
 REQUEST = {"model": "m", "state": "scan", "questions": {"q": {"type": "noul", "instructions": "Legible?"}}}
 
 

@@ -12,6 +12,8 @@ import pytest
 
 from .fakehub import Hub, RunningHub
 
+pytestmark = pytest.mark.slow
+
 HEAD_REPO = "Cloudflare/clef-flash"
 GGUF_REPO = "community/clef-flash-GGUF"
 GGUF_FILE = "clef-flash-Q8_0.gguf"

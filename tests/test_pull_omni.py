@@ -16,6 +16,8 @@ from clef_bridge.bridge.model.integrity import CLEF_ARCHITECTURES
 from .fakehub import Hub, RunningHub
 from .fixturegen import build_head
 
+pytestmark = pytest.mark.integration
+
 RELEASE = "Cloudflare/clef-omni"
 GGUF_REPO = "community/clef-omni-GGUF"
 GGUF_FILE = "clef-omni-Q4_K_M.gguf"

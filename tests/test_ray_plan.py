@@ -9,6 +9,8 @@ from clef_bridge.bridge.model.registry import RaySpec, RegistryError, parse_regi
 from clef_bridge.bridge.scale.ray_plan import plan_replicas
 from clef_bridge.tools.cli import main
 
+pytestmark = pytest.mark.unit
+
 DEMO = {"default": "demo", "models": {"demo": {"builtin": "demo"}}}
 
 

@@ -3,7 +3,8 @@
 Ray is slow to start, so one Ray serves the module and the tests are few: the one command; jevcompat
 and 200 mixed requests through the proxy over 2 replicas, counted by the replicas' own metrics; a
 replica killed under load; autoscaling from 1 to 2. They need the `ray` extra, which tests/run.sh
-installs (docs/ray.md), and skip without it.
+installs (docs/ray.md): they skip without it on a developer's machine and fail without it in CI
+(CI=true).
 """
 
 from __future__ import annotations
@@ -25,18 +26,36 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from clef_bridge.bridge.model.loading import materialize
+from clef_bridge.bridge.model.registry import RaySpec, demo_registry, load_registry, with_keys
+from clef_bridge.bridge.scale.ray_plan import plan_replicas
 
+from .serverkit import metric_sum
+from .test_server_clients import _free_port
+
+# Ray's own deadlines inside these tests reach 240 s after a cluster start: more than the suite's 300 s
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 NO_RAY = "Ray Serve is not installed: pip install 'clef-bridge[ray]' (tests/run.sh does)"
-ray = pytest.importorskip("ray", reason=NO_RAY)
-serve = pytest.importorskip("ray.serve", reason=NO_RAY)
+try:
+    import ray
+    from clef_bridge.bridge.scale import ray_serve
+    from ray import serve
+except ImportError as exc:
+    # a developer without the extra skips these; CI (CI=true) runs everything, so there they fail
+    if os.environ.get("CI", "").lower() not in ("true", "1"):
+        pytest.skip(f"{NO_RAY} ({exc})", allow_module_level=True)
+    ray = serve = ray_serve = None
+    RAY_MISSING = f"{NO_RAY} ({exc}); CI=true runs every test, so Ray's tests fail here instead of skipping"
+else:
+    RAY_MISSING = ""
 
-from clef_bridge.bridge.model.loading import materialize  # noqa: E402
-from clef_bridge.bridge.model.registry import RaySpec, demo_registry, load_registry, with_keys  # noqa: E402
-from clef_bridge.bridge.scale import ray_serve  # noqa: E402
-from clef_bridge.bridge.scale.ray_plan import plan_replicas  # noqa: E402
 
-from .serverkit import metric_sum  # noqa: E402
-from .test_server_clients import _free_port  # noqa: E402
+@pytest.fixture(scope="module", autouse=True)
+def ray_installed():
+    """First of the module's fixtures: without Ray (in CI) each test fails with why, before any starts Ray."""
+    if RAY_MISSING:
+        pytest.fail(RAY_MISSING, pytrace=False)
+
 
 KEY = "ray-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

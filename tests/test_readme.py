@@ -15,6 +15,8 @@ import pytest
 
 from .test_server_clients import _free_port, _wait_ready
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # README.md first, then the docs pages by name: the order a reader (and the runnable blocks) goes in

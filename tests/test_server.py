@@ -12,10 +12,13 @@ import time
 import aiohttp
 import numpy as np
 import pytest
+from clef_bridge.bridge.server.appstate import SERVED
 
 from .conftest import tiny_spec
 from .corpus import varied_requests
-from .serverkit import RunningServer, registry_for, slow_loader, strip_extensions
+from .serverkit import RunningServer, registry_for, slow_loader, strip_extensions, wait_until
+
+pytestmark = pytest.mark.integration
 
 REQUESTS = varied_requests()
 NOUL = {"model": "tiny", "state": "s", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
@@ -232,36 +235,42 @@ def test_deadline_gives_503(fx, tmp_path):
 def test_disconnected_client_is_dropped_from_the_queue(fx, tmp_path):
     registry = registry_for(tiny_spec(fx, n_seq_max=1), tmp_path / "m.toml")
     with RunningServer(registry, slow_loader(0.8)) as srv:
-        model = None
+        worker = srv.app[SERVED]["tiny"].worker
+        model = worker.model
+
+        async def until(condition, what):
+            await asyncio.to_thread(wait_until, condition, what)
 
         async def main():
             async with aiohttp.ClientSession() as session:
                 first = asyncio.create_task(session.post(f"{srv.url}/v1/systemone", json=NOUL))
-                await asyncio.sleep(0.2)  # the first request occupies the worker
-                # a raw socket that sends a request and hangs up while it waits in the queue
+                await until(model.started.is_set, "the first request to occupy the worker")
+                # a raw socket that sends another request and hangs up while it waits in the queue
                 sock = socket.create_connection(("127.0.0.1", srv.port))
-                payload = json.dumps(NOUL).encode()
+                payload = json.dumps({**NOUL, "state": "hung up"}).encode()  # not NOUL: it would share the first's
                 sock.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                              + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-                await asyncio.sleep(0.2)
+                await until(lambda: worker.depth == 1, "the second request in the queue")
                 sock.close()
-                resp = await first
-                assert resp.status == 200
-                await asyncio.sleep(1.5)  # time for the worker to have reached the dropped job
+                await until(lambda: srv.metric("clef_requests_total", status="499") == 1, "the hang-up's 499")
+                assert (await first).status == 200
+                # queued behind the dropped request (one per batch): once answered, the worker has passed it
+                async with session.post(f"{srv.url}/v1/systemone", json={**NOUL, "state": "third"}) as third:
+                    assert third.status == 200
 
         asyncio.run(main())
-        from clef_bridge.bridge.server.appstate import SERVED
-        model = srv.app[SERVED]["tiny"].worker.model
-        assert model.decided == 1  # the abandoned request never reached the backbone
+        assert model.decided == 2  # the first and the third: the abandoned request never reached the backbone
         assert srv.metric("clef_requests_total", status="499") == 1
 
 
 def test_health_answers_while_inference_is_busy(fx, tmp_path):
     with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml"), slow_loader(2.0)) as srv:
+        model = srv.app[SERVED]["tiny"].worker.model
+
         async def main():
             async with aiohttp.ClientSession() as session:
                 busy = asyncio.create_task(session.post(f"{srv.url}/v1/systemone", json=NOUL))
-                await asyncio.sleep(0.3)
+                await asyncio.to_thread(wait_until, model.started.is_set, "the 2 s batch to start")
                 t0 = time.perf_counter()
                 async with session.get(f"{srv.url}/health") as resp:
                     assert resp.status == 200

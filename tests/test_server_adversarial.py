@@ -16,7 +16,9 @@ from backports import zstd
 from clef_bridge.bridge.server.appstate import SERVED
 
 from .conftest import tiny_spec
-from .serverkit import Reply, RunningServer, registry_for, strip_extensions
+from .serverkit import Reply, RunningServer, registry_for, strip_extensions, wait_until
+
+pytestmark = pytest.mark.integration
 
 NOUL = {"model": "tiny", "state": "s", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
 KEY = "key-1"
@@ -141,7 +143,9 @@ def test_a_hang_up_mid_body_is_a_499_without_a_traceback(server):
     earlier = {e["request_id"] for e in server.access_lines()}
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(http("POST", "/v1/systemone", body=b"x" * 5000)[:-4900])  # 100 of 5,000 body bytes
-        time.sleep(0.2)
+        # hang up only once the handler is reading the body (aiohttp's connection holds the request meanwhile)
+        wait_until(lambda: any(c._current_request is not None for c in server.runner.server.connections),
+                   "the handler to start reading the body")
     line = server.access_line(lambda e: e["request_id"] not in earlier and e["route"] == "/v1/systemone")
     assert (line["status"], line["error_type"]) == (499, "client_closed_request")
     assert counted(server, "/v1/systemone", 499) == before + 1
@@ -292,8 +296,11 @@ def _first_bytes(srv: RunningServer, request: bytes, then: bytes = b"") -> bytes
         first = sock.recv(65536)
         if then:
             sock.sendall(then)
-            time.sleep(0.5)
-            first += sock.recv(65536)
+            while first.count(b"HTTP/1.1 ") < 2:  # until the answer's status line follows the 100 Continue
+                more = sock.recv(65536)
+                if not more:
+                    break
+                first += more
         return first
 
 
@@ -363,9 +370,13 @@ def test_a_parser_error_is_one_log_line(server, garbage):
         sock.sendall(garbage)
         reply = sock.recv(65536)
     assert reply.split(b" ")[1] == b"400"
-    time.sleep(0.2)
     served = '"route":"unparsed"'  # the other new records are access lines of requests that were served
-    [record] = [r for r in server.tap.records[n:] if r.name != "clef_bridge.access" or served in r.getMessage()]
+
+    def unparsed():
+        return [r for r in server.tap.records[n:] if r.name != "clef_bridge.access" or served in r.getMessage()]
+
+    wait_until(unparsed, "the parser error's log line")
+    [record] = unparsed()
     line = json.loads(record.getMessage())
     assert record.name == "clef_bridge.access" and not record.exc_info
     assert (line["status"], line["route"], line["error_type"]) == (400, "unparsed", "bad_http_request")

@@ -24,6 +24,8 @@ from .serverkit import RunningServer, WrappedModel, refusal, strip_extensions
 from .test_audio import b64, clip, data_url
 from .test_server_images import bad_json, multipart
 
+pytestmark = pytest.mark.integration
+
 QUESTIONS = {"calm": {"type": "noul", "instructions": "Is the caller calm?"},
              "topic": {"type": "choice", "instructions": "What is the call about?",
                        "criteria": {"billing": "an invoice", "outage": "a service is down", "other": None}}}

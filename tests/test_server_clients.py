@@ -15,7 +15,9 @@ import urllib.request
 import pytest
 
 from .conftest import tiny_spec
-from .serverkit import RunningServer, registry_for
+from .serverkit import RunningServer, metric_sum, registry_for, wait_until
+
+pytestmark = pytest.mark.slow
 
 LONG_STATE = ("Hi, I was charged twice for my March invoice (order #4471) and the refund I was promised last week "
               "still has not arrived. I have emailed three times. ") * 6
@@ -124,6 +126,12 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 120) -> None
     raise AssertionError("server did not become ready")
 
 
+def _queued(port: int) -> float:
+    """The served model's queue depth, read from /metrics (the scrape reads the worker's queue)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return metric_sum(r.read().decode(), "clef_queue_depth", model="tiny")
+
+
 def _toml(tmp_path, fx, extra="") -> str:
     path = tmp_path / "models.toml"
     path.write_text(f'[models.tiny]\ngguf = "{fx.gguf_f32}"\nhead = "{fx.head}"\nn_ctx = 4096\nmax_length = 4096\n'
@@ -150,7 +158,7 @@ def test_sigterm_finishes_requests_in_flight(fx, tmp_path):
         threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
-        time.sleep(0.3)  # all accepted: one decoding, the rest queued
+        wait_until(lambda: _queued(port) == 7, "one request decoding and the other 7 queued")
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(120)

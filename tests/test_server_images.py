@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -27,8 +26,10 @@ from clef_bridge.bridge.server.appstate import SERVED
 from . import fixturegen_vision
 from .conftest import open_spec, tiny_spec
 from .fixturegen_vision import data_url, encoded, picture
-from .serverkit import RunningServer, WrappedModel, refusal, registry_for, strip_extensions
+from .serverkit import RunningServer, WrappedModel, refusal, registry_for, strip_extensions, wait_until
 from .test_images import png_bomb
+
+pytestmark = pytest.mark.slow
 
 PNG = encoded(picture(320, 256), "PNG")
 JPEG = encoded(picture(300, 200, "L", seed=1), "JPEG")
@@ -50,14 +51,18 @@ class RecordingModel(WrappedModel):
 
     def __init__(self, model):
         super().__init__(model)
-        self.prepared, self.batches, self.delay = 0, [], 0.0
+        self.prepared, self.batches = 0, []
+        self.started = threading.Event()  # a batch reached the backbone
+        self.gate: threading.Event | None = None  # when given, batches wait for it
 
     def prepare(self, body, images=(), audio=()):
         self.prepared += 1
         return self._model.prepare(body, images, audio)
 
     def prefill_batch(self, batch):
-        time.sleep(self.delay)
+        self.started.set()
+        if self.gate is not None:
+            self.gate.wait(60)
         self.batches.append([bool(p.images) for p in batch])
         return self._model.prefill_batch(batch)
 
@@ -284,17 +289,22 @@ def test_zstd_multipart_from_any_client(server, direct):
 
 def test_text_requests_batch_while_image_requests_decode_alone(served):
     server, model = served
-    model.delay, model.batches[:] = 0.8, []
+    worker = server.app[SERVED]["tiny"].worker
+    model.batches[:], model.gate = [], threading.Event()
+    model.started.clear()
     text = [{"model": "tiny", "state": f"text {i}", "questions": QUESTIONS} for i in range(4)]
     images = [{"model": "tiny", "state": f"image {i}", "questions": QUESTIONS, "images": [b64(PNG)]} for i in range(2)]
     try:
         with ThreadPoolExecutor(8) as pool:
-            first = pool.submit(server.post, text[0])  # occupies the worker while the rest queue
-            time.sleep(0.2)
+            first = pool.submit(server.post, text[0])  # holds the worker (at the gate) while the rest queue
+            wait_until(model.started.is_set, "the first text request in the worker")
             replies = [first] + [pool.submit(server.post, b) for b in text[1:] + images]
+            wait_until(lambda: worker.depth == 5, "the other 5 requests in the queue")
+            model.gate.set()
             assert [r.result().status for r in replies] == [200] * 6
     finally:
-        model.delay = 0.0
+        model.gate.set()
+        model.gate = None
     image_batches = [b for b in model.batches if any(b)]
     assert len(image_batches) == 2 and all(b == [True] for b in image_batches)
     assert max(len(b) for b in model.batches if not any(b)) == 3, model.batches  # the 3 queued text requests

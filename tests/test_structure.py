@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("head", "bridge", "tools")  # installed as clef_bridge.<name>
 # the order of the layers: a module may import its own layer or a lower one

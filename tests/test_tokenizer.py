@@ -13,6 +13,8 @@ from clef_bridge.head.schema import render
 from .fixturegen import _vocab, qwen35_tokenizer
 from .vocab import VocabOnly
 
+pytestmark = pytest.mark.integration
+
 SEP = "\n__ggml_vocab_test__\n"
 
 

@@ -13,6 +13,8 @@ from safetensors.numpy import load_file
 
 from .fakehub import Hub, RunningHub
 
+pytestmark = pytest.mark.integration
+
 RELEASE = "Cloudflare/clef-flash"
 
 

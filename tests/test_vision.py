@@ -30,6 +30,9 @@ from clef_bridge.head.errors import RequestInvalid
 from . import fixturegen_vision
 from .conftest import open_spec, tiny_spec
 from .fixturegen_vision import data_url, encoded, picture
+from .reference import assert_same_answers
+
+pytestmark = pytest.mark.slow
 
 torch = pytest.importorskip("torch")
 
@@ -174,6 +177,9 @@ def test_reference_systemone_counts_image_tokens(oracle, clef):
     # <|vision_start|> and <|vision_end|> per image, one "\n" after them all
     assert len(ours.input_ids) - len(clef.model.prepare(REQUEST).encoded.input_ids) == 64 + 84 + 160 + 3 * 2 + 1
     assert abs(expected["answers"]["legible"]["noul"] - probs[0][0]) <= TOLERANCE + 5e-5  # + its rounding
+    got = clef.model.respond(with_images(REQUEST, images))  # the served path: every field of every answer
+    assert got["usage"] == expected["usage"]
+    assert_same_answers(got["answers"], expected["answers"], TOLERANCE)
 
 
 def test_the_tolerance_sees_defects(oracle, clef):

@@ -9,6 +9,8 @@ from clef_bridge.bridge.model.worker import InferenceWorker, WorkerStopped
 
 from .corpus import varied_requests
 
+pytestmark = pytest.mark.integration
+
 REQUESTS = [varied_requests()[i] for i in (0, 1, 2, 6, 8, 11, 22)]
 
 

@@ -15,6 +15,8 @@ from clef_bridge.bridge.server.workers_ai import MAX_BODY_BYTES
 from .conftest import tiny_spec
 from .serverkit import RunningServer, registry_for, slow_loader, strip_extensions
 
+pytestmark = pytest.mark.integration
+
 NOUL = {"type": "noul", "instructions": "ok?"}
 ROUTES = ("/accounts/acct/ai/run/@cf/cloudflare/tiny", "/client/v4/accounts/acct/ai/run/@cf/cloudflare/tiny")
 

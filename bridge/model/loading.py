@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ...head.answer import AnswerOptions
 from ...head.config import HeadConfig, config_path_for, load_config
 from ...head.encoder import DEFAULT_MAX_LENGTH
 from ...head.errors import HeadConfigError
@@ -161,6 +162,15 @@ def _head_weights(report: CheckReport) -> tuple[HeadConfig, dict[str, np.ndarray
     return config, load_state_dict(report.head, config), {}
 
 
+def answer_options(configured: AnswerOptions, gguf_temperatures: dict[str, float]) -> AnswerOptions:
+    """models.toml's answer options with the GGUF's temperature keys under them: models.toml wins key by key.
+
+    A GGUF bucket key (choice.3_5) still wins over a models.toml type key (choice) for its bucket: the
+    lookup takes the bucket first, whichever side it came from.
+    """
+    return replace(configured, temperature=gguf_temperatures | configured.temperature)
+
+
 def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:
     """Load the backbone and head of an entry whose static checks passed (report); memory-plan warnings.
 
@@ -187,8 +197,7 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     except BaseException:
         backbone.close()
         raise
-    # models.toml's temperatures win over the GGUF's, key by key
-    answer = replace(spec.answer, temperature=temperatures | spec.answer.temperature)
+    answer = answer_options(spec.answer, temperatures)
     return ClefModel(spec.name, backbone, embedding, head, spec.encode, answer, limits, projector, tower), warnings
 
 
