@@ -28,6 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default: 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("demo-start", help="the built-in demos' write time and a fresh `clef-bridge serve`'s first "
+                                         "answers (text, an image, Clef-omni's image and audio where served)")
+    p.add_argument("--runs", type=int, default=3, help="fresh starts, each on an empty cache; medians (default: 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("gpu-check", help="the GPU path measured in one JSON report (tools/gpu_check.sh runs it on a "
                                          "CUDA machine; exit 0 when every step passed)")
     p.add_argument("--smoke", action="store_true", help="every step on the CPU at small shapes (what the tests run)")
@@ -148,6 +153,12 @@ def _bench_head(args: argparse.Namespace) -> int:
     return emit(run(args.tokens, args.repeats, args.options, args.weights.upper(), args.head_dtype), args.json)
 
 
+def _demo_start(args: argparse.Namespace) -> int:
+    from .demo_start import run
+
+    return emit(run(args.runs), args.json)
+
+
 def _gpu_check(args: argparse.Namespace) -> int:
     from clef_bridge.bridge.host.gpu import why_no_gpu
 
@@ -173,7 +184,8 @@ def _omni(args: argparse.Namespace) -> int:
     return emit(run(args.tokens, args.repeats, not args.no_real_tower, args.pad_mb, args.threads), args.json)
 
 
-COMMANDS = {"bench": _bench, "soak": _soak, "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni}
+COMMANDS = {"bench": _bench, "soak": _soak, "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni,
+            "demo-start": _demo_start}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from clef_bridge.tools.render import text
 
 from .agent_loop import AgentLoopResult
 from .bench_head import LOGIT_TOLERANCE, HeadBench
+from .demo_start import DemoStart
 from .gpu_check import GpuCheck
 from .gpu_models import GpuModels
 from .omni import OmniBench
@@ -105,4 +106,15 @@ def _(result: OmniBench) -> str:
                      f"{r['backbone_ms']:.0f}, head {r['head_ms']:.0f}, vision {r['vision_ms']:.0f}, audio "
                      f"{r['audio_ms']:.0f})")
     lines += [f"  {n}" for n in result.notes]
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: DemoStart) -> str:
+    lines = [f"built-in demos (the demo and the Clef-omni demo): written in {result.write_s:.3f} s "
+             f"({result.write_mb} MB), median of the writes into empty folders",
+             f"clef-bridge serve without models.toml on a fresh cache, medians of {result.runs} starts "
+             f"(load average {result.load:.1f}):"]
+    lines += [f"  {step}: {seconds:.2f} s" for step, seconds in result.steps.items()]
+    lines.append("  statuses: " + ", ".join(f"{k} {v}" for k, v in result.statuses.items()))
     return "\n".join(lines)

@@ -11,7 +11,7 @@ import sys
 import urllib.request
 
 import pytest
-from clef_bridge.bridge.model.demo import DEMO_DESCRIPTION, make_demo
+from clef_bridge.bridge.model.demo import DEMO_DESCRIPTION, DEMO_VERSION, make_demo
 from clef_bridge.tools.cli import main
 
 from .test_server_clients import _free_port, _wait_ready
@@ -44,7 +44,8 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path):
         _wait_ready(port, proc)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
             models = json.load(r)["models"]
-        assert models[0]["name"] == "demo" and models[0]["description"] == DEMO_DESCRIPTION
+        assert [m["name"] for m in models] == ["demo", "demo-omni"] and models[0]["description"] == DEMO_DESCRIPTION
+        assert [m["x_media"] for m in models] == [["image"], ["image", "audio"]]
         assert "RANDOM weights" in models[0]["description"]
         body = json.dumps({"model": "jev-latest", "state": "The printer is on fire.",
                            "questions": {"urgent": {"type": "noul", "instructions": "Is it urgent?"}}}).encode()
@@ -59,7 +60,7 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path):
                                          "application/json"}, data=body.replace(b"jev-latest", name.encode()))
             with urllib.request.urlopen(req, timeout=60) as r:
                 assert json.load(r)["model"] == name
-        assert (tmp_path / "cache" / "demo-v1" / "demo.gguf").is_file()
+        assert (tmp_path / "cache" / f"demo-v{DEMO_VERSION}" / "demo.gguf").is_file()
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
@@ -68,6 +69,8 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path):
     banner = out[out.index("clef-bridge serving on"):]
     assert f"http://127.0.0.1:{port} (auth off)" in banner and "model demo (also answers to jev-latest" in banner
     assert "DEMO MODEL: RANDOM weights" in banner and "(qwen35, hidden 128, 4 layers)" in banner
+    assert "model demo-omni (also answers to clef-omni)" in banner and "(qwen3vlmoe, hidden 128, 4 layers)" in banner
+    assert "pull clef-omni" in banner[banner.index("model demo-omni"):]
     assert "llama_" not in out and "load:" not in out  # llama.cpp's own chatter stays out of the way
 
 

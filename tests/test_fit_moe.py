@@ -15,12 +15,11 @@ from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.bridge.llama import log as llama_log
 from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
 from clef_bridge.bridge.llama.buffers import cpu_experts, is_expert_tensor, overridden
+from clef_bridge.bridge.model.demo_moe import MoeDims, write_qwen3vlmoe_gguf
 from clef_bridge.bridge.model.memory_plan import GIB, MIB, arch_from_gguf, compute_bytes, kv_cache_bytes, plan
 from clef_bridge.bridge.model.presets import arch_preset, omni_projector, type_bytes
 from clef_bridge.bridge.model.registry import RegistryError, model_spec
 from clef_bridge.tools.cli import main
-
-from .fixturegen_moe import MoeDims, write_qwen3vlmoe_gguf
 
 pytestmark = pytest.mark.integration
 

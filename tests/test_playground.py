@@ -3,8 +3,9 @@ from `clef-bridge serve` itself, building requests as a person would and checkin
 
 tests/run.sh installs Chromium when it is missing (`apt-get install chromium`: /usr/bin/chromium; `CHROMIUM`
 points elsewhere); Playwright comes with the test extra and never downloads a browser. Two servers run as
-processes: one without auth serving the built-in demo, a second random demo (seed 1, for side by side) and
-the tiny vision model (a projector: it announces images); one with an api_keys_file. The screenshot of the
+processes: one without auth serving the built-in demo (its random projector: it announces images), a second
+random demo (seed 1, for side by side; its projector removed: a model without media) and the tiny vision model
+(a projector: it announces images); one with an api_keys_file. The screenshot of the
 answered page and the timings land in $PLAYGROUND_ARTIFACTS (default .fixtures/artifacts/).
 """
 
@@ -101,12 +102,14 @@ class ClefServer:
 
 
 def three_model_registry(folder: Path) -> str:
-    """models.toml: the built-in demo, a second random demo (seed 1) and the tiny model with a vision projector."""
+    """models.toml: the built-in demo, a second random demo (seed 1) without its projector (a model that takes no
+    media) and the tiny model with a vision projector."""
     import tomllib
 
     seed1 = folder / "seed1"
     subprocess.run([sys.executable, "-m", "clef_bridge.tools.cli", "make-demo", str(seed1), "--seed", "1"],
                    check=True, capture_output=True, timeout=STARTUP_S)
+    (seed1 / "demo.mmproj.gguf").unlink()
     entry = tomllib.loads((seed1 / "models.toml").read_text())["models"]["demo"]
     entry.update(gguf=str(seed1 / entry["gguf"]), head=str(seed1 / entry["head"]),
                  description="demo, seed 1: random weights")
@@ -316,7 +319,8 @@ def test_decide_bars_match_json_and_curl(browser, server: ClefServer, artifacts:
     with Page(browser, server.url) as p:
         page = p.page
         choose_model(page, "Model", "demo")
-        assert page.locator("#media").is_hidden()  # the demo has no projector: no file inputs
+        # the demo's random projector: an Images input, no Audio one
+        assert page.locator("#images-field").is_visible() and page.locator("#audio-field").is_hidden()
         fill_request(page)
         body = request_body(page)
         assert body == {"model": "demo", "state": body["state"], "questions": EXPECTED_QUESTIONS}
@@ -413,7 +417,7 @@ def test_media_inputs_follow_the_model(browser, server: ClefServer, timed):
     with Page(browser, server.url, announce={"tiny-vl": ["image", "audio"]}) as p:
         page = p.page
         choose_model(page, "Model", "tiny-vl")
-        assert p.served_media == {"demo": [], "demo-seed1": [], "tiny-vl": ["image"]}  # the server's own answer
+        assert p.served_media == {"demo": ["image"], "demo-seed1": [], "tiny-vl": ["image"]}  # the server's own
         page.get_by_role("button", name="Decide").click()  # nothing asked yet: said on the page, nothing sent
         playwright_sync.expect(page.locator("#error")).to_contain_text("add at least one question")
         images, audio = page.get_by_label("Images"), page.get_by_label("Audio")
@@ -451,7 +455,7 @@ def test_media_inputs_follow_the_model(browser, server: ClefServer, timed):
         playwright_sync.expect(page.locator("#answers")).to_contain_text("the answers to an earlier request")
 
         # comparing with a model without media hides the inputs and leaves the files out
-        choose_model(page, "Compare with", "demo")
+        choose_model(page, "Compare with", "demo-seed1")
         playwright_sync.expect(images).to_be_hidden()
         playwright_sync.expect(audio).to_be_hidden()
         assert "assets" not in request_body(page)

@@ -10,11 +10,11 @@ import sys
 import tomllib
 
 import pytest
+from clef_bridge.bridge.model.demo_moe import MoeDims, write_qwen3vlmoe_gguf
 from clef_bridge.bridge.model.integrity import CLEF_ARCHITECTURES
 
 from .fakehub import Hub, RunningHub
 from .fixturegen import build_head
-from .fixturegen_moe import MoeDims, write_qwen3vlmoe_gguf
 
 pytestmark = pytest.mark.integration
 

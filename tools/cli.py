@@ -226,10 +226,11 @@ def _serve(args: argparse.Namespace) -> int:
     path = args.models or Path("models.toml")
     if args.models is None and not path.is_file():
         registry = demo_registry(path.resolve())
-        materialize(registry.models["demo"])
-        print(f"clef-bridge: no models.toml in {Path.cwd()}: serving the built-in demo model from "
-              f"{registry.models['demo'].gguf.parent} (RANDOM weights: its answers are meaningless). Configure a real "
-              "model with `clef-bridge pull clef-flash` or a models.toml.", file=sys.stderr)
+        materialize(registry.models["demo"])  # writes both demos, once
+        print(f"clef-bridge: no models.toml in {Path.cwd()}: serving the built-in demo models (demo: text and images; "
+              f"demo-omni: text, images and audio) from {registry.models['demo'].gguf.parent} (RANDOM weights: their "
+              "answers are meaningless). Configure a real model with `clef-bridge pull clef-flash` or a models.toml.",
+              file=sys.stderr)
     else:
         registry = load_registry(path)
     if args.ray:

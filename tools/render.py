@@ -174,9 +174,12 @@ def _(result: JoinResult) -> str:
 
 @text.register
 def _(result: DemoFiles) -> str:
-    return (f"wrote the demo model to {result.folder}: {result.gguf.name}, {result.head.name}, joint_head_config.json, "
-            f"{result.models_toml.name} (random weights, meaningless answers)\n"
-            f"serve it with: clef-bridge serve --models {result.models_toml}")
+    omni = result.omni
+    also = (f"; the Clef-omni demo in {omni.folder.name}/: {omni.gguf.name}, {omni.mmproj.name} (vision and audio), "
+            f"{omni.head.name}" if omni else "")
+    return (f"wrote the demo model to {result.folder}: {result.gguf.name}, {result.mmproj.name} (its vision "
+            f"projector), {result.head.name}, joint_head_config.json, {result.models_toml.name}{also} (random weights, "
+            f"meaningless answers)\nserve it with: clef-bridge serve --models {result.models_toml}")
 
 
 @text.register

@@ -1,7 +1,10 @@
-"""The embedded demo model: a small random qwen35 GGUF and a matching random head, from numpy and gguf.
+"""The embedded demo models, from numpy and gguf: a small random qwen35 GGUF with a random vision projector and
+a matching random head; and a small random Clef-omni (a qwen3vlmoe GGUF, a vision + audio projector in the
+converter's layout, a head).
 
-Its answers are meaningless; it exists so that `clef-bridge serve` answers on a fresh install
-before any real model is configured, and so that every part of the pipeline can be seen working.
+Their answers are meaningless; they exist so that `clef-bridge serve` answers on a fresh install
+before any real model is configured, with text, images (and audio on Clef-omni), and so that every part
+of the pipeline can be seen working.
 """
 
 from __future__ import annotations
@@ -15,14 +18,24 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from ...head.config import CONFIG_NAME, HeadConfig
-from ...head.weights import expected_shapes, save_state_dict
+from ...head.weights import save_state_dict
 from ..gguf.writer import quiet_gguf_py
+from .demo_media import AudioDims, VisionDims, write_projector
+from .demo_moe import MoeDims, write_qwen3vlmoe_gguf
+from .demo_weights import (
+    BLOCKS,
+    POOL_BYTES,
+    Vocab,
+    byte_level_vocab,
+    more_bits,
+    random_blocks,
+    random_head,
+    random_tensor,
+)
 
-DEMO_VERSION = 1
+DEMO_VERSION = 2  # 2: the media placeholders in the vocabulary, the projectors, Clef-omni
 DEMO_DESCRIPTION = ("built-in demo: RANDOM weights, its answers are meaningless; configure a real Clef model in "
                     "models.toml (clef-bridge pull clef-flash)")
-SPECIALS = [("<|endoftext|>", 3), ("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4), ("</think>", 4)]
-MERGES = ["Ġ t", "Ġ a", "h e", "i n", "t h", "e r", "Ġ s", "o n", "r e", "Ġ o", "a n", "e s"]
 
 
 @dataclass(frozen=True)
@@ -49,25 +62,6 @@ class Qwen35Dims:
 
 DEMO_DIMS = Qwen35Dims()
 DEMO_HEAD = HeadConfig(hidden_size=DEMO_DIMS.hidden, width=64, routing_layers=1, layers=1, heads=4, feedforward=128)
-
-
-def byte_level_vocab() -> tuple[list[str], list[int], list[str]]:
-    """GPT-2 style byte-level tokens, a few merges, and the special tokens the prompt uses."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    tokens = [chars[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES]
-    types = [1] * len(tokens)
-    for text, kind in SPECIALS:
-        tokens.append(text)
-        types.append(kind)
-    return tokens, types, list(MERGES)
 
 
 def tensor_specs(d: Qwen35Dims, n_vocab: int) -> dict[str, tuple[str, tuple[int, ...], float]]:
@@ -101,28 +95,7 @@ def tensor_specs(d: Qwen35Dims, n_vocab: int) -> dict[str, tuple[str, tuple[int,
     return out
 
 
-def random_tensor(kind: str, shape: tuple[int, ...], scale: float, rng: np.random.Generator) -> np.ndarray:
-    """float32 values of a plausible scale for one tensor_specs entry."""
-    if kind == "w":
-        return (scale * rng.standard_normal(shape)).astype(np.float32)
-    if kind == "norm":
-        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-    if kind == "ssm_a":
-        return -np.exp(rng.uniform(-1, 1, shape)).astype(np.float32)
-    return (0.1 * rng.standard_normal(shape)).astype(np.float32)
-
-
-# Random quantized blocks: (bytes per block, offset of the f16 scale d, offset of a second f16 (dmin) or
-# None, the weight std per unit of d). Q4_K's w = d*sc*q - dmin*m (dmin = 7.5 d centres it), Q6_K's
-# w = d*sc*(q - 32), Q8_0's w = d*q; random bytes give the quants and sub-block scales.
-BLOCKS = {GGMLQuantizationType.Q8_0: (34, 0, None, 73.0), GGMLQuantizationType.Q4_K: (144, 0, 2, 243.0),
-          GGMLQuantizationType.Q6_K: (210, 208, None, 1350.0)}
-POOL_BYTES = 64 << 20  # random bytes made once; each tensor copies a stretch of them from a random offset
 MATRIX_TYPES = ("F32", "F16", "Q8_0", "Q4_K_M")
-
-
-def _more_bits(i: int, n: int) -> bool:
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # llama.cpp's use_more_bits
 
 
 def matrix_type(matrices: str, name: str, d: Qwen35Dims) -> GGMLQuantizationType:
@@ -135,26 +108,10 @@ def matrix_type(matrices: str, name: str, d: Qwen35Dims) -> GGMLQuantizationType
         return Q.Q6_K
     layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
     full = [i for i in range(d.layers) if d.is_full(i)]
-    if (name.endswith("ffn_down.weight") and _more_bits(layer, d.layers)) or \
-            (name.endswith("attn_v.weight") and _more_bits(full.index(layer), len(full))):
+    if (name.endswith("ffn_down.weight") and more_bits(layer, d.layers)) or \
+            (name.endswith("attn_v.weight") and more_bits(full.index(layer), len(full))):
         return Q.Q6_K
     return Q.Q4_K
-
-
-def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, pool: np.ndarray,
-                  rng: np.random.Generator) -> np.ndarray:
-    """A [rows, cols] matrix of random qtype blocks (weights of std ~1/sqrt(cols)): uint8 [rows, row bytes]."""
-    size, at, second, spread = BLOCKS[qtype]
-    per_row = cols // GGML_QUANT_SIZES[qtype][0]
-    start = int(rng.integers(0, len(pool)))
-    raw = np.resize(pool[start:], rows * per_row * size).reshape(rows * per_row, size)  # a copy, repeated as needed
-    raw[:, at:at + 2] = np.float16(1 / (np.sqrt(cols) * spread)).reshape(1).view(np.uint8)
-    if second is not None:
-        raw[:, second:second + 2] = np.float16(7.5 / (np.sqrt(cols) * spread)).reshape(1).view(np.uint8)
-    return raw.reshape(rows, per_row * size)
-
-
-Vocab = tuple[list[str], list[int], list[str]]  # tokens, token types, merges
 
 
 def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-bridge demo",
@@ -227,26 +184,31 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
     writer.close()
 
 
-DEMO_SCALARS = {"prior_logit_scale": 1.0, "joint_logit_scale": 2.0, "residual_gate": 0.5}
+# --- the demos' files -------------------------------------------------------------------------------
+
+# Qwen3.5's vision tower, tiny, feeding the demo's width (patch 16, merge 2: one token per 32x32 pixels)
+DEMO_VISION = VisionDims()
+# Clef-omni's: a thinker of few experts, a vision tower whose first two blocks also feed the backbone (deepstack),
+# an audio tower of Qwen3-Omni's shape (128 mel bins, 1 s chunks of 13 tokens), all feeding the same width
+OMNI_DIMS = MoeDims(hidden=DEMO_DIMS.hidden, layers=4, heads=4, kv_heads=2, head_dim=32, experts=4, experts_used=2,
+                    expert_ff=128)
+OMNI_VISION = VisionDims(blocks=3, deepstack=(True, True, False))
+OMNI_AUDIO = AudioDims()
+OMNI_HEAD = HeadConfig(hidden_size=OMNI_DIMS.hidden, width=64, routing_layers=1, layers=1, heads=4, feedforward=128)
+DEMO, OMNI_DEMO = "demo", "demo-omni"  # the builtin values of models.toml, and the demo registry's model names
+BUILTINS = (DEMO, OMNI_DEMO)
+REAL_RELEASES = {DEMO: "clef-flash", OMNI_DEMO: "clef-omni"}  # what to pull instead of each demo
+OMNI_DESCRIPTION = ("built-in Clef-omni demo (text, images, audio): RANDOM weights, its answers are meaningless; "
+                    "configure a real Clef-omni in models.toml (clef-bridge pull clef-omni)")
+DEMO_N_CTX = 32768  # a 64-question request through the byte-level demo vocabulary needs ~20k tokens
 
 
-def random_head(cfg: HeadConfig, seed: int, scalars: dict[str, float] = DEMO_SCALARS) -> dict[str, np.ndarray]:
-    """Float32 weights of a plausible scale for every tensor the config implies.
-
-    The released scalars are trained; zeros would make the joint path vanish, so they get weight.
-    """
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, shape in sorted(expected_shapes(cfg).items()):
-        if name in scalars:
-            out[name] = np.float32(scalars[name]).reshape(())
-        elif len(shape) == 2:
-            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-        elif name.endswith("weight"):  # norm gains around one
-            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            out[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
-    return out
+@dataclass(frozen=True)
+class OmniDemoFiles:
+    folder: Path  # a folder of its own: its head's config has the one name a config has
+    gguf: Path
+    mmproj: Path  # <stem>.mmproj.gguf: found beside the GGUF (bridge/gguf/projector.py find_projector)
+    head: Path
 
 
 @dataclass(frozen=True)
@@ -255,43 +217,90 @@ class DemoFiles:
     gguf: Path
     head: Path
     models_toml: Path
+    mmproj: Path  # the vision projector, beside the GGUF where find_projector looks
+    omni: OmniDemoFiles | None = None  # None: not written (make_demo(omni=False))
 
 
-def demo_files(folder: Path) -> DemoFiles:
-    return DemoFiles(folder, folder / "demo.gguf", folder / "joint_head.safetensors", folder / "models.toml")
+def demo_files(folder: Path, omni: bool = False) -> DemoFiles:
+    sub = folder / "omni"
+    parts = OmniDemoFiles(sub, sub / "omni.gguf", sub / "omni.mmproj.gguf", sub / "joint_head.safetensors")
+    return DemoFiles(folder, folder / "demo.gguf", folder / "joint_head.safetensors", folder / "models.toml",
+                     folder / "demo.mmproj.gguf", parts if omni else None)
 
 
-DEMO_N_CTX = 32768  # a 64-question request through the byte-level demo vocabulary needs ~20k tokens
-
-
-def demo_entry() -> dict[str, object]:
-    """The models.toml keys of the built-in demo (its files live in the cache)."""
+def demo_folder() -> Path:
+    """Where `serve` keeps the built-in demos: the cache, one folder per version."""
     from ..host.paths import cache_dir
 
-    files = demo_files(cache_dir() / f"demo-v{DEMO_VERSION}")
-    return {"gguf": str(files.gguf), "head": str(files.head), "n_ctx": DEMO_N_CTX, "max_length": DEMO_N_CTX,
-            "description": DEMO_DESCRIPTION}
+    return cache_dir() / f"demo-v{DEMO_VERSION}"
 
 
-def make_demo(folder: str | Path, seed: int = 0) -> DemoFiles:
-    """Write the demo GGUF, head, config and a models.toml serving them (idempotent, deterministic)."""
-    files = demo_files(Path(folder).resolve())
+def demo_entry(builtin: str = DEMO) -> dict[str, object]:
+    """The models.toml keys of a built-in demo (its files live in the cache)."""
+    files = demo_files(demo_folder(), omni=True)
+    if builtin == OMNI_DEMO:
+        gguf, head, description = files.omni.gguf, files.omni.head, OMNI_DESCRIPTION
+    else:
+        gguf, head, description = files.gguf, files.head, DEMO_DESCRIPTION
+    return {"gguf": str(gguf), "head": str(head), "n_ctx": DEMO_N_CTX, "max_length": DEMO_N_CTX,
+            "description": description}
+
+
+def builtin_folder(builtin: str, gguf: Path) -> Path:
+    """The demo folder a built-in entry's GGUF lies in (make_demo's)."""
+    return gguf.parent.parent if builtin == OMNI_DEMO else gguf.parent
+
+
+def _write_head(path: Path, cfg: HeadConfig, seed: int) -> None:
+    save_state_dict(path, random_head(cfg, seed), "BF16")
+    (path.parent / CONFIG_NAME).write_text(json.dumps(vars(cfg), indent=2))
+
+
+def _replace(path: Path, write) -> None:
+    """Write a file under a temporary name, then put it in place: a reader never sees half a file."""
+    tmp = path.with_suffix(".tmp")
+    write(tmp)
+    tmp.replace(path)
+
+
+def _models_toml(files: DemoFiles) -> str:
+    def entry(name: str, gguf: Path, head: Path, description: str) -> str:
+        return (f'\n[models.{name}]\ngguf = "{gguf.relative_to(files.folder)}"\n'
+                f'head = "{head.relative_to(files.folder)}"\nn_ctx = {DEMO_N_CTX}\nmax_length = {DEMO_N_CTX}\n'
+                f'description = "{description}"\n')
+
+    text = '# The built-in demos: random weights, meaningless answers.\ndefault = "demo"\n'
+    text += entry(DEMO, files.gguf, files.head, DEMO_DESCRIPTION)
+    if files.omni is not None:
+        text += entry(OMNI_DEMO, files.omni.gguf, files.omni.head, OMNI_DESCRIPTION)
+    return text
+
+
+def make_demo(folder: str | Path, seed: int = 0, omni: bool = True) -> DemoFiles:
+    """Write the demo GGUF, its vision projector, head, config and a models.toml serving them (idempotent,
+    deterministic); with omni the Clef-omni demo too."""
+    files = demo_files(Path(folder).resolve(), omni)
     files.folder.mkdir(parents=True, exist_ok=True)
     with open(files.folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         stamp = files.folder / "demo.json"
-        wanted = {"version": DEMO_VERSION, "seed": seed}
-        complete = files.gguf.is_file() and files.head.is_file()
-        if complete and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+        wanted = {"version": DEMO_VERSION, "seed": seed, "omni": omni}
+        wanted_files = [files.gguf, files.head, files.mmproj, files.models_toml]
+        if files.omni is not None:
+            wanted_files += [files.omni.gguf, files.omni.mmproj, files.omni.head]
+        if all(f.is_file() for f in wanted_files) and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
             return files
-        write_qwen35_gguf(files.gguf.with_suffix(".tmp"), DEMO_DIMS, seed)
-        files.gguf.with_suffix(".tmp").replace(files.gguf)
-        save_state_dict(files.head, random_head(DEMO_HEAD, seed + 1), "BF16")
-        (files.folder / CONFIG_NAME).write_text(json.dumps(vars(DEMO_HEAD), indent=2))
-        files.models_toml.write_text(
-            '# The built-in demo: random weights, meaningless answers.\n'
-            'default = "demo"\n\n[models.demo]\ngguf = "demo.gguf"\nhead = "joint_head.safetensors"\n'
-            f'n_ctx = {DEMO_N_CTX}\nmax_length = {DEMO_N_CTX}\n'
-            f'description = "{DEMO_DESCRIPTION}"\n')
+        stamp.unlink(missing_ok=True)  # a build cut short leaves no stamp: the next one starts again
+        _replace(files.gguf, lambda p: write_qwen35_gguf(p, DEMO_DIMS, seed))
+        _replace(files.mmproj, lambda p: write_projector(p, DEMO_DIMS.hidden, seed + 2, DEMO_VISION))
+        _write_head(files.head, DEMO_HEAD, seed + 1)
+        if files.omni is not None:
+            files.omni.folder.mkdir(exist_ok=True)
+            _replace(files.omni.gguf, lambda p: write_qwen3vlmoe_gguf(p, OMNI_DIMS, seed + 10,
+                                                                       name="clef-bridge Clef-omni demo"))
+            _replace(files.omni.mmproj, lambda p: write_projector(p, OMNI_DIMS.hidden, seed + 12, OMNI_VISION,
+                                                                  OMNI_AUDIO, name="clef-bridge Clef-omni demo"))
+            _write_head(files.omni.head, OMNI_HEAD, seed + 11)
+        files.models_toml.write_text(_models_toml(files))
         stamp.write_text(json.dumps(wanted))
     return files

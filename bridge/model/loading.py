@@ -69,10 +69,10 @@ def array_module_for(device: str) -> Any:
 
 def materialize(spec: ModelSpec) -> None:
     """Build the files of a built-in model if they are not there yet."""
-    if spec.builtin == "demo":
-        from .demo import make_demo
+    if spec.builtin:
+        from .demo import builtin_folder, make_demo
 
-        make_demo(spec.gguf.parent)
+        make_demo(builtin_folder(spec.builtin, spec.gguf))
 
 
 def inspect_spec(spec: ModelSpec) -> CheckReport:

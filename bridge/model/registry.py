@@ -59,7 +59,7 @@ class ModelSpec:
     gguf_sha256: str = ""  # optional pins, checked at load
     head_sha256: str = ""
     pair: Path | None = None  # pairing record; default <gguf stem>.pair.json beside the GGUF when present
-    builtin: str = ""  # "demo": the embedded demo model, built into the cache on first use
+    builtin: str = ""  # "demo" or "demo-omni": an embedded demo model, built into the cache on first use
     mmproj: Path | None = None  # vision projector GGUF; None: mmproj*.gguf beside the GGUF, if there is one
     # the models.toml keys the entry sets: where a default depends on the model (Clef-omni's context length, see
     # bridge/model/loading.py), only a key left unset takes it
@@ -170,9 +170,10 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     if "builtin" in raw:
         if "gguf" in raw or "head" in raw:
             problems.append(f"{where}: a builtin model takes no gguf or head")
-        from .demo import demo_entry
+        from .demo import BUILTINS, demo_entry
 
-        raw = {**demo_entry(), **{k: v for k, v in raw.items() if k not in ("gguf", "head")}}
+        entry = demo_entry(raw["builtin"]) if raw["builtin"] in BUILTINS else {}
+        raw = {**entry, **{k: v for k, v in raw.items() if k not in ("gguf", "head")}}
     elif "gguf" not in raw:
         problems.append(f"{where}.gguf: missing: the backbone GGUF file (a path relative to models.toml) is "
                         "required; `clef-bridge pull` writes complete entries")
@@ -247,8 +248,11 @@ def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
 
 
 def demo_registry(path: Path) -> Registry:
-    """What `serve` uses when there is no models.toml: the built-in demo alone."""
-    return parse_registry({"default": "demo", "models": {"demo": {"builtin": "demo"}}}, path)
+    """What `serve` uses when there is no models.toml: the built-in demo (text and images) and the Clef-omni demo
+    (text, images, audio)."""
+    from .demo import BUILTINS, DEMO
+
+    return parse_registry({"default": DEMO, "models": {n: {"builtin": n} for n in BUILTINS}}, path)
 
 
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:

@@ -125,7 +125,7 @@ class Key:
 
 MODEL_KEYS: dict[str, Key] = {
     "gguf": Key("", "gguf", str), "head": Key("", "head", str), "pair": Key("", "pair", str),
-    "builtin": Key("", "builtin", str, _one_of("demo")),
+    "builtin": Key("", "builtin", str, _one_of("demo", "demo-omni")),
     "head_device": Key("", "head_device", str, _one_of("cpu", "cuda")),
     "head_dtype": Key("", "head_dtype", str, _dtype(*STORAGE_DTYPES)),
     "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),

@@ -19,6 +19,7 @@ from aiohttp import hdrs, web
 from ...head.errors import ClefError
 from ...head.schema import is_unicode, parse_request
 from ..model.clef_model import Decision
+from ..model.demo import REAL_RELEASES
 from ..model.integrity import ModelRefused
 from ..model.loading import Loaded, load_checked
 from ..model.registry import ModelSpec, Registry, name_table, resolve
@@ -144,7 +145,7 @@ def no_model_warning(default: str) -> str:
 # every answer of the built-in demo says what the banner says: its weights are random
 DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
 DEMO_WARNING = ("demo: the built-in demo model has RANDOM weights, this answer is meaningless; serve a real model "
-                "(clef-bridge pull clef-flash writes its models.toml entry)")
+                "(clef-bridge pull {release} writes its models.toml entry)")
 
 
 async def answer(request: web.Request, path_model: str | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -168,8 +169,9 @@ async def answer(request: web.Request, path_model: str | None) -> tuple[dict[str
     request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
     extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
     headers = {}
-    if request.app[SERVED][info.model].spec.builtin == "demo":
-        warnings.append(DEMO_WARNING)
+    builtin = request.app[SERVED][info.model].spec.builtin
+    if builtin:
+        warnings.append(DEMO_WARNING.format(release=REAL_RELEASES[builtin]))
         headers[DEMO_HEADER] = DEMO_HEADER_VALUE
     if warnings:
         extensions["x_warnings"] = warnings
@@ -362,9 +364,9 @@ def banner(app: web.Application, url: str) -> list[str]:
                   f"    gguf  {spec.gguf} ({facts.architecture}, hidden {facts.embedding_length}, "
                   f"{facts.block_count} layers)",
                   f"    head  {head}"]
-        if spec.builtin == "demo":
+        if spec.builtin:
             lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
-                         "`clef-bridge pull clef-flash` and a models.toml")
+                         f"`clef-bridge pull {REAL_RELEASES[spec.builtin]}` and a models.toml")
         lines += [f"    warning: {w}" for w in served.warnings]
     return lines
 

@@ -1,11 +1,11 @@
-"""Tiny random qwen3vlmoe GGUFs (Qwen3-Omni's thinker as llama.cpp's converter writes it), from numpy and gguf.
+"""Random qwen3vlmoe GGUFs (Qwen3-Omni's thinker as llama.cpp's converter writes it), from numpy and gguf:
+the Clef-omni demo's backbone, and the MoE memory-plan tests' models.
 
 Every layer is full attention with a mixture-of-experts FFN: a router `ffn_gate_inp` and the experts
 `ffn_{gate,up,down}_exps` stacked in one 3-D tensor each. Weights are random (F32, or random Q4_K/Q6_K
 blocks laid out as llama.cpp's Q4_K_M mixes them), the vocabulary the demo's byte-level one; llama.cpp
-loads and runs them, which is all the memory-plan tests need (no transformers, no converter: each file
-takes well under a second). The Clef-omni fidelity fixtures, converted from transformers, live on the
-omni branch.
+loads and runs them (no transformers, no converter: a file takes well under a second). The converter writes
+`n_deepstack_layers = 0` for Qwen3-Omni whatever its vision tower feeds; so does this (0 unless asked).
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from clef_bridge.bridge.model.demo import BLOCKS, POOL_BYTES, byte_level_vocab, random_blocks, random_tensor
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+from ..gguf.writer import quiet_gguf_py
+from .demo_weights import BLOCKS, POOL_BYTES, Vocab, byte_level_vocab, more_bits, random_blocks, random_tensor
 
 ARCH = "qwen3vlmoe"
 
@@ -32,10 +34,6 @@ class MoeDims:
     expert_ff: int = 256
     context: int = 65536
     deepstack: int = 0
-
-
-def _more_bits(i: int, n: int) -> bool:
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # llama.cpp's use_more_bits
 
 
 def tensor_specs(d: MoeDims, n_vocab: int) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -65,7 +63,7 @@ def tensor_type(matrices: str, name: str, kind: str, d: MoeDims) -> GGMLQuantiza
     if name == "output.weight":
         return Q.Q6_K
     layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
-    if (name.endswith("ffn_down_exps.weight") or name.endswith("attn_v.weight")) and _more_bits(layer, d.layers):
+    if (name.endswith("ffn_down_exps.weight") or name.endswith("attn_v.weight")) and more_bits(layer, d.layers):
         return Q.Q6_K
     return Q.Q4_K
 
@@ -76,17 +74,20 @@ def _nbytes(kind: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
 
 
 def write_qwen3vlmoe_gguf(path: Path, d: MoeDims = MoeDims(), seed: int = 0, matrices: str = "F32",
-                          n_vocab: int = 0, data: bool = True) -> Path:
-    """A random qwen3vlmoe GGUF llama.cpp loads; n_vocab pads the byte-level vocabulary (a real model's
-    embedding and output sizes). data False writes the header alone and extends the file, sparse, to its full
-    size: enough for llama.cpp's no_alloc load, which sizes every buffer of a real-sized model and reads no weight."""
-    tokens, types, merges = (list(v) for v in byte_level_vocab())
+                          n_vocab: int = 0, data: bool = True, vocab: Vocab | None = None,
+                          name: str = "clef-bridge tiny qwen3vlmoe") -> Path:
+    """A random qwen3vlmoe GGUF llama.cpp loads; n_vocab pads the vocabulary (the byte-level one unless given) to
+    a real model's embedding and output sizes. data False writes the header alone and extends the file, sparse,
+    to its full size: enough for llama.cpp's no_alloc load, which sizes every buffer of a real-sized model and
+    reads no weight."""
+    tokens, types, merges = (list(v) for v in (vocab or byte_level_vocab()))
     pad = max(n_vocab - len(tokens), 0)
     tokens += [f"<|unused_{i}|>" for i in range(pad)]
     types += [1] * pad
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(str(path), ARCH)
-    writer.add_name("clef-bridge tiny qwen3vlmoe")
+    with quiet_gguf_py():  # gguf-py's INFO lines would land in serve's banner (the demo is written on first serve)
+        writer = GGUFWriter(str(path), ARCH)
+    writer.add_name(name)
     for key, value in (("block_count", d.layers), ("context_length", d.context), ("embedding_length", d.hidden),
                        ("feed_forward_length", d.expert_ff), ("attention.head_count", d.heads),
                        ("attention.head_count_kv", d.kv_heads), ("expert_count", d.experts),
@@ -113,7 +114,8 @@ def write_qwen3vlmoe_gguf(path: Path, d: MoeDims = MoeDims(), seed: int = 0, mat
     for n, (_, shape) in specs.items():
         writer.add_tensor_info(n, shape, np.dtype(np.float32), _nbytes(kinds[n], shape), kinds[n])
         total += _nbytes(kinds[n], shape)
-    writer.write_header_to_file()
+    with quiet_gguf_py():
+        writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     if not data:
