@@ -18,7 +18,7 @@ from .soak import SoakVerdict
 @text.register
 def _(result: AgentLoopResult) -> str:
     cfg = result.config
-    lines = [f"clef-bridge bench --agent-loop on {result.gguf}: cache on and off, end to end in this process",
+    lines = [f"python -m benchmarks bench --agent-loop on {result.gguf}: cache on and off, end to end in this process",
              f"  conversation: {cfg.turns} turns, {cfg.questions} single-question requests a turn"]
     for t in result.turns:
         plain = f", uncached p50 {t['plain_p50_ms']:.1f} ms" if t["plain_p50_ms"] else ""
