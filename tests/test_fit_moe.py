@@ -251,3 +251,19 @@ def test_the_loader_resolves_auto(moe, monkeypatch):
     assert placed.n_cpu_moe == 0 and len(warnings) == 1 and "n_cpu_moe" in warnings[0]
     fixed = replace(auto, n_cpu_moe=4)
     assert placement_for(moe["q4"], fixed, 0, free(vram))[0].n_cpu_moe == 4  # a number is kept
+
+
+def test_fit_counts_an_omni_projector_as_serve_does(tmp_path):
+    """fit GGUF and serve plan the same image compute: Clef-omni's reference sizes images to 1,024 tokens at most,
+    not Qwen3.5's 16,384 (what fit counted before, 16x the buffer)."""
+    from clef_bridge.bridge.gguf.projector import MAX_IMAGE_TOKENS, compute_bytes, max_image_tokens, projector_info
+    from clef_bridge.bridge.model.demo import make_demo
+    from clef_bridge.tools.fit import fit
+
+    make_demo(tmp_path / "demo")
+    gguf, mmproj = tmp_path / "demo" / "omni" / "omni.gguf", tmp_path / "demo" / "omni" / "omni.mmproj.gguf"
+    report = fit(gguf, None, "Q8_0", 16 * GIB, 4096, 1, 512, False, mmproj=mmproj)
+    info = projector_info(mmproj)
+    served = compute_bytes(info, max_image_tokens(read_gguf(gguf).architecture))  # what loading plans with
+    assert max_image_tokens(read_gguf(gguf).architecture) < MAX_IMAGE_TOKENS
+    assert report.vision_compute_bytes == served < compute_bytes(info, MAX_IMAGE_TOKENS)

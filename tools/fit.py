@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bridge.gguf.clef_format import CLEF_ARCH
-from ..bridge.gguf.projector import compute_bytes, projector_for, projector_info
+from ..bridge.gguf.projector import compute_bytes, max_image_tokens, projector_for, projector_info
 from ..bridge.gguf.reader import GGUFInfo, read_gguf
 from ..bridge.llama.backbone import BackboneOptions
 from ..bridge.llama.prefix_cache import PrefixCacheOptions
@@ -35,7 +35,7 @@ class FitReport:
     head_source: str  # where its size comes from
     device: str = ""  # the GPU NVML read, when --vram was not given
     vision_weight_bytes: int = 0  # the vision projector, on the GPU with the backbone (0: none)
-    vision_compute_bytes: int = 0  # its compute buffer for the largest image (16,384 tokens)
+    vision_compute_bytes: int = 0  # its compute buffer for the largest image (the backbone's reference's)
     vision_source: str = ""  # the mmproj GGUF counted, or "" without one
     audio_weight_bytes: int = 0  # Clef-omni's audio tower (float32, on the GPU with the head)
 
@@ -93,7 +93,10 @@ def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: in
     head_device = "cuda" if head_on_gpu else "cpu"
     projector = mmproj if gguf is None else projector_for(gguf, mmproj)
     vision = projector_info(projector) if projector is not None else None
-    weights, compute = (vision.weight_bytes, compute_bytes(vision)) if vision else (0, 0)
+    # the largest image of this backbone's reference, as serve plans it (Clef-omni's 1,024 tokens, Qwen3.5's 16,384)
+    architecture = read_gguf(gguf).architecture if gguf is not None else None
+    weights, compute = (vision.weight_bytes, compute_bytes(vision, max_image_tokens(architecture))) if vision \
+        else (0, 0)
     audio, source = 0, str(projector) if projector else ""
     if arch_name == "clef-omni" and vision is None:
         omni = omni_projector()
