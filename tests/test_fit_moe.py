@@ -267,3 +267,20 @@ def test_fit_counts_an_omni_projector_as_serve_does(tmp_path):
     served = compute_bytes(info, max_image_tokens(read_gguf(gguf).architecture))  # what loading plans with
     assert max_image_tokens(read_gguf(gguf).architecture) < MAX_IMAGE_TOKENS
     assert report.vision_compute_bytes == served < compute_bytes(info, MAX_IMAGE_TOKENS)
+
+
+def test_the_audio_tower_is_planned_on_the_gpu_with_the_head(tmp_path):
+    """Qwen3-Omni's audio tower runs where the head runs, in float32: fit GGUF --head-on-gpu counts it (as the
+    loader does for head_device = "cuda"), and a head on the CPU leaves it out of the GPU plan."""
+    from clef_bridge.bridge.gguf.projector import projector_info
+    from clef_bridge.bridge.model.demo import make_demo
+    from clef_bridge.tools.fit import fit
+
+    make_demo(tmp_path / "demo")
+    gguf, mmproj = tmp_path / "demo" / "omni" / "omni.gguf", tmp_path / "demo" / "omni" / "omni.mmproj.gguf"
+    tower = projector_info(mmproj).audio_float32_bytes
+    assert tower > projector_info(mmproj).audio_bytes  # its F16 convolutions widen to float32
+    on_cpu = fit(gguf, None, "Q8_0", 16 * GIB, 4096, 1, 512, False, mmproj=mmproj)
+    on_gpu = fit(gguf, None, "Q8_0", 16 * GIB, 4096, 1, 512, True, mmproj=mmproj)
+    assert (on_cpu.audio_weight_bytes, on_gpu.audio_weight_bytes) == (0, tower)
+    assert on_gpu.plan.total_bytes - on_cpu.plan.total_bytes == tower + on_gpu.plan.head_bytes

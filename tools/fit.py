@@ -118,7 +118,8 @@ def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: in
         cfg, head_source = head_config(gguf, info, arch.n_embd, head)
         # models.toml's defaults for the rest (the prefix cache's sequences and cells included), as serve has them
         options = model_spec("fit", gguf, n_ctx=ctx, max_length=ctx, n_seq_max=parallel, n_ubatch=ubatch).backbone
+        audio = vision.audio_float32_bytes if vision is not None and head_on_gpu else 0  # on the head's device
         result = serving_plan(gguf, replace(options, n_cpu_moe=n_cpu_moe), head_gpu_bytes(cfg, head_device, head_dtype),
-                              vram, weights + compute)  # what serve does with that n_cpu_moe
+                              vram, weights + compute + audio)  # what serve does with that n_cpu_moe
     return FitReport(result, arch, vram, head_on_gpu, head_dtype, stored_bytes(cfg, "f32"), head_source, device,
                      weights, compute, source, audio)

@@ -59,6 +59,7 @@ class ProjectorInfo:
     audio_type: str = ""  # the audio encoder in the same file (Qwen3-Omni's qwen3a); "" for none
     audio_width: int = 0  # width of the audio rows it hands the backbone
     audio_bytes: int = 0  # the audio encoder's weights
+    audio_float32_bytes: int = 0  # the audio encoder as bridge/media/audio_tower.py holds it (float32)
 
     @property
     def combined(self) -> bool:
@@ -92,7 +93,8 @@ def projector_info(path: str | Path) -> ProjectorInfo:
                          deepstack_layers=int(layers.sum()),
                          audio_type=str(meta.get("clip.audio.projector_type", "")) if audio else "",
                          audio_width=int(meta.get("clip.audio.projection_dim", 0)) if audio else 0,
-                         audio_bytes=sum(n for n, a in sizes if a))
+                         audio_bytes=sum(n for n, a in sizes if a),
+                         audio_float32_bytes=4 * sum(t.n_elements for t in gguf.tensors.values() if _is_audio(t.name)))
 
 
 def pairing_problems(info: ProjectorInfo, n_embd: int, architecture: str = "qwen35") -> list[str]:

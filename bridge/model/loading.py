@@ -184,14 +184,16 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
         spec = omni_spec(spec)
     release_cached(xp)
     head_bytes = head_gpu_bytes(config, spec.head_device, spec.head_dtype)
+    mmproj = report.facts.mmproj
+    # Qwen3-Omni's audio tower runs on the head's device in float32: on a GPU the plan counts it beside the head
+    audio_bytes = projector_info(mmproj).audio_float32_bytes if mmproj is not None and xp is not np else 0
     placed, warnings = placement_for(path, spec.backbone, head_bytes, vision_bytes=vision_bytes(
-        report.facts.mmproj, max_image_tokens(report.facts.architecture)))
+        mmproj, max_image_tokens(report.facts.architecture)) + audio_bytes)
     head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
     backbone = open_backbone(report, path, placed, host_rows_for(xp))
     try:
         embedding = OutputEmbedding(spec.gguf, info=report.info)
         projector = open_projector(spec, report, backbone)
-        mmproj = report.facts.mmproj
         # Qwen3-Omni's audio encoder runs in numpy/CuPy, on the head's device, from the combined projector
         tower = AudioTower.from_gguf(mmproj, xp) if mmproj is not None and projector_info(mmproj).audio_type else None
     except BaseException:
