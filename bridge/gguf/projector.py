@@ -171,14 +171,6 @@ def compute_bytes(info: ProjectorInfo, max_tokens: int = MAX_IMAGE_TOKENS) -> in
     return patches * (3 * info.patch_size**2 + 6 * info.width + 2 * info.feedforward) * 4
 
 
-def vision_bytes(path: Path | None, max_tokens: int = MAX_IMAGE_TOKENS) -> int:
-    """What a projector adds to the GPU plan: its weights and its compute buffer (0 without one)."""
-    if path is None:
-        return 0
-    info = projector_info(path)
-    return info.weight_bytes + compute_bytes(info, max_tokens)
-
-
 def find_projector(gguf: Path) -> list[Path]:
     """Projector files beside a backbone GGUF: <stem>.mmproj.gguf, or mmproj*.gguf (community repositories'
     names) in the same folder."""

@@ -25,10 +25,10 @@ from ..gguf.clef_split import ensure_backbone
 from ..gguf.projector import (
     MAX_IMAGE_TOKENS,
     OMNI_IMAGE_TOKENS,
+    compute_bytes,
     ensure_vision_projector,
     max_image_tokens,
     projector_info,
-    vision_bytes,
 )
 from ..gguf.reader import read_gguf
 from ..host.gpu import host_rows_for, release_cached
@@ -185,17 +185,20 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     release_cached(xp)
     head_bytes = head_gpu_bytes(config, spec.head_device, spec.head_dtype)
     mmproj = report.facts.mmproj
-    # Qwen3-Omni's audio tower runs on the head's device in float32: on a GPU the plan counts it beside the head
-    audio_bytes = projector_info(mmproj).audio_float32_bytes if mmproj is not None and xp is not np else 0
-    placed, warnings = placement_for(path, spec.backbone, head_bytes, vision_bytes=vision_bytes(
-        mmproj, max_image_tokens(report.facts.architecture)) + audio_bytes)
+    info = projector_info(mmproj) if mmproj is not None else None  # its header, read once for the plan and tower
+    media_bytes = 0
+    if info is not None:  # the vision tower's weights and compute buffer for the reference's largest image
+        media_bytes = info.weight_bytes + compute_bytes(info, max_image_tokens(report.facts.architecture))
+        if xp is not np:  # Qwen3-Omni's audio tower runs on the head's device in float32
+            media_bytes += info.audio_float32_bytes
+    placed, warnings = placement_for(path, spec.backbone, head_bytes, vision_bytes=media_bytes)
     head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
     backbone = open_backbone(report, path, placed, host_rows_for(xp))
     try:
         embedding = OutputEmbedding(spec.gguf, info=report.info)
         projector = open_projector(spec, report, backbone)
         # Qwen3-Omni's audio encoder runs in numpy/CuPy, on the head's device, from the combined projector
-        tower = AudioTower.from_gguf(mmproj, xp) if mmproj is not None and projector_info(mmproj).audio_type else None
+        tower = AudioTower.from_gguf(mmproj, xp) if info is not None and info.audio_type else None
     except BaseException:
         backbone.close()
         raise
