@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from clef_bridge.bridge.model.clef_model import ClefModel, Timings
 from clef_bridge.bridge.model.loading import load_checked
-from clef_bridge.bridge.model.registry import model_spec
+from clef_bridge.bridge.config.registry import model_spec
 from clef_bridge.tools.bench import ROUTER_QUESTIONS
 
 WORDS = ("the build failed again after the dependency update so I pinned the version and reran the tests "

@@ -23,7 +23,7 @@ import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clef_bridge.bridge.model.demo import make_demo
+from clef_bridge.bridge.demo.builtins import make_demo
 
 QUESTIONS = {"urgent": {"type": "noul", "instructions": "Is it urgent?"}}
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clef_bridge.bridge.model.demo import Qwen35Dims, Vocab, random_head, write_qwen35_gguf
-from clef_bridge.bridge.model.demo_weights import SPECIALS
+from clef_bridge.bridge.demo.builtins import Qwen35Dims, Vocab, random_head, write_qwen35_gguf
+from clef_bridge.bridge.demo.weights import SPECIALS
 from clef_bridge.head.config import CONFIG_NAME, HeadConfig
 from clef_bridge.head.errors import ClefError
 from clef_bridge.head.weights import save_state_dict

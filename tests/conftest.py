@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from clef_bridge.bridge.model.registry import ModelSpec, model_spec
+from clef_bridge.bridge.config.registry import ModelSpec, model_spec
 
 from . import fixturegen, fixturegen_omni
 

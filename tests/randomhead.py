@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from clef_bridge.bridge.model.demo import random_head
+from clef_bridge.bridge.demo.builtins import random_head
 from clef_bridge.head.config import CLEF_FLASH_HEAD, HeadConfig
 from clef_bridge.head.model import Layout
 

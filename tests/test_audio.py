@@ -26,7 +26,7 @@ from clef_bridge.bridge.media.audio import (
 )
 from clef_bridge.bridge.media.images import ImageLimits
 from clef_bridge.bridge.media.request import NO_VIDEO, FormPart, extract
-from clef_bridge.bridge.model.registry import RegistryError, parse_registry
+from clef_bridge.bridge.config.registry import RegistryError, parse_registry
 from clef_bridge.bridge.server.assets import body_limit
 from clef_bridge.head.errors import RequestInvalid
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.model.registry import RegistryError, UnknownModel, load_registry, name_table, resolve
+from clef_bridge.bridge.config.registry import RegistryError, UnknownModel, load_registry, name_table, resolve
 from clef_bridge.head.config import HeadConfig, load_config
 from clef_bridge.head.encoder import EncodeOptions, encode
 from clef_bridge.head.errors import ClefError, ContextLengthExceeded, HeadConfigError, HeadWeightsError, RequestInvalid

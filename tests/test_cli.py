@@ -86,7 +86,7 @@ def test_calibrate_declines_little_data_and_says_why():
 def test_fit_counts_the_head_that_lies_beside_the_gguf(capsys, tmp_path):
     import json
 
-    from clef_bridge.bridge.model.demo import make_demo
+    from clef_bridge.bridge.demo.builtins import make_demo
 
     demo = make_demo(tmp_path / "demo")
     assert main(["fit", str(demo.gguf), "--vram", "8GiB", "--json"]) == 0

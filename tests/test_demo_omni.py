@@ -1,4 +1,4 @@
-"""The Clef-omni demo's files (bridge/model/demo.py, demo_moe.py, demo_media.py): deterministic, in the layout
+"""The Clef-omni demo's files (bridge/demo/builtins.py, demo_moe.py, demo_media.py): deterministic, in the layout
 llama.cpp's converter writes for Qwen3-Omni, and loaded by llama.cpp itself: the qwen3vlmoe GGUF with the
 projector's deepstack count, the projector's vision half through mtmd with its rows decoded by that backbone,
 its audio half through mtmd, the audio tensors in the shapes the numpy audio tower reads and the tower encoding
@@ -18,9 +18,9 @@ from clef_bridge.bridge.llama import log as llama_log
 from clef_bridge.bridge.llama.media_batch import MediaBatch, MediaChunk
 from clef_bridge.bridge.llama.vision import image_positions
 from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
-from clef_bridge.bridge.model.demo import OMNI_AUDIO, OMNI_DEMO, OMNI_DIMS, make_demo
-from clef_bridge.bridge.model.demo_media import AudioDims, VisionDims, write_projector
-from clef_bridge.bridge.model.registry import demo_registry, parse_registry
+from clef_bridge.bridge.demo.builtins import OMNI_AUDIO, OMNI_DEMO, OMNI_DIMS, make_demo
+from clef_bridge.bridge.demo.mmproj import AudioDims, VisionDims, write_projector
+from clef_bridge.bridge.config.registry import demo_registry, parse_registry
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from llama_cpp import mtmd_cpp as mt
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clef_bridge.bridge.model.registry import load_registry
+from clef_bridge.bridge.config.registry import load_registry
 from clef_bridge.bridge.scale.ray_plan import plan_replicas
 from clef_bridge.bridge.server.app import setup_routes
 from clef_bridge.bridge.server.prometheus import create_metrics

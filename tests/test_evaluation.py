@@ -9,7 +9,7 @@ import tomllib
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.model.registry import load_registry
+from clef_bridge.bridge.config.registry import load_registry
 from clef_bridge.head.answer import softmax64 as softmax
 from clef_bridge.tools.calibrate import calibrate_items
 from clef_bridge.tools.cli import main

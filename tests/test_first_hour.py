@@ -18,7 +18,7 @@ from email.message import Message
 from pathlib import Path
 
 import pytest
-from clef_bridge.bridge.model.demo import make_demo
+from clef_bridge.bridge.demo.builtins import make_demo
 
 from benchmarks.bench_head import OPTIONS, schema_layout
 

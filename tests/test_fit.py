@@ -10,8 +10,8 @@ import pytest
 from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.bridge.llama import log as llama_log
 from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
-from clef_bridge.bridge.model.demo import make_demo
-from clef_bridge.bridge.model.memory_plan import (
+from clef_bridge.bridge.demo.builtins import make_demo
+from clef_bridge.bridge.config.memory_plan import (
     GIB,
     MIB,
     arch_from_gguf,
@@ -21,7 +21,7 @@ from clef_bridge.bridge.model.memory_plan import (
     plan,
     recurrent_bytes,
 )
-from clef_bridge.bridge.model.presets import arch_preset, head_params
+from clef_bridge.bridge.config.presets import arch_preset, head_params
 from clef_bridge.tools.cli import main
 
 pytestmark = pytest.mark.integration

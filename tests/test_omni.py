@@ -24,7 +24,7 @@ from clef_bridge.bridge.llama.omni import OmniBackbone
 from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
 from clef_bridge.bridge.media.images import decode, sniff
 from clef_bridge.bridge.model.loading import load_checked, omni_spec
-from clef_bridge.bridge.model.registry import model_spec
+from clef_bridge.bridge.config.registry import model_spec
 from clef_bridge.head.errors import RequestInvalid
 
 from . import fixturegen_omni, fixturegen_vision

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.model.integrity import ModelRefused
+from clef_bridge.bridge.config.integrity import ModelRefused
 from clef_bridge.head.answer import jev_choice_confidence, jev_score_confidence
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.errors import ContextLengthExceeded

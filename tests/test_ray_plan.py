@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from clef_bridge.bridge.model.registry import RaySpec, RegistryError, parse_registry
+from clef_bridge.bridge.config.registry import RaySpec, RegistryError, parse_registry
 from clef_bridge.bridge.scale.ray_plan import plan_replicas
 from clef_bridge.tools.cli import main
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from clef_bridge.bridge.model.loading import materialize
-from clef_bridge.bridge.model.registry import RaySpec, demo_registry, load_registry, with_keys
+from clef_bridge.bridge.config.registry import RaySpec, demo_registry, load_registry, with_keys
 from clef_bridge.bridge.scale.ray_plan import plan_replicas
 
 from .serverkit import metric_sum
@@ -254,7 +254,7 @@ def test_one_command_serves_through_the_proxy_and_stops_on_sigterm(tmp_path):
 
 def test_the_app_builder_refuses_auto_gpus_before_ray_is_up(tmp_path):
     """`serve run IMPORT_PATH` builds the app before connecting: "auto" would have no cluster to look at."""
-    from clef_bridge.bridge.model.registry import RegistryError
+    from clef_bridge.bridge.config.registry import RegistryError
 
     assert not ray.is_initialized()  # runs before the module's cluster starts
     (tmp_path / "models.toml").write_text('[models.demo]\nbuiltin = "demo"\n')

@@ -155,7 +155,7 @@ def test_a_python_example_says_what_to_install_for_it():
                     assert f"pip install {module.replace('_', '-')}" in before, (page.name, module)
 
 
-# a repository path as the pages write it: `bridge/model/registry.py`, deploy/models.toml, tests/run.sh
+# a repository path as the pages write it: `bridge/config/registry.py`, deploy/models.toml, tests/run.sh
 PATH_MENTION = re.compile(r"(?<![\w./-])((?:head|bridge|tools|tests|benchmarks|deploy|docs)/[\w./-]*[\w/])")
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.media.audio import AudioLimits, decode, sniff
 from clef_bridge.bridge.media.request import NO_VIDEO
-from clef_bridge.bridge.model.registry import Registry, ServerSpec
+from clef_bridge.bridge.config.registry import Registry, ServerSpec
 from clef_bridge.bridge.server.app import load_models
 
 from .conftest import tiny_spec

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bridge.model.integrity import CheckReport, ModelRefused, check_pair, check_projector
+from ..bridge.config.integrity import CheckReport, ModelRefused, check_pair, check_projector
 from ..bridge.model.loading import inspect_spec, load_checked, open_model
-from ..bridge.model.provenance import default_pair_path, pair_record
-from ..bridge.model.registry import CLOUDFLARE_NAMES, ModelSpec, Registry, model_spec
+from ..bridge.config.provenance import default_pair_path, pair_record
+from ..bridge.config.registry import CLOUDFLARE_NAMES, ModelSpec, Registry, model_spec
 from .verify import MIN_RELEASE_COSINE, Verification, VerifyError, verify_against
 
 RELEASE_BY_WIDTH = {width: f"Cloudflare/{name}" for width, name in CLOUDFLARE_NAMES.items()}

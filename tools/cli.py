@@ -53,7 +53,7 @@ def checked_model(models: Path, name: str) -> Iterator[Any]:
     """A models.toml entry loaded the one checked way (pins, pairing record, canaries), closed afterwards."""
     from ..bridge.gguf.reader import read_gguf
     from ..bridge.model.loading import load_checked
-    from ..bridge.model.registry import load_registry, name_table, resolve
+    from ..bridge.config.registry import load_registry, name_table, resolve
 
     registry = load_registry(models)
     hidden, architectures = {}, {}
@@ -88,7 +88,7 @@ def _decide(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..bridge.model.registry import load_registry
+    from ..bridge.config.registry import load_registry
     from .checks import check_files, check_registry
 
     if (args.gguf is None) == (args.models is None):
@@ -111,7 +111,7 @@ def _pair(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     from ..bridge.host.gpu import read_gpu
-    from ..bridge.model.memory_plan import parse_size
+    from ..bridge.config.memory_plan import parse_size
     from .fit import fit
 
     try:
@@ -166,7 +166,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from ..bridge.model.registry_file import set_model_keys
+    from ..bridge.config.registry_file import set_model_keys
     from ..head.schema import QUESTION_TYPES
     from .calibrate import CalibrateResult, calibrate
     from .evaldata import load_examples
@@ -184,7 +184,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _drift(args: argparse.Namespace) -> int:
     from ..bridge.model.loading import load_checked
-    from ..bridge.model.registry import model_spec
+    from ..bridge.config.registry import model_spec
     from .drift import DriftResult, drift, probe_requests
     from .evaldata import load_examples
 
@@ -218,7 +218,7 @@ def _join(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..bridge.model.loading import materialize
-    from ..bridge.model.registry import demo_registry, load_registry
+    from ..bridge.config.registry import demo_registry, load_registry
     from ..bridge.server.app import serve
 
     if (args.ray_address or args.ray_dashboard) and not args.ray:
@@ -264,7 +264,7 @@ def _serve_ray(registry: Any, args: argparse.Namespace) -> None:
 
 
 def _make_demo(args: argparse.Namespace) -> int:
-    from ..bridge.model.demo import make_demo
+    from ..bridge.demo.builtins import make_demo
 
     return emit(make_demo(args.folder, args.seed), args.json)
 
@@ -297,7 +297,7 @@ def dispatch(commands: dict[str, Any], args: argparse.Namespace, prog: str = "cl
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE
     except ClefError as exc:
-        from ..bridge.model.integrity import ModelRefused
+        from ..bridge.config.integrity import ModelRefused
         from .pull import PullError
 
         print(f"{prog} {args.command}: {exc}", file=sys.stderr)

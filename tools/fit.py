@@ -11,10 +11,10 @@ from ..bridge.gguf.projector import compute_bytes, max_image_tokens, projector_f
 from ..bridge.gguf.reader import GGUFInfo, read_gguf
 from ..bridge.llama.backbone import BackboneOptions
 from ..bridge.llama.prefix_cache import PrefixCacheOptions
-from ..bridge.model.integrity import find_head
-from ..bridge.model.memory_plan import Arch, Plan, arch_from_gguf, head_gpu_bytes, options_plan, serving_plan
-from ..bridge.model.presets import ARCHES, arch_preset, omni_projector
-from ..bridge.model.registry import model_spec
+from ..bridge.config.integrity import find_head
+from ..bridge.config.memory_plan import Arch, Plan, arch_from_gguf, head_gpu_bytes, options_plan, serving_plan
+from ..bridge.config.presets import ARCHES, arch_preset, omni_projector
+from ..bridge.config.registry import model_spec
 from ..head.config import CLEF_FLASH_HEAD, HeadConfig, config_path_for, load_config
 from ..head.errors import ClefError
 from ..head.weights import stored_bytes

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from ..bridge.gguf.clef_format import CLEF_ARCH
 from ..bridge.gguf.reader import read_gguf
-from ..bridge.model.integrity import CLEF_ARCHITECTURES, check_pair
-from ..bridge.model.provenance import sha256_file
-from ..bridge.model.registry_file import add_model, has_model
+from ..bridge.config.integrity import CLEF_ARCHITECTURES, check_pair
+from ..bridge.config.provenance import sha256_file
+from ..bridge.config.registry_file import add_model, has_model
 from ..head.config import CONFIG_NAME
 from ..head.errors import ClefError
 from .checks import pair_files

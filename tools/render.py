@@ -6,9 +6,9 @@ from functools import singledispatch
 from typing import Any
 
 from ..bridge.gguf.clef_split import JoinResult
-from ..bridge.model.demo import DemoFiles
-from ..bridge.model.integrity import CheckReport
-from ..bridge.model.memory_plan import GIB, MIB
+from ..bridge.demo.builtins import DemoFiles
+from ..bridge.config.integrity import CheckReport
+from ..bridge.config.memory_plan import GIB, MIB
 from .bench import BenchResult
 from .calibrate import SPLITS, CalibrateResult
 from .checks import CheckResult, PairResult

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..bridge.gguf.reader import GGUFInfo, read_gguf, tensor_rows
 from ..bridge.llama.embedding import OutputEmbedding
-from ..bridge.model.provenance import FINGERPRINT_ROWS
+from ..bridge.config.provenance import FINGERPRINT_ROWS
 from ..head.errors import ClefError
 
 # Measured on the test backbones against their transformers checkpoint (tests/test_verify.py prints it):

@@ -40,7 +40,7 @@ class BackboneOptions:
     n_ctx: int = 16384  # token budget of one llama_decode, all sequences together
     n_gpu_layers: int | str = -1  # -1: every layer on the GPU when built with one; "auto": resolved by the loader
     # MoE: the expert tensors of the first N blocks stay in host memory (llama.cpp's --n-cpu-moe N); "auto": the
-    # loader picks the smallest N that fits the GPU (bridge/model/memory_plan.py)
+    # loader picks the smallest N that fits the GPU (bridge/config/memory_plan.py)
     n_cpu_moe: int | str = 0
     n_seq_max: int = 8  # sequences per decode (each hybrid model sequence needs its own recurrent slot)
     n_ubatch: int = 512

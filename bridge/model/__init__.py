@@ -1,5 +1,4 @@
-"""A served model: the registry, integrity checks, memory plans, the one checked way to load, the
-ClefModel pipeline and its worker.
+"""A served model at run time: the one checked way to load it, the ClefModel pipeline and its worker.
 
-May import: head, host, gguf, media, llama.
+May import: head, host, gguf, demo, media, llama, config.
 """

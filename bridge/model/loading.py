@@ -1,6 +1,6 @@
 """The one checked way to load a model, for `serve` and every command.
 
-Integrity checks (bridge/model/integrity.py) inspect the files and return findings; this module acts on
+Integrity checks (bridge/config/integrity.py) inspect the files and return findings; this module acts on
 them: it refuses a failing pair before loading anything heavy, runs the pairing record's canaries
 on the loaded model, and returns the model together with the warnings it is served with.
 """
@@ -39,10 +39,10 @@ from ..llama.omni import OMNI_ARCH, OmniBackbone
 from ..llama.vision import Projector, ProjectorOptions
 from ..media.audio_tower import AudioTower
 from .clef_model import ClefModel, Head
-from .integrity import CheckReport, ModelRefused, check_all, check_canaries, check_image_canary, check_projector
-from .memory_plan import head_gpu_bytes, placement_for
-from .provenance import canary_probabilities, canary_states, image_canary
-from .registry import ModelSpec
+from ..config.integrity import CheckReport, ModelRefused, check_all, check_canaries, check_image_canary, check_projector
+from ..config.memory_plan import head_gpu_bytes, placement_for
+from ..config.provenance import canary_probabilities, canary_states, image_canary
+from ..config.registry import ModelSpec
 
 log = logging.getLogger("clef_bridge.loading")
 
@@ -70,7 +70,7 @@ def array_module_for(device: str) -> Any:
 def materialize(spec: ModelSpec) -> None:
     """Build the files of a built-in model if they are not there yet."""
     if spec.builtin:
-        from .demo import builtin_folder, make_demo
+        from ..demo.builtins import builtin_folder, make_demo
 
         make_demo(builtin_folder(spec.builtin, spec.gguf))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from ...head.errors import ClefError
-from ..model.registry import Registry, with_keys
+from ..config.registry import Registry, with_keys
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Read by Ray at import, and by every process it starts: "0" gives the node the address 127.0.0.1 (Ray's

@@ -22,7 +22,7 @@ import ray
 from aiohttp import web
 from ray import serve
 
-from ..model.registry import Registry, RegistryError, load_registry
+from ..config.registry import Registry, RegistryError, load_registry
 from ..server.app import RUNNER_OPTIONS, banner, create_app
 from .ray_plan import (
     DASHBOARD_URL,

@@ -19,10 +19,10 @@ from aiohttp import hdrs, web
 from ...head.errors import ClefError
 from ...head.schema import is_unicode, parse_request
 from ..model.clef_model import Decision
-from ..model.demo import REAL_RELEASES
-from ..model.integrity import ModelRefused
+from ..demo.builtins import REAL_RELEASES
+from ..config.integrity import ModelRefused
 from ..model.loading import Loaded, load_checked
-from ..model.registry import ModelSpec, Registry, name_table, resolve
+from ..config.registry import ModelSpec, Registry, name_table, resolve
 from ..model.worker import BatchStats, InferenceWorker
 from . import workers_ai
 from .appstate import COALESCER, KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, Loader, Served

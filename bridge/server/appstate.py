@@ -7,9 +7,9 @@ from typing import Callable
 
 from aiohttp import web
 
-from ..model.integrity import Facts
+from ..config.integrity import Facts
 from ..model.loading import Loaded
-from ..model.registry import ModelSpec, Registry
+from ..config.registry import ModelSpec, Registry
 from ..model.worker import InferenceWorker
 from .auth import ApiKeys
 from .coalesce import Coalescer

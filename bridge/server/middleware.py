@@ -20,7 +20,7 @@ from ..gguf.projector import ProjectorError
 from ..host.gpu import DeviceOutOfMemory
 from ..llama.backbone import BackboneError, DecodeFailed
 from ..media.errors import MediaTooLarge
-from ..model.registry import ServerSpec, UnknownModel
+from ..config.registry import ServerSpec, UnknownModel
 from ..model.worker import Busy, Overloaded, WorkerStopped
 from .appstate import METRICS, REGISTRY
 from .auth import CHALLENGE, Unauthorized

@@ -7,7 +7,7 @@ from typing import Any
 from ...head.schema import QUESTION_TYPES
 from ..media.audio import FORMATS as AUDIO_FORMATS
 from ..media.request import FORMATS as IMAGE_FORMATS
-from ..model.registry import LATEST, Registry
+from ..config.registry import LATEST, Registry
 from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
 

@@ -20,9 +20,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from ...head.config import CONFIG_NAME, HeadConfig
 from ...head.weights import save_state_dict
 from ..gguf.writer import quiet_gguf_py
-from .demo_media import AudioDims, VisionDims, write_projector
-from .demo_moe import MoeDims, write_qwen3vlmoe_gguf
-from .demo_weights import (
+from .mmproj import AudioDims, VisionDims, write_projector
+from .moe import MoeDims, write_qwen3vlmoe_gguf
+from .weights import (
     BLOCKS,
     POOL_BYTES,
     Vocab,

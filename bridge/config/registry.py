@@ -170,7 +170,7 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     if "builtin" in raw:
         if "gguf" in raw or "head" in raw:
             problems.append(f"{where}: a builtin model takes no gguf or head")
-        from .demo import BUILTINS, demo_entry
+        from ..demo.builtins import BUILTINS, demo_entry
 
         entry = demo_entry(raw["builtin"]) if raw["builtin"] in BUILTINS else {}
         raw = {**entry, **{k: v for k, v in raw.items() if k not in ("gguf", "head")}}
@@ -250,7 +250,7 @@ def with_keys(spec: ModelSpec, **keys: Any) -> ModelSpec:
 def demo_registry(path: Path) -> Registry:
     """What `serve` uses when there is no models.toml: the built-in demo (text and images) and the Clef-omni demo
     (text, images, audio)."""
-    from .demo import BUILTINS, DEMO
+    from ..demo.builtins import BUILTINS, DEMO
 
     return parse_registry({"default": DEMO, "models": {n: {"builtin": n} for n in BUILTINS}}, path)
 

@@ -1,5 +1,5 @@
 """What the built-in demos' random models share: the byte-level vocabulary, random float tensors and
-quantized blocks, and a random joint head (numpy only; bridge/model/demo.py writes the files)."""
+quantized blocks, and a random joint head (numpy only; bridge/demo/builtins.py writes the files)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from ..gguf.writer import quiet_gguf_py
-from .demo_weights import BLOCKS, POOL_BYTES, Vocab, byte_level_vocab, more_bits, random_blocks, random_tensor
+from .weights import BLOCKS, POOL_BYTES, Vocab, byte_level_vocab, more_bits, random_blocks, random_tensor
 
 ARCH = "qwen3vlmoe"
 
