@@ -129,7 +129,7 @@ def test_modules_stay_within_the_limit():
     assert not long, f"modules over {MAX_LINES} lines (split them along their seams): {long}"
 
 
-def tested_modules(path: Path) -> set[str]:
+def modules_imported_by(path: Path) -> set[str]:
     """The project modules a test file imports by name (`from clef_bridge.x.y import f`, `import clef_bridge.x.y`,
     `from clef_bridge.x import y`), function bodies included; a package alone does not count for its modules."""
     found = set()
@@ -145,7 +145,7 @@ def tested_modules(path: Path) -> set[str]:
 
 def untested(test_files: list[Path]) -> list[str]:
     """The modules of bridge/ and head/ (packages' __init__ aside) that no test file imports."""
-    seen = set().union(*(tested_modules(p) for p in test_files))
+    seen = set().union(*(modules_imported_by(p) for p in test_files))
     return sorted(name for name, path in MODULES.items()
                   if name.split(".")[0] in ("bridge", "head") and path.name != "__init__.py" and name not in seen)
 
@@ -155,7 +155,7 @@ def test_the_test_walker_counts_modules_not_packages(tmp_path):
     test.write_text("import clef_bridge.head.answer\nfrom clef_bridge.bridge.llama import log\n"
                     "from clef_bridge.bridge.server import app\nfrom clef_bridge.bridge import media\n"
                     "def f():\n    from clef_bridge.bridge.host.paths import cache_dir\n")
-    assert {"head.answer", "bridge.llama.log", "bridge.server.app", "bridge.host.paths"} <= tested_modules(test)
+    assert {"head.answer", "bridge.llama.log", "bridge.server.app", "bridge.host.paths"} <= modules_imported_by(test)
     left = untested([test])
     assert "bridge.media.audio" in left and "bridge.media" not in left  # the package imported, not its modules
     assert not {"head.answer", "bridge.llama.log", "bridge.server.app", "bridge.host.paths"} & set(left)
