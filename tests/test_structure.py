@@ -162,5 +162,5 @@ def test_the_test_walker_counts_modules_not_packages(tmp_path):
 
 
 def test_every_module_is_imported_by_a_test():
-    left = untested(sorted((ROOT / "tests").glob("test_*.py")))
+    left = untested(sorted((ROOT / "tests").rglob("test_*.py")))
     assert not left, f"modules no test imports (add tests/test_<module>.py): {left}"
