@@ -40,6 +40,7 @@ HEAD = ("tests/test_head_parity.py", "tests/test_head_pooling.py")
 PREFIX = ("tests/test_prefix_property.py", "tests/test_prefix_cache.py")
 INTEGRITY = ("tests/test_integrity.py",)
 HEADERS = ("tests/test_header_decoder.py", "tests/test_server_adversarial.py", "-k", "utf8 or header")
+AUDIO = ("tests/test_audio_tower.py",)
 
 MUTANTS = (
     # the answer math (head/answer.py)
@@ -106,6 +107,13 @@ MUTANTS = (
     Mutant("headers: non-ASCII read as Latin-1", "bridge/server/body.py",
            'return value.encode("utf-8", "surrogateescape").decode("utf-8")',
            'return value.encode("utf-8", "surrogateescape").decode("latin-1")', HEADERS),
+    # the audio front end (bridge/media/audio_tower.py): each passed the whole suite before test_audio_tower.py
+    Mutant("audio: log-mel floor at max - 7", "bridge/media/audio_tower.py",
+           "log_spec = xp.maximum(log_spec, log_spec.max() - 8.0)",
+           "log_spec = xp.maximum(log_spec, log_spec.max() - 7.0)", AUDIO),
+    Mutant("audio: a symmetric Hann window", "bridge/media/audio_tower.py",
+           "window = (0.5 - 0.5 * xp.cos(2 * math.pi * xp.arange(N_FFT) / N_FFT)).astype(xp.float32)",
+           "window = xp.hanning(N_FFT).astype(xp.float32)", AUDIO),
 )
 
 

@@ -83,13 +83,13 @@ CLIPS = {  # name: (seconds, rate, channels, format)
 
 @pytest.mark.parametrize("name", CLIPS)
 def test_samples_equal_the_references_decode_audio(name):
-    from .reference_omni import reference_omni
+    from .omni_reference import reference
 
     seconds, rate, channels, fmt = CLIPS[name]
     data = clip(seconds, rate, channels, fmt)
     header = sniff(data, LOC)
     ours = decode(data, header, LOC)
-    theirs = reference_omni()._decode_audio(data)
+    theirs = reference()._decode_audio(data)
     assert header.format == fmt
     assert ours.dtype == np.float32 and ours.ndim == 1
     assert ours.shape == theirs.shape and np.array_equal(ours, theirs), np.abs(ours - theirs).max()

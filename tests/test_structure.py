@@ -1,7 +1,8 @@
 """The house's shape, checked: imports point tools -> bridge -> head, and inside bridge/ from room to
 room only as each room's docstring allows (host < gguf < demo < media < llama < config < model < server < scale); no
 module imports itself round a cycle (lazy imports inside functions count too); the installed package
-never imports the checkout's tests/ or benchmarks/; no module outgrows 600 lines."""
+never imports the checkout's tests/ or benchmarks/; no module outgrows 600 lines; every module of bridge/ and head/
+is imported by a test."""
 
 from __future__ import annotations
 
@@ -126,3 +127,40 @@ def test_modules_stay_within_the_limit():
     long = {name: n for name, path in MODULES.items()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them along their seams): {long}"
+
+
+def modules_imported_by(path: Path) -> set[str]:
+    """The project modules a test file imports by name (`from clef_bridge.x.y import f`, `import clef_bridge.x.y`,
+    `from clef_bridge.x import y`), function bodies included; a package alone does not count for its modules."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module and \
+                node.module.split(".")[0] == "clef_bridge":
+            target = node.module.split(".")[1:]
+            found |= {".".join(target + [a.name]) for a in node.names} | {".".join(target)}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("clef_bridge.")}
+    return found
+
+
+def untested(test_files: list[Path]) -> list[str]:
+    """The modules of bridge/ and head/ (packages' __init__ aside) that no test file imports."""
+    seen = set().union(*(modules_imported_by(p) for p in test_files))
+    return sorted(name for name, path in MODULES.items()
+                  if name.split(".")[0] in ("bridge", "head") and path.name != "__init__.py" and name not in seen)
+
+
+def test_the_test_walker_counts_modules_not_packages(tmp_path):
+    test = tmp_path / "test_x.py"
+    test.write_text("import clef_bridge.head.answer\nfrom clef_bridge.bridge.llama import log\n"
+                    "from clef_bridge.bridge.server import app\nfrom clef_bridge.bridge import media\n"
+                    "def f():\n    from clef_bridge.bridge.host.paths import cache_dir\n")
+    assert {"head.answer", "bridge.llama.log", "bridge.server.app", "bridge.host.paths"} <= modules_imported_by(test)
+    left = untested([test])
+    assert "bridge.media.audio" in left and "bridge.media" not in left  # the package imported, not its modules
+    assert not {"head.answer", "bridge.llama.log", "bridge.server.app", "bridge.host.paths"} & set(left)
+
+
+def test_every_module_is_imported_by_a_test():
+    left = untested(sorted((ROOT / "tests").rglob("test_*.py")))
+    assert not left, f"modules no test imports (add tests/test_<module>.py): {left}"
