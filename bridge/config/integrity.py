@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...head.config import HeadConfig, config_path_for, load_config
-from ...head.errors import ClefError, HeadConfigError, HeadWeightsError
+from ...head.errors import Category, ClefError, HeadConfigError, HeadWeightsError
 from ...head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
 from ..gguf.clef_format import CLEF_ARCH
 from ..gguf.clef_head import EmbeddedHead, validate_embedded_head
@@ -435,6 +435,7 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
 class ModelRefused(ClefError):
     """A models.toml entry failed its integrity checks."""
 
+    category = Category.REFUSED
     error_type = "model_refused"
 
     def __init__(self, name: str, report: CheckReport):

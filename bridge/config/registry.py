@@ -15,7 +15,7 @@ from typing import Any
 
 from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
-from ...head.errors import ClefError, did_you_mean
+from ...head.errors import Category, ClefError, did_you_mean
 from ...head.schema import Limits
 from ..llama.backbone import BackboneOptions
 from ..llama.prefix_cache import PrefixCacheOptions
@@ -34,12 +34,14 @@ OMNI_NAME, OMNI_ARCHITECTURE = "clef-omni", "qwen3vlmoe"
 class RegistryError(ClefError):
     """models.toml is missing, malformed, or names something that does not exist."""
 
+    category = Category.CONFIG
     error_type = "registry_error"
 
 
 class UnknownModel(ClefError):
     """A request named a model this server does not serve."""
 
+    category = Category.NOT_FOUND
     error_type = "model_not_found"
 
 

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 
 from aiohttp import hdrs, web
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from ...head.schema import is_unicode, parse_request
 from ..model.clef_model import Decision
 from ..demo.builtins import REAL_RELEASES
@@ -275,6 +275,7 @@ def setup_routes(app: web.Application) -> None:
 # --- resources ---------------------------------------------------------------------------------
 
 class ModelLoadError(ClefError):
+    category = Category.CONFIG
     error_type = "model_load_error"
 
     def __init__(self, name: str, cause: ClefError):
