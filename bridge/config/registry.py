@@ -49,7 +49,7 @@ class UnknownModel(ClefError):
 class ModelSpec:
     name: str
     gguf: Path
-    head: Path | None = None  # None: embedded in a clef GGUF, or joint_head.safetensors beside the GGUF
+    head_path: Path | None = None  # models.toml `head`; None: embedded in a clef GGUF, or the one beside the GGUF
     backbone: BackboneOptions = BackboneOptions()
     encode: EncodeOptions = EncodeOptions()
     answer: AnswerOptions = AnswerOptions()
@@ -184,7 +184,7 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     if len(problems) > count or "gguf" not in raw:
         return None
     top = groups.pop("", {})
-    for key in ("gguf", "head", "pair", "mmproj"):
+    for key in ("gguf", "head_path", "pair", "mmproj"):
         if key in top:
             top[key] = _absolute(base / top[key])
     # the prefix cache is on unless prefix_cache_mb = 0; it keeps the head's memory rows with its checkpoints
