@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from clef_bridge.head.answer import softmax64
-from clef_bridge.head.errors import ClefError
+from clef_bridge.head.errors import Category, ClefError
 from clef_bridge.head.model import Layout, joint_schema_head
 from clef_bridge.head.schema import Limits
 from clef_bridge.head.weights import DTYPES, ENCODERS, dtype_name, store_matrices, unflatten
@@ -66,7 +66,8 @@ class HeadBench:
 class ShapeError(ClefError):
     """--tokens too few for the router schema, or --options outside what one choice question holds."""
 
-    error_type = "usage_error"
+    category = Category.USAGE
+    error_type = "shape_error"
 
 
 def schema_layout(tokens: int, options: int | None) -> tuple[Layout, int]:

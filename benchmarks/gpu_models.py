@@ -22,7 +22,7 @@ from typing import Any
 from clef_bridge.bridge.demo.builtins import Qwen35Dims, Vocab, random_head, write_qwen35_gguf
 from clef_bridge.bridge.demo.weights import SPECIALS
 from clef_bridge.head.config import CONFIG_NAME, HeadConfig
-from clef_bridge.head.errors import ClefError
+from clef_bridge.head.errors import Category, ClefError
 from clef_bridge.head.weights import save_state_dict
 
 from tests.randomhead import CLEF_FLASH_HEAD, SCALARS
@@ -60,7 +60,8 @@ SERVED = ("Q8_0", "Q4_K_M")
 
 
 class VocabMissing(ClefError):
-    error_type = "usage_error"
+    category = Category.USAGE
+    error_type = "vocab_missing"
 
 
 def qwen_vocab(path: Path, keep: int = 0) -> Vocab:

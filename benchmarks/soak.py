@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
-from clef_bridge.head.errors import ClefError
+from clef_bridge.head.errors import Category, ClefError
 
 WORDS = ("invoice refund printer outage password upgrade contract delivery dashboard export account "
          "billing urgent broken slow error please thanks yesterday again customer").split()
@@ -117,6 +117,7 @@ def _free_port() -> int:
 
 
 class SoakError(ClefError):
+    category = Category.HOST
     error_type = "soak_error"
 
 

@@ -7,13 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ClefError
+from .errors import Category, ClefError
 from .schema import DecisionRequest, Question
 
 
 class NonFiniteOutput(ClefError):
     """The head produced NaN or infinity: a backend fault, never a valid answer."""
 
+    category = Category.UNAVAILABLE
     error_type = "non_finite_output"
 
 

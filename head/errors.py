@@ -1,8 +1,10 @@
-"""Typed errors of the Clef domain; the server maps each class to one HTTP status."""
+"""Typed errors of the Clef domain: each class names its kind of failure (a Category) and its error type;
+bridge/server/errors.py maps each category to the HTTP status and the CLI exit code."""
 
 from __future__ import annotations
 
 import difflib
+import enum
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -20,6 +22,26 @@ def did_you_mean(word: object, choices: Iterable[str]) -> str:
     return f"did you mean {close[0]}? " if close else ""
 
 
+class Category(enum.Enum):
+    """What kind of failure an error is, in the domain's words (no protocol's): what a caller can do about it."""
+
+    INVALID = "invalid"  # the request breaks the contract: fix the request
+    TOO_LARGE = "too_large"  # the request is over a limit: send less
+    NOT_FOUND = "not_found"  # the request names something not served
+    UNAUTHORIZED = "unauthorized"  # no valid API key
+    BUSY = "busy"  # the queue is full or the model busy: retry shortly
+    UNAVAILABLE = "unavailable"  # the backend cannot answer now (out of memory, stopping, a failed batch)
+    MALFORMED = "malformed"  # the request's bytes cannot be read (its encoding, a header)
+    UNSUPPORTED_FORMAT = "unsupported_format"  # a body format this service does not read
+    SLOW_CLIENT = "slow_client"  # the body did not arrive in time
+    EXPECTATION = "expectation"  # an Expect the service cannot meet
+    REFUSED = "refused"  # files that failed their checks: the check ran and said no
+    CONFIG = "config"  # the configuration, files or data given cannot be used
+    USAGE = "usage"  # a command called wrongly (its flags)
+    HOST = "host"  # this machine stopped the work (a full disk, a signal, a package missing)
+    INTERNAL = "internal"  # none of the above: a fault of clef-bridge itself
+
+
 class ClefError(Exception):
     """Base of every error clef-bridge raises on purpose; `fix` says what the user can do about it.
 
@@ -27,6 +49,7 @@ class ClefError(Exception):
     whatever text from the request it quotes.
     """
 
+    category = Category.INTERNAL
     error_type = "clef_error"
 
     def __init__(self, message: str = "", fix: str = ""):
@@ -54,6 +77,7 @@ class Problem:
 class RequestInvalid(ClefError):
     """The request body breaks the System One contract; carries every problem found."""
 
+    category = Category.INVALID
     error_type = "validation_error"
 
     def __init__(self, problems: list[Problem]):
@@ -64,6 +88,7 @@ class RequestInvalid(ClefError):
 class ContextLengthExceeded(ClefError):
     """The encoded prompt is longer than the model's max_length."""
 
+    category = Category.TOO_LARGE
     error_type = "context_length_exceeded"
 
     def __init__(self, n_tokens: int, limit: int, detail: str = "", at_least: bool = False):
@@ -80,12 +105,14 @@ class ContextLengthExceeded(ClefError):
 class HeadConfigError(ClefError):
     """joint_head_config.json is missing, unreadable or inconsistent."""
 
+    category = Category.CONFIG
     error_type = "head_config_error"
 
 
 class HeadWeightsError(ClefError):
     """joint_head.safetensors does not hold exactly the tensors the config implies."""
 
+    category = Category.CONFIG
     error_type = "head_weights_error"
 
     def __init__(self, path: str, problems: list[str]):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from clef_bridge.head.config import HeadConfig
-from clef_bridge.head.errors import ClefError
+from clef_bridge.head.errors import Category, ClefError
 from clef_bridge.head.model import Layout
 
 REFERENCE_SHA256 = "0e304cf7c6500e8bb59bef7e2afd2c6373f82596dfb3b57d1aa93c175e2dc3a3"
@@ -25,6 +25,7 @@ INSTALL_HINT = "pip install -e '.[test]' && pip install --no-deps clef-finetune=
 class ReferenceUnavailable(ClefError):
     """torch or clef-finetune is not installed."""
 
+    category = Category.HOST
     error_type = "reference_unavailable"
 
 

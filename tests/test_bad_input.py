@@ -211,7 +211,7 @@ def test_registry_resolves_relative_paths_aliases_and_latest(tmp_path):
     reg = load_registry(_registry(tmp_path, 'default = "b"\n[models.a]\ngguf = "a.gguf"\nhead = "h/a.st"\n'
                                   '[models.b]\ngguf = "/abs/b.gguf"\nhead = "b.st"\naliases = ["bee"]\n'
                                   'temperature = 0.5\n'))
-    assert reg.models["a"].gguf == tmp_path / "a.gguf" and reg.models["a"].head == tmp_path / "h" / "a.st"
+    assert reg.models["a"].gguf == tmp_path / "a.gguf" and reg.models["a"].head_path == tmp_path / "h" / "a.st"
     assert reg.models["b"].answer.temperature == {"noul": 0.5, "choice": 0.5, "score": 0.5}
     names = name_table(reg, {"a": 4096, "b": 64})
     assert resolve(names, "jev-latest") == "b" and resolve(names, "jev-preview") == "b" and resolve(names, "bee") == "b"

@@ -307,7 +307,7 @@ def test_the_server_refuses_to_start(fx, tmp_path, pairing, case, code):
         lonely = tmp_path / "lonely.gguf"
         shutil.copy(fx.gguf_f32, lonely)
         spec = model_spec("tiny", lonely, n_ctx=8192, max_length=8192)
-        assert spec.head is None
+        assert spec.head_path is None
     elif case == "hidden-size":
         cfg = HeadConfig(hidden_size=128, width=32, routing_layers=1, layers=1, heads=2, feedforward=64)
         save_state_dict(tmp_path / "joint_head.safetensors", random_state_dict(cfg))

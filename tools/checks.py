@@ -122,7 +122,7 @@ def pair_files(gguf: Path, head: Path | None, output: Path | None, verify_repo: 
         return PairResult(out, "", 0, 0, report)
     model, _ = open_model(spec, report)
     try:
-        record = pair_record(gguf, Path(report.head), model)
+        record = pair_record(gguf, Path(report.head_path), model)
     finally:
         model.close()
     if report.facts.verified_against is not None:

@@ -1,8 +1,9 @@
 """The `clef-bridge` command: argparse over library functions that return typed results.
 
 This module alone prints: a result's text (tools/render.py) or, with --json, its to_dict(); and it
-alone picks exit codes: 0 ok, 1 refused / not ok, 2 usage, I/O or another error, with the fix; 141 when
-the reader of its output went away (`| head`), as a command stopped by SIGPIPE exits.
+alone picks exit codes: 0 ok, 1 refused / not ok, 2 usage, I/O or another error, with the fix (an error's
+code comes from its category, in the table the server's statuses come from: bridge/server/errors.py); 141
+when the reader of its output went away (`| head`), as a command stopped by SIGPIPE exits.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..head.errors import ClefError, ContextLengthExceeded, RequestInvalid
+from ..bridge.server.errors import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, answer_for
+from ..head.errors import Category, ClefError
 from .cliargs import build_parser
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 EXIT_PIPE = 128 + 13  # SIGPIPE's: Python ignores the signal and raises BrokenPipeError instead
 
 
@@ -45,6 +46,7 @@ def emit(result: Any, as_json: bool) -> int:
 
 
 class UsageError(ClefError):
+    category = Category.USAGE
     error_type = "usage_error"
 
 
@@ -297,14 +299,10 @@ def dispatch(commands: dict[str, Any], args: argparse.Namespace, prog: str = "cl
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE
     except ClefError as exc:
-        from ..bridge.config.integrity import ModelRefused
-        from .pull import PullError
-
         print(f"{prog} {args.command}: {exc}", file=sys.stderr)
         if exc.fix:
             print(f"  fix: {exc.fix}", file=sys.stderr)
-        refusals = (RequestInvalid, ContextLengthExceeded, ModelRefused, PullError)
-        return EXIT_REFUSED if isinstance(exc, refusals) else EXIT_USAGE
+        return answer_for(exc).exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from ..head.errors import ClefError, RequestInvalid
+from ..head.errors import Category, ClefError, RequestInvalid
 from ..head.schema import Question, parse_request
 from .scoring import Decision
 
 
 class DataError(ClefError):
+    category = Category.CONFIG
     error_type = "data_error"
 
 

@@ -16,11 +16,12 @@ from ..bridge.config.memory_plan import Arch, Plan, arch_from_gguf, head_gpu_byt
 from ..bridge.config.presets import ARCHES, arch_preset, omni_projector
 from ..bridge.config.registry import model_spec
 from ..head.config import CLEF_FLASH_HEAD, HeadConfig, config_path_for, load_config
-from ..head.errors import ClefError
+from ..head.errors import Category, ClefError
 from ..head.weights import stored_bytes
 
 
 class FitError(ClefError):
+    category = Category.USAGE
     error_type = "fit_error"
 
 

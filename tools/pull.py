@@ -19,7 +19,7 @@ from ..bridge.config.integrity import CLEF_ARCHITECTURES, check_pair
 from ..bridge.config.provenance import sha256_file
 from ..bridge.config.registry_file import add_model, has_model
 from ..head.config import CONFIG_NAME
-from ..head.errors import ClefError
+from ..head.errors import Category, ClefError
 from .checks import pair_files
 
 RELEASES = {"clef-flash": "Cloudflare/clef-flash", "clef": "Cloudflare/clef", "clef-omni": "Cloudflare/clef-omni"}
@@ -29,6 +29,7 @@ HEAD_FILES = ("joint_head.safetensors", CONFIG_NAME)
 
 
 class PullError(ClefError):
+    category = Category.REFUSED
     error_type = "pull_error"
 
 

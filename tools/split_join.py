@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from ..bridge.gguf.clef_split import JoinResult, SplitResult, join, split
-from ..head.errors import ClefError
+from ..head.errors import Category, ClefError
 from ..head.schema import QUESTION_TYPES
 from .checks import PairResult, pair_files
 
 
 class TemperatureError(ClefError):
-    error_type = "usage_error"
+    category = Category.USAGE
+    error_type = "temperature_error"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import numpy as np
 from ..bridge.gguf.reader import GGUFInfo, read_gguf, tensor_rows
 from ..bridge.llama.embedding import OutputEmbedding
 from ..bridge.config.provenance import FINGERPRINT_ROWS
-from ..head.errors import ClefError
+from ..head.errors import Category, ClefError
 
 # Measured on the test backbones against their transformers checkpoint (tests/test_verify.py prints it):
 # min row cosine F32 1.0, Q8_0 0.99998, Q4_K_M 0.9985; a fine-tune of the same base with inner weights
@@ -37,6 +37,7 @@ DECODERS = {"BF16": lambda raw: (np.frombuffer(raw, "<u2").astype(np.uint32) << 
 
 
 class VerifyError(ClefError):
+    category = Category.CONFIG
     error_type = "verify_error"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...head.config import HeadConfig, config_path_for, load_config
-from ...head.errors import ClefError, HeadConfigError, HeadWeightsError
+from ...head.errors import Category, ClefError, HeadConfigError, HeadWeightsError
 from ...head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
 from ..gguf.clef_format import CLEF_ARCH
 from ..gguf.clef_head import EmbeddedHead, validate_embedded_head
@@ -115,7 +115,7 @@ class Facts:
 @dataclass
 class CheckReport:
     gguf: str
-    head: str | None
+    head_path: str | None  # the head file checked (a clef GGUF's own path when embedded)
     findings: list[Finding] = field(default_factory=list)
     facts: Facts = field(default_factory=Facts)
     record: dict[str, Any] | None = field(default=None, repr=False)  # the pairing record, for the canaries
@@ -133,13 +133,13 @@ class CheckReport:
     @property
     def head_label(self) -> str:
         """The head as people read it: its path, or a clef GGUF's "(embedded head)", or "(no head)"."""
-        return "(embedded head)" if self.facts.head_source == "embedded" else self.head or "(no head)"
+        return "(embedded head)" if self.facts.head_source == "embedded" else self.head_path or "(no head)"
 
     def add(self, level: str, code: str, message: str, fix: str = "") -> None:
         self.findings.append(Finding(level, code, message, fix))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gguf": self.gguf, "head": self.head, "accepted": self.accepted, "facts": self.facts.to_dict(),
+        return {"gguf": self.gguf, "head": self.head_path, "accepted": self.accepted, "facts": self.facts.to_dict(),
                 "findings": [asdict(f) for f in self.findings]}
 
 
@@ -289,13 +289,13 @@ def shell_path(path: str | Path) -> str:
 def check_pair(gguf: Path, head: Path | None) -> CheckReport:
     """Every check of a GGUF and its head; head None means the clef GGUF's own head, or the one beside the GGUF.
 
-    For a clef GGUF with its embedded head, report.head is the GGUF itself and report.embedded holds the head.
+    For a clef GGUF with its embedded head, report.head_path is the GGUF itself and report.embedded holds the head.
     """
     gguf = Path(gguf)
     report = CheckReport(str(gguf), None)
     info = check_gguf(gguf, report)
     if head is None and info is not None and info.architecture == CLEF_ARCH:
-        report.head = str(gguf)
+        report.head_path = str(gguf)
         report.facts.head_source = "embedded"
         report.embedded = validate_embedded_head(info, report)
         if report.embedded is not None:
@@ -311,7 +311,7 @@ def check_pair(gguf: Path, head: Path | None) -> CheckReport:
                    "name the head: `head = \"PATH\"` in the model's models.toml entry (serve, decide), `--head PATH` "
                    "on the command line (check, pair, drift)")
         return report
-    report.head = str(head)
+    report.head_path = str(head)
     report.facts.head_source = "safetensors"
     if info is not None and info.architecture == CLEF_ARCH:
         report.add("info", "clef.head_replaced", f"{gguf.name} embeds a head, but {head.name} is served instead")
@@ -411,7 +411,7 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
     this report keeps in `record`.
     """
     report = check_pair(gguf, head)
-    head = Path(report.head) if report.head else None
+    head = Path(report.head_path) if report.head_path else None
     check_pins(report, Path(gguf), head, gguf_sha256, head_sha256)
     pair = pair or (default_pair_path(gguf) if default_pair_path(gguf).is_file() else None)
     if head is None or not report.accepted:
@@ -435,6 +435,7 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
 class ModelRefused(ClefError):
     """A models.toml entry failed its integrity checks."""
 
+    category = Category.REFUSED
     error_type = "model_refused"
 
     def __init__(self, name: str, report: CheckReport):

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from ...head.config import HeadConfig
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from ...head.weights import stored_bytes
 from ..gguf.clef_format import is_head_tensor
 from ..gguf.reader import GGUFInfo, read_gguf
@@ -109,6 +109,7 @@ def layer_pattern(info: GGUFInfo) -> list[bool] | None:
 class PlanError(ClefError):
     """The GGUF lacks what a memory plan needs."""
 
+    category = Category.CONFIG
     error_type = "plan_error"
 
 

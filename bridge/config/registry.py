@@ -15,7 +15,7 @@ from typing import Any
 
 from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
-from ...head.errors import ClefError, did_you_mean
+from ...head.errors import Category, ClefError, did_you_mean
 from ...head.schema import Limits
 from ..llama.backbone import BackboneOptions
 from ..llama.prefix_cache import PrefixCacheOptions
@@ -34,12 +34,14 @@ OMNI_NAME, OMNI_ARCHITECTURE = "clef-omni", "qwen3vlmoe"
 class RegistryError(ClefError):
     """models.toml is missing, malformed, or names something that does not exist."""
 
+    category = Category.CONFIG
     error_type = "registry_error"
 
 
 class UnknownModel(ClefError):
     """A request named a model this server does not serve."""
 
+    category = Category.NOT_FOUND
     error_type = "model_not_found"
 
 
@@ -47,7 +49,7 @@ class UnknownModel(ClefError):
 class ModelSpec:
     name: str
     gguf: Path
-    head: Path | None = None  # None: embedded in a clef GGUF, or joint_head.safetensors beside the GGUF
+    head_path: Path | None = None  # models.toml `head`; None: embedded in a clef GGUF, or the one beside the GGUF
     backbone: BackboneOptions = BackboneOptions()
     encode: EncodeOptions = EncodeOptions()
     answer: AnswerOptions = AnswerOptions()
@@ -182,7 +184,7 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     if len(problems) > count or "gguf" not in raw:
         return None
     top = groups.pop("", {})
-    for key in ("gguf", "head", "pair", "mmproj"):
+    for key in ("gguf", "head_path", "pair", "mmproj"):
         if key in top:
             top[key] = _absolute(base / top[key])
     # the prefix cache is on unless prefix_cache_mb = 0; it keeps the head's memory rows with its checkpoints

@@ -124,7 +124,7 @@ class Key:
 
 
 MODEL_KEYS: dict[str, Key] = {
-    "gguf": Key("", "gguf", str), "head": Key("", "head", str), "pair": Key("", "pair", str),
+    "gguf": Key("", "gguf", str), "head": Key("", "head_path", str), "pair": Key("", "pair", str),
     "builtin": Key("", "builtin", str, _one_of("demo", "demo-omni")),
     "head_device": Key("", "head_device", str, _one_of("cpu", "cuda")),
     "head_dtype": Key("", "head_dtype", str, _dtype(*STORAGE_DTYPES)),

@@ -18,7 +18,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGUFValueType as V
 
 from ...head.config import HeadConfig
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from . import clef_format as cf
 from .reader import GGUFInfo, KeyField, read_gguf, read_strings, tensor_end, tensor_float32
 
@@ -35,6 +35,7 @@ class FindingSink(Protocol):
 class ClefHeadError(ClefError):
     """A clef GGUF's embedded head is incomplete or inconsistent; lists every problem found."""
 
+    category = Category.CONFIG
     error_type = "clef_head_error"
 
     def __init__(self, path: str, problems: list[tuple[str, str, str]]):

@@ -24,7 +24,7 @@ from gguf import GGUFValueType as V
 from gguf.quants import quantize
 
 from ...head.config import CONFIG_NAME, HeadConfig, config_path_for, load_config
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from ...head.weights import ENCODERS, load_state_dict, read_header, save_state_dict
 from . import clef_format as cf
 from .clef_head import read_embedded_head
@@ -37,6 +37,7 @@ OnChunk = Callable[[int, int], None]  # (bytes written so far, bytes in all), af
 class ConvertError(ClefError):
     """A GGUF cannot be converted as asked (wrong architecture, existing output, bad option)."""
 
+    category = Category.CONFIG
     error_type = "convert_error"
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType as V
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from .clef_split import CachedFile, copied, ensure_cached
 from .reader import GGUFInfo, read_gguf, read_raw
 from .writer import OutTensor, WriteResult, encode_value, write_gguf
@@ -40,6 +40,7 @@ PROJECTOR_HOME = ("community GGUF repositories of Qwen3.5 ship it as mmproj-*.gg
 class ProjectorError(ClefError):
     """The vision projector (mmproj GGUF) cannot be loaded or does not fit this backbone."""
 
+    category = Category.UNAVAILABLE
     error_type = "projector_error"
 
 

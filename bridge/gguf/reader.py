@@ -19,7 +19,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -36,6 +36,7 @@ class GGUFError(ClefError):
     """The file is not a readable GGUF; `code` says how (gguf.magic, gguf.version, gguf.header, gguf.missing,
     gguf.key)."""
 
+    category = Category.CONFIG
     error_type = "gguf_error"
 
     def __init__(self, message: str, code: str = "gguf.header"):

@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 import numpy as np
 from gguf import GGUFValueType as V
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from ..host.progress import Progress
 from .reader import MAGIC, GGUFError
 
@@ -59,6 +59,7 @@ _SCALAR_FORMATS = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V
 class NotEnoughDisk(ClefError):
     """The target folder has less free space than the file needs."""
 
+    category = Category.HOST
     error_type = "not_enough_disk"
 
     def __init__(self, needed: int, free: int, folder: Path, what: str):
@@ -71,6 +72,7 @@ class NotEnoughDisk(ClefError):
 class WriteInterrupted(ClefError):
     """A signal stopped the write; the temporary file was removed."""
 
+    category = Category.HOST
     error_type = "write_interrupted"
 
 

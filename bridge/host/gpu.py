@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 
 HostRows = Callable[[int, int], np.ndarray]  # (rows, n_embd) -> float32 [rows, n_embd] on the host
 
@@ -49,6 +49,7 @@ def to_device(xp: Any, host: np.ndarray) -> Any:
 class DeviceOutOfMemory(ClefError):
     """The head ran out of GPU memory (HTTP 503 with Retry-After: the next request may fit)."""
 
+    category = Category.UNAVAILABLE
     error_type = "out_of_memory"
 
 

@@ -15,7 +15,7 @@ import llama_cpp as lc
 import numpy as np
 from llama_cpp import llama_cpp_ext as lc_ext
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from ..host.gpu import HostRows, host_rows_for
 from . import log as llama_log
 from .buffers import cpu_experts
@@ -26,6 +26,7 @@ from .prefix_cache import CachedPrefill, PrefillRequest, PrefixCache, PrefixCach
 class BackboneError(ClefError):
     """llama.cpp could not load the GGUF or could not run a batch."""
 
+    category = Category.UNAVAILABLE
     error_type = "backbone_error"
 
 

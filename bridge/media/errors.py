@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...head.errors import Problem, RequestInvalid
+from ...head.errors import Category, Problem, RequestInvalid
 
 
 class MediaRejected(RequestInvalid):
@@ -19,4 +19,5 @@ class MediaRejected(RequestInvalid):
 class MediaTooLarge(MediaRejected):
     """A medium is over a configured limit (bytes, pixels, seconds): HTTP 413."""
 
+    category = Category.TOO_LARGE
     error_type = "media_too_large"

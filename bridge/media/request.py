@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...head.errors import ClefError, Problem, RequestInvalid
+from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ...head.schema import Limits, json_depth, option_order
 from ..gguf.projector import PROJECTOR_HOME
 from . import audio as audio_files
@@ -82,6 +82,7 @@ class Media:
 
 
 class UnsupportedMediaType(ClefError):
+    category = Category.UNSUPPORTED_FORMAT
     error_type = "unsupported_media_type"
 
 

@@ -78,7 +78,7 @@ def materialize(spec: ModelSpec) -> None:
 def inspect_spec(spec: ModelSpec) -> CheckReport:
     """Every static check of a models.toml entry (files, pins, pairing record), without loading it."""
     materialize(spec)
-    report = check_all(spec.gguf, spec.head, spec.pair, spec.gguf_sha256, spec.head_sha256,
+    report = check_all(spec.gguf, spec.head_path, spec.pair, spec.gguf_sha256, spec.head_sha256,
                        want_record=not spec.builtin)
     check_projector(report, spec.gguf, spec.mmproj)
     return report
@@ -158,8 +158,8 @@ def _head_weights(report: CheckReport) -> tuple[HeadConfig, dict[str, np.ndarray
     if report.embedded is not None:
         head = report.embedded
         return head.config, head.state_dict, head.temperatures
-    config = load_config(config_path_for(report.head))
-    return config, load_state_dict(report.head, config), {}
+    config = load_config(config_path_for(report.head_path))
+    return config, load_state_dict(report.head_path, config), {}
 
 
 def answer_options(configured: AnswerOptions, gguf_temperatures: dict[str, float]) -> AnswerOptions:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from .clef_model import ClefModel, Decision, Prefilled, Prepared
 
 log = logging.getLogger("clef_bridge.worker")
@@ -24,6 +24,7 @@ MAX_IMAGE_JOBS = 8
 class Overloaded(ClefError):
     """The admission queue is full."""
 
+    category = Category.BUSY
     error_type = "overloaded"
 
     def __init__(self, model: str, depth: int, what: str = "requests"):
@@ -33,6 +34,7 @@ class Overloaded(ClefError):
 class Busy(ClefError):
     """The model is deciding other requests and this one asked not to wait (Workers AI's rejectIfBusy)."""
 
+    category = Category.BUSY
     error_type = "busy"
 
     def __init__(self, model: str, depth: int):
@@ -43,6 +45,7 @@ class Busy(ClefError):
 class WorkerStopped(ClefError):
     """The server is shutting down or the worker died."""
 
+    category = Category.UNAVAILABLE
     error_type = "unavailable"
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from ..config.registry import Registry, with_keys
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -28,7 +28,8 @@ DASHBOARD_URL = "http://127.0.0.1:8265"  # ray.init's dashboard_host and dashboa
 class RayNotLocal(ClefError):
     """The Ray that `serve --ray` started would listen beyond this machine."""
 
-    error_type = "usage_error"
+    category = Category.USAGE
+    error_type = "ray_not_local"
 
 
 def cluster_address(flag: str | None, environ: Mapping[str, str]) -> str | None:

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 
 from aiohttp import hdrs, web
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from ...head.schema import is_unicode, parse_request
 from ..model.clef_model import Decision
 from ..demo.builtins import REAL_RELEASES
@@ -275,6 +275,7 @@ def setup_routes(app: web.Application) -> None:
 # --- resources ---------------------------------------------------------------------------------
 
 class ModelLoadError(ClefError):
+    category = Category.CONFIG
     error_type = "model_load_error"
 
     def __init__(self, name: str, cause: ClefError):
@@ -288,7 +289,7 @@ def load_models(registry: Registry) -> dict[str, Loaded]:
     try:
         for name, spec in registry.models.items():
             # the head is named once checked (the banner): a clef GGUF embeds it, a qwen35 one has it beside it
-            log.info("loading model %s: %s%s", name, spec.gguf, f" + {spec.head}" if spec.head else "")
+            log.info("loading model %s: %s%s", name, spec.gguf, f" + {spec.head_path}" if spec.head_path else "")
             try:
                 models[name] = load_checked(spec, registry.server.limits)
             except ModelRefused:
@@ -324,7 +325,7 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         worker = InferenceWorker(item.model, registry.server.max_queue, on_batch(name))
         worker.start()
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
-                                   _release_date(spec), item.report.facts, item.report.head)
+                                   _release_date(spec), item.report.facts, item.report.head_path)
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()},
                                  {n: s.facts.architecture or "" for n, s in app[SERVED].items()}))
     caches = {name: item.model.backbone.prefix_cache for name, item in loaded.items()
@@ -359,7 +360,7 @@ def banner(app: web.Application, url: str) -> list[str]:
     for name, served in app[SERVED].items():
         spec, facts = served.spec, served.facts
         others = [n for n, m in app[NAMES].items() if m == name and n != name]
-        head = "embedded in the GGUF" if facts.head_source == "embedded" else str(served.head or "beside the GGUF")
+        head = "embedded in the GGUF" if facts.head_source == "embedded" else str(served.head_path or "beside the GGUF")
         lines += [f"  model {name}" + (f" (also answers to {', '.join(others)})" if others else ""),
                   f"    gguf  {spec.gguf} ({facts.architecture}, hidden {facts.embedding_length}, "
                   f"{facts.block_count} layers)",

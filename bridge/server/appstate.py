@@ -27,7 +27,7 @@ class Served:
     hidden_size: int
     release_date: str  # YYYY-MM-DD, read at load time (no stat() on the event loop)
     facts: Facts  # what the integrity checks found out about the files (architecture, head source, ...)
-    head: str | None  # the head file served (a clef GGUF's own path when embedded)
+    head_path: str | None  # the head file served (a clef GGUF's own path when embedded)
 
 
 Loader = Callable[[Registry], dict[str, Loaded]]

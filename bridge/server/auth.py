@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import hdrs, web
 
-from ...head.errors import ClefError
+from ...head.errors import Category, ClefError
 from .body import BadHeader, header
 from .routes import PUBLIC  # with auth on, only these answer without a key; none names a model
 
@@ -21,7 +21,15 @@ CHALLENGE = 'Bearer realm="clef-bridge"'  # the WWW-Authenticate of every 401 (R
 
 
 class Unauthorized(ClefError):
+    category = Category.UNAUTHORIZED
     error_type = "authentication_error"
+
+
+class ApiKeysError(ClefError):
+    """The api_keys_file cannot be read or holds no key."""
+
+    category = Category.CONFIG
+    error_type = "api_keys_error"
 
 
 class ApiKeys:
@@ -42,10 +50,10 @@ class ApiKeys:
         try:
             lines = self.path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ClefError(f"api_keys_file {self.path}: cannot read: {exc}") from None
+            raise ApiKeysError(f"api_keys_file {self.path}: cannot read: {exc}") from None
         keys = tuple(k.strip().encode() for k in lines if k.strip() and not k.strip().startswith("#"))
         if not keys:
-            raise ClefError(f"{self.path}: no API keys in the file; add one per line or remove api_keys_file")
+            raise ApiKeysError(f"{self.path}: no API keys in the file; add one per line or remove api_keys_file")
         self.keys = keys
 
     def check(self, authorization: str | None) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from aiohttp import hdrs, web
 
-from ...head.errors import ClefError, Problem, RequestInvalid
+from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ..media.request import UnsupportedMediaType
 
 try:
@@ -20,18 +20,21 @@ except ImportError:
 
 
 class BodyTooLarge(ClefError):
+    category = Category.TOO_LARGE
     error_type = "request_too_large"
 
 
 class BadEncoding(ClefError):
     """A Content-Encoding we cannot decode, or a corrupt compressed body."""
 
+    category = Category.MALFORMED
     error_type = "invalid_content_encoding"
 
 
 class BadHeader(ClefError):
     """A header value that is not UTF-8 text."""
 
+    category = Category.MALFORMED
     error_type = "invalid_header"
 
     def __init__(self, name: str):
@@ -40,6 +43,7 @@ class BadHeader(ClefError):
 
 
 class ExpectationFailed(ClefError):
+    category = Category.EXPECTATION
     error_type = "expectation_failed"
 
 

@@ -1,5 +1,5 @@
-"""Request context: the request id, domain errors -> HTTP (the one place), the response written within
-write_timeout_s, one access-log line and the request metrics per request, parser errors included."""
+"""Request context: the request id, domain errors -> HTTP (the one place, by errors.py's table), the response
+written within write_timeout_s, one access-log line and the request metrics per request, parser errors included."""
 
 from __future__ import annotations
 
@@ -14,17 +14,12 @@ import orjson
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ...head.answer import NonFiniteOutput
-from ...head.errors import ClefError, ContextLengthExceeded, RequestInvalid, printable
-from ..gguf.projector import ProjectorError
-from ..host.gpu import DeviceOutOfMemory
-from ..llama.backbone import BackboneError, DecodeFailed
-from ..media.errors import MediaTooLarge
-from ..config.registry import ServerSpec, UnknownModel
-from ..model.worker import Busy, Overloaded, WorkerStopped
+from ...head.errors import Category, ClefError, RequestInvalid, printable
+from ..config.registry import ServerSpec
 from .appstate import METRICS, REGISTRY
-from .auth import CHALLENGE, Unauthorized
-from .body import BadEncoding, BadHeader, BodyTooLarge, ExpectationFailed, UnsupportedMediaType, header
+from .auth import CHALLENGE
+from .body import header
+from .errors import answer_for, error_type_of
 from .prometheus import Metrics
 from .routes import UNMATCHED, WORKERS_AI_PREFIXES, WORKERS_AI_ROUTES
 
@@ -37,20 +32,15 @@ CLIENT_CLOSED = 499  # nginx's status for a client gone before its answer: count
 
 
 class DeadlineExceeded(ClefError):
+    category = Category.UNAVAILABLE
     error_type = "timeout"
 
 
 class BodyTimeout(ClefError):
+    category = Category.SLOW_CLIENT
     error_type = "request_timeout"
 
 
-# Domain error -> HTTP status, looked up along the class hierarchy; nothing else maps errors.
-STATUS: dict[type[BaseException], int] = {
-    RequestInvalid: 422, ContextLengthExceeded: 413, BodyTooLarge: 413, UnknownModel: 404, Unauthorized: 401,
-    Overloaded: 429, Busy: 429, DeadlineExceeded: 503, WorkerStopped: 503, DecodeFailed: 503, NonFiniteOutput: 503,
-    BackboneError: 503, MemoryError: 503, DeviceOutOfMemory: 503, BadEncoding: 400, BadHeader: 400,
-    UnsupportedMediaType: 415, BodyTimeout: 408, ExpectationFailed: 417, MediaTooLarge: 413, ProjectorError: 503,
-}
 # Status -> Cloudflare's own error code where its Workers AI error table has one for that status (out of
 # capacity, request too large, timeout); the Workers AI envelope carries it, any other error carries its status.
 WORKERS_AI_CODES: dict[int, int] = {429: 3040, 413: 3006, 408: 3007}
@@ -104,7 +94,7 @@ def client_gone(request: web.BaseRequest) -> bool:
 
 def error_body(exc: BaseException, status: int, workers_ai: bool) -> Any:
     """The error in the Jev (or Workers AI) shape; ClefError and Problem texts are printable by construction."""
-    error_type = getattr(exc, "error_type", "internal_error")
+    error_type = error_type_of(exc)
     if isinstance(exc, RequestInvalid) and status == 422:  # media too large (413) answer like other 413s
         detail: Any = [{"loc": list(p.loc), "msg": p.msg, "type": p.type} for p in exc.problems]
         message = str(exc)
@@ -114,13 +104,6 @@ def error_body(exc: BaseException, status: int, workers_ai: bool) -> Any:
     if workers_ai:
         return workers_ai_error(printable(message), status)
     return {"detail": detail}
-
-
-def status_for(exc: BaseException) -> int:
-    for cls in type(exc).__mro__:
-        if cls in STATUS:
-            return STATUS[cls]
-    return 500
 
 
 def _http_error(exc: web.HTTPException, info: RequestLog, workers_ai: bool) -> web.Response:
@@ -139,8 +122,8 @@ def _error_response(request: web.Request, exc: Exception, info: RequestLog, work
     if client_gone(request):  # a hang-up mid-body surfaces as a read error: the client's doing, not a 5xx
         info.error_type = "client_closed_request"
         return json_response({"detail": {"error_type": info.error_type, "message": "client closed"}}, CLIENT_CLOSED)
-    status = status_for(exc)
-    info.error_type = getattr(exc, "error_type", "internal_error")
+    status = answer_for(exc).status
+    info.error_type = error_type_of(exc)
     if status >= 500 and not isinstance(exc, ClefError):
         log.exception("request %s failed", info.id)
     headers = ERROR_HEADERS[status](request.app[REGISTRY].server) if status in ERROR_HEADERS else None
