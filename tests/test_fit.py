@@ -118,7 +118,7 @@ def test_parse_size():
 def test_auto_layers_and_the_context_warning(fx, monkeypatch):
     import llama_cpp
     from clef_bridge.bridge.host.gpu import GpuMemory
-    from clef_bridge.bridge.model import memory_plan as fit
+    from clef_bridge.bridge.config import memory_plan as fit
 
     auto = BackboneOptions(n_ctx=4096, n_seq_max=1, n_gpu_layers="auto")
     every = replace(auto, n_gpu_layers=-1)

@@ -15,16 +15,17 @@ from pathlib import Path
 
 from ..bridge.gguf.clef_format import CLEF_ARCH
 from ..bridge.gguf.reader import read_gguf
-from ..bridge.config.integrity import CLEF_ARCHITECTURES, check_pair
+from ..bridge.catalogue.releases import RELEASES as CATALOGUE_RELEASES
+from ..bridge.config.integrity import check_pair
 from ..bridge.config.provenance import sha256_file
 from ..bridge.config.registry_file import add_model, has_model
 from ..head.config import CONFIG_NAME
 from ..head.errors import ClefError
 from .checks import pair_files
 
-RELEASES = {"clef-flash": "Cloudflare/clef-flash", "clef": "Cloudflare/clef", "clef-omni": "Cloudflare/clef-omni"}
+RELEASES = {name: release.repo for name, release in CATALOGUE_RELEASES.items()}
 # the GGUF architectures each release comes as: Clef-omni's thinker converts to qwen3vlmoe (llama.cpp's converter)
-ARCHITECTURES = {"clef-flash": CLEF_ARCHITECTURES, "clef": CLEF_ARCHITECTURES, "clef-omni": ("qwen3vlmoe",)}
+ARCHITECTURES = {name: release.architectures for name, release in CATALOGUE_RELEASES.items()}
 HEAD_FILES = ("joint_head.safetensors", CONFIG_NAME)
 
 

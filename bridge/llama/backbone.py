@@ -16,6 +16,8 @@ import numpy as np
 from llama_cpp import llama_cpp_ext as lc_ext
 
 from ...head.errors import ClefError
+from ..catalogue.architectures import NFC_PRE_TOKENIZERS
+from ..catalogue.dtypes import KV_TYPES as KV_TYPE_NAMES
 from ..host.gpu import HostRows, host_rows_for
 from . import log as llama_log
 from .buffers import cpu_experts
@@ -57,13 +59,12 @@ class BackboneOptions:
     kv_type: str = "f16"  # the KV cache's type: "f32" doubles its memory and drops llama.cpp's f16 rounding of it
 
 
-KV_TYPES = {"f16": lc.GGML_TYPE_F16, "f32": lc.GGML_TYPE_F32}
+KV_TYPES = {name: getattr(lc, f"GGML_TYPE_{name.upper()}") for name in KV_TYPE_NAMES}
 
 
-# Pre-tokenizers whose Hugging Face tokenizer NFC-normalizes text first (transformers' Qwen2Tokenizer and
-# Qwen3_5Tokenizer set normalizers.NFC()). GGUF conversion drops the normalizer and llama.cpp does not
-# apply it, so without this a decomposed "é" would tokenize differently from Cloudflare's reference.
-NFC_PRE_TOKENIZERS = frozenset({"qwen2", "qwen35"})
+# NFC_PRE_TOKENIZERS (the catalogue's): pre-tokenizers whose Hugging Face tokenizer NFC-normalizes text first
+# (transformers' Qwen2Tokenizer and Qwen3_5Tokenizer set normalizers.NFC()). GGUF conversion drops the normalizer
+# and llama.cpp does not apply it, so without this a decomposed "é" would tokenize differently from the reference.
 
 
 def _meta_str(model, key: str) -> str | None:

@@ -20,27 +20,20 @@ from ...head.encoder import DEFAULT_MAX_LENGTH
 from ...head.errors import HeadConfigError
 from ...head.schema import Limits
 from ...head.weights import load_state_dict, params_from
-from ..gguf.clef_format import CLEF_ARCH
+from ..catalogue.architectures import QWEN3VLMOE, architecture, image_tokens
 from ..gguf.clef_split import ensure_backbone
-from ..gguf.projector import (
-    MAX_IMAGE_TOKENS,
-    OMNI_IMAGE_TOKENS,
-    compute_bytes,
-    ensure_vision_projector,
-    max_image_tokens,
-    projector_info,
-)
+from ..gguf.projector import ensure_vision_projector, projector_info
 from ..gguf.reader import read_gguf
 from ..host.gpu import host_rows_for, release_cached
 from ..host.paths import cache_dir
 from ..llama.backbone import Backbone, BackboneOptions
 from ..llama.embedding import OutputEmbedding
-from ..llama.omni import OMNI_ARCH, OmniBackbone
+from ..llama.omni import OmniBackbone
 from ..llama.vision import Projector, ProjectorOptions
 from ..media.audio_tower import AudioTower
 from .clef_model import ClefModel, Head
 from ..config.integrity import CheckReport, ModelRefused, check_all, check_canaries, check_image_canary, check_projector
-from ..config.memory_plan import head_gpu_bytes, placement_for
+from ..config.memory_plan import placement_for, plan_inputs, projector_sizes
 from ..config.provenance import canary_probabilities, canary_states, image_canary
 from ..config.registry import ModelSpec
 
@@ -91,8 +84,7 @@ def open_projector(spec: ModelSpec, report: CheckReport, backbone: Backbone) -> 
     path = report.facts.mmproj
     if path is None:
         return None
-    omni = report.facts.architecture == OMNI_ARCH
-    low, high = OMNI_IMAGE_TOKENS if omni else (ProjectorOptions.min_tokens, MAX_IMAGE_TOKENS)
+    low, high = image_tokens(report.facts.architecture)
     options = ProjectorOptions(min_tokens=low, max_tokens=high, n_threads=spec.backbone.n_threads,
                                verbose=spec.backbone.verbose)
     if projector_info(path).combined:
@@ -123,7 +115,7 @@ def omni_spec(spec: ModelSpec) -> ModelSpec:
 def open_backbone(report: CheckReport, path: Path, options: BackboneOptions, host_rows) -> Backbone:
     """Qwen3.5's backbone, or Qwen3-Omni's thinker with its projector's deepstack count (options: the entry's,
     placed on the GPU by its memory plan)."""
-    if report.facts.architecture != OMNI_ARCH:
+    if report.facts.architecture != QWEN3VLMOE.name:
         return Backbone(path, options, host_rows)
     mmproj = report.facts.mmproj
     deepstack = projector_info(mmproj).deepstack_layers if mmproj is not None else 0
@@ -136,10 +128,11 @@ def open_backbone(report: CheckReport, path: Path, options: BackboneOptions, hos
     return OmniBackbone(path, options, host_rows, deepstack)
 
 
-def backbone_file(gguf: Path, architecture: str | None = None) -> Path:
+def backbone_file(gguf: Path, given: str | None = None) -> Path:
     """The qwen35 GGUF llama.cpp loads: the file itself, or a clef GGUF's backbone, written once into the cache
-    (architecture: the GGUF's, when the caller read its header already)."""
-    if (architecture or read_gguf(gguf).architecture) != CLEF_ARCH:
+    (given: the GGUF's architecture, when the caller read its header already)."""
+    arch = architecture(given or read_gguf(gguf).architecture)
+    if arch is None or not arch.loads_as:
         return gguf
     path, done = ensure_backbone(gguf, cache_dir() / "backbones")
     if done.action == "converted":
@@ -180,18 +173,14 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     config, flat, temperatures = _head_weights(report)
     xp = array_module_for(spec.head_device)
     path = backbone_file(spec.gguf, report.facts.architecture)
-    if report.facts.architecture == OMNI_ARCH:
+    if report.facts.architecture == QWEN3VLMOE.name:
         spec = omni_spec(spec)
     release_cached(xp)
-    head_bytes = head_gpu_bytes(config, spec.head_device, spec.head_dtype)
     mmproj = report.facts.mmproj
     info = projector_info(mmproj) if mmproj is not None else None  # its header, read once for the plan and tower
-    media_bytes = 0
-    if info is not None:  # the vision tower's weights and compute buffer for the reference's largest image
-        media_bytes = info.weight_bytes + compute_bytes(info, max_image_tokens(report.facts.architecture))
-        if xp is not np:  # Qwen3-Omni's audio tower runs on the head's device in float32
-            media_bytes += info.audio_float32_bytes
-    placed, warnings = placement_for(path, spec.backbone, head_bytes, vision_bytes=media_bytes)
+    sizes = projector_sizes(info, report.facts.architecture) if info is not None else None
+    inputs = plan_inputs(config, spec.head_device, spec.head_dtype, sizes)
+    placed, warnings = placement_for(path, spec.backbone, inputs.head_bytes, vision_bytes=inputs.media_bytes)
     head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
     backbone = open_backbone(report, path, placed, host_rows_for(xp))
     try:
