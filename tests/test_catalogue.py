@@ -192,6 +192,17 @@ def test_plan_inputs_put_the_audio_tower_with_the_head():
     assert plan_inputs(cfg, "cuda", "f32", None).media_bytes == 0
 
 
+def test_projector_sizes_take_the_backbones_largest_image():
+    from clef_bridge.bridge.config.memory_plan import projector_sizes
+    from clef_bridge.bridge.gguf.projector import ProjectorInfo, compute_bytes
+
+    info = ProjectorInfo("qwen3vl_merger", 64, 16, 2, True, 5000, 32, 64, audio_float32_bytes=700)
+    omni, qwen35 = projector_sizes(info, "qwen3vlmoe"), projector_sizes(info, "qwen35")
+    assert omni.vision_compute_bytes == compute_bytes(info, 1024) < qwen35.vision_compute_bytes
+    assert qwen35.vision_compute_bytes == compute_bytes(info, 16384)
+    assert (omni.vision_weight_bytes, omni.audio_weight_bytes) == (5000, 700)
+
+
 def test_loading_and_fit_call_the_one_function():
     """The memory plan's inputs were computed in loading.py and again in fit.py (three fixes were drift between
     the copies): both call plan_inputs now, and neither counts a projector or the head on its own."""

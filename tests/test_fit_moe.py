@@ -284,3 +284,35 @@ def test_the_audio_tower_is_planned_on_the_gpu_with_the_head(tmp_path):
     on_gpu = fit(gguf, None, "Q8_0", 16 * GIB, 4096, 1, 512, True, mmproj=mmproj)
     assert (on_cpu.audio_weight_bytes, on_gpu.audio_weight_bytes) == (0, tower)
     assert on_gpu.plan.total_bytes - on_cpu.plan.total_bytes == tower + on_gpu.plan.head_bytes
+
+
+@pytest.mark.parametrize("head_device", ["cpu", "cuda"])
+def test_serve_and_fit_plan_with_the_same_inputs(tmp_path, monkeypatch, head_device):
+    """The loader and `fit GGUF` take the GPU plan's inputs (the head, the vision tower and its largest image, the
+    audio tower where the head runs) from one function, memory_plan.plan_inputs: the last three plan fixes were
+    drift between two copies. What serve hands placement_for for the Clef-omni demo is what fit counts.
+    (head_device cuda: the array module is numpy here, so only the plan's bookkeeping is cuda's.)"""
+    from clef_bridge.bridge.demo.builtins import make_demo
+    from clef_bridge.bridge.model import loading
+    from clef_bridge.tools.fit import fit
+
+    files = make_demo(tmp_path / "demo").omni
+    spec = model_spec("omni", files.gguf, files.head, mmproj=files.mmproj, head_device=head_device,
+                      n_ctx=4096, max_length=4096)
+    report = loading.inspect_spec(spec)
+    assert report.accepted, report
+
+    class Planned(Exception):
+        pass
+
+    def placement_for(path, options, head_bytes, read=None, vision_bytes=0):
+        raise Planned(head_bytes, vision_bytes)
+
+    monkeypatch.setattr(loading, "array_module_for", lambda device: __import__("numpy"))
+    monkeypatch.setattr(loading, "placement_for", placement_for)
+    with pytest.raises(Planned) as served:
+        loading.open_model(spec, report)
+    fitted = fit(files.gguf, None, "Q8_0", 16 * GIB, 4096, 1, 512, head_device == "cuda", mmproj=files.mmproj)
+    media = fitted.vision_weight_bytes + fitted.vision_compute_bytes + fitted.audio_weight_bytes
+    assert served.value.args == (fitted.plan.head_bytes, media) == (fitted.plan.head_bytes, fitted.plan.vision_bytes)
+    assert (fitted.audio_weight_bytes > 0) == (fitted.plan.head_bytes > 0) == (head_device == "cuda")

@@ -21,7 +21,8 @@ from ...head.weights import stored_bytes
 from ..catalogue.architectures import EVERY_TOKEN_OUTPUT_ARCHITECTURES, FULL_ATTENTION_ARCHITECTURES
 from ..catalogue.dtypes import DTYPES
 from ..gguf.clef_format import is_head_tensor
-from ..gguf.projector import ProjectorInfo, compute_bytes, max_image_tokens
+from ..gguf.projector import ProjectorInfo, max_image_tokens
+from ..gguf.projector import compute_bytes as vision_compute_bytes
 from ..gguf.reader import GGUFInfo, read_gguf
 from ..host.gpu import GpuMemory, read_gpu
 from ..llama.backbone import BackboneOptions
@@ -343,7 +344,7 @@ class ProjectorSizes:
 
 def projector_sizes(info: ProjectorInfo, architecture: str | None) -> ProjectorSizes:
     """A projector's plan sizes beside a backbone of this architecture (its reference's largest image)."""
-    return ProjectorSizes(info.weight_bytes, compute_bytes(info, max_image_tokens(architecture)),
+    return ProjectorSizes(info.weight_bytes, vision_compute_bytes(info, max_image_tokens(architecture)),
                           info.audio_float32_bytes)
 
 
