@@ -10,6 +10,7 @@ import pytest
 from clef_bridge.bridge.catalogue import architectures as arch
 from clef_bridge.bridge.catalogue import dtypes, media, releases
 from clef_bridge.head.config import HeadConfig
+from clef_bridge.head.encoder import DEFAULT_MAX_LENGTH, MEDIA_LAYOUTS
 from clef_bridge.head.errors import RequestInvalid
 from clef_bridge.head.schema import MEDIA_FIELDS, parse_request
 
@@ -36,6 +37,8 @@ def test_architectures_and_their_capabilities():
     assert arch.AUDIO_ARCHITECTURES == arch.EVERY_TOKEN_OUTPUT_ARCHITECTURES == {"qwen3vlmoe"}
     assert arch.image_tokens(None) == arch.image_tokens("llama") == (64, 16384)
     assert arch.architecture("llama") is None and arch.architecture("clef") is arch.CLEF
+    assert [a.reference for a in arch.ARCHITECTURES.values()] == ["dense", "dense", "omni", "dense"]
+    assert all(a.reference in MEDIA_LAYOUTS and a.reference in DEFAULT_MAX_LENGTH for a in arch.ARCHITECTURES.values())
 
 
 def test_releases():

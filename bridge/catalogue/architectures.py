@@ -23,6 +23,7 @@ class Architecture:
     image_tokens: tuple[int, int]  # the fewest and most tokens one image makes (its reference's image sizes)
     pre_tokenizer: str  # tokenizer.ggml.pre as llama.cpp's converter writes it
     nfc: bool  # the Hugging Face tokenizer NFC-normalizes text first (the GGUF drops that; the bridge redoes it)
+    reference: str = "dense"  # its reference's prompt: head/encoder.py's media layout and default max_length
     experts: bool = False  # mixture-of-experts FFNs (llama.cpp's --n-cpu-moe applies)
     deepstack: bool = False  # its layers take the vision tower's deepstack features
     full_attention: bool = False  # every layer keeps a KV cache (no recurrent layers)
@@ -38,7 +39,7 @@ QWEN35MOE = Architecture("qwen35moe", "Qwen3.5", (IMAGE.name,), QWEN35_IMAGE_TOK
 CLEF = Architecture("clef", "Qwen3.5", (IMAGE.name,), QWEN35_IMAGE_TOKENS, "qwen35", nfc=True, head_inside=True,
                     loads_as=QWEN35.name)
 QWEN3VLMOE = Architecture("qwen3vlmoe", "Qwen3-Omni's thinker", (IMAGE.name, AUDIO.name), OMNI_IMAGE_TOKENS,
-                          "qwen2", nfc=True, experts=True, deepstack=True, full_attention=True,
+                          "qwen2", nfc=True, reference="omni", experts=True, deepstack=True, full_attention=True,
                           every_token_output=True, kv_cells_only=True)
 ARCHITECTURES = {a.name: a for a in (QWEN35, QWEN35MOE, QWEN3VLMOE, CLEF)}
 

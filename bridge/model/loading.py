@@ -16,11 +16,11 @@ import numpy as np
 
 from ...head.answer import AnswerOptions
 from ...head.config import HeadConfig, config_path_for, load_config
-from ...head.encoder import DEFAULT_MAX_LENGTH
+from ...head.encoder import DEFAULT_MAX_LENGTH, EncodeOptions
 from ...head.errors import HeadConfigError
 from ...head.schema import Limits
 from ...head.weights import load_state_dict, params_from
-from ..catalogue.architectures import QWEN3VLMOE, architecture, image_tokens
+from ..catalogue.architectures import architecture, image_tokens
 from ..gguf.clef_split import ensure_backbone
 from ..gguf.projector import ensure_vision_projector, projector_info
 from ..gguf.reader import read_gguf
@@ -99,23 +99,24 @@ def open_projector(spec: ModelSpec, report: CheckReport, backbone: Backbone) -> 
     return Projector(path, backbone, options)
 
 
-def omni_spec(spec: ModelSpec) -> ModelSpec:
-    """A Clef-omni entry with Clef-omni's defaults where the entry leaves the key unset: the reference's
-    max_length (64,000 tokens) and an n_ctx that holds it, and its media layout (a "\\n" after each medium)."""
-    length = DEFAULT_MAX_LENGTH["omni"]
+def reference_spec(spec: ModelSpec, reference: str) -> ModelSpec:
+    """An entry with its reference's defaults where the entry leaves the key unset (Clef-omni's: max_length
+    64,000 tokens and an n_ctx that holds it, and its media layout, a "\\n" after each medium)."""
+    length = DEFAULT_MAX_LENGTH[reference]
     if "max_length" in spec.keys:
         length = spec.encode.max_length
     elif "n_ctx" in spec.keys:
         length = min(length, spec.backbone.n_ctx)
     n_ctx = spec.backbone.n_ctx if spec.keys & {"n_ctx", "max_length"} else length
     return replace(spec, backbone=replace(spec.backbone, n_ctx=n_ctx),
-                   encode=replace(spec.encode, max_length=length, media_layout="omni"))
+                   encode=replace(spec.encode, max_length=length, media_layout=reference))
 
 
 def open_backbone(report: CheckReport, path: Path, options: BackboneOptions, host_rows) -> Backbone:
     """Qwen3.5's backbone, or Qwen3-Omni's thinker with its projector's deepstack count (options: the entry's,
     placed on the GPU by its memory plan)."""
-    if report.facts.architecture != QWEN3VLMOE.name:
+    arch = architecture(report.facts.architecture)
+    if arch is None or not arch.every_token_output:  # Qwen3.5's hook hands over the hidden states it needs
         return Backbone(path, options, host_rows)
     mmproj = report.facts.mmproj
     deepstack = projector_info(mmproj).deepstack_layers if mmproj is not None else 0
@@ -173,8 +174,9 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     config, flat, temperatures = _head_weights(report)
     xp = array_module_for(spec.head_device)
     path = backbone_file(spec.gguf, report.facts.architecture)
-    if report.facts.architecture == QWEN3VLMOE.name:
-        spec = omni_spec(spec)
+    arch = architecture(report.facts.architecture)
+    if arch is not None and arch.reference != EncodeOptions.media_layout:  # the default is the dense reference's
+        spec = reference_spec(spec, arch.reference)
     release_cached(xp)
     mmproj = report.facts.mmproj
     info = projector_info(mmproj) if mmproj is not None else None  # its header, read once for the plan and tower
