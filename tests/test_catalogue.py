@@ -4,11 +4,13 @@ now derives them from it (architectures, releases, dtypes, media kinds, the CLI'
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
 from clef_bridge.bridge.catalogue import architectures as arch
 from clef_bridge.bridge.catalogue import dtypes, media, releases
+from clef_bridge.head import media as head_media
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.encoder import DEFAULT_MAX_LENGTH, MEDIA_LAYOUTS
 from clef_bridge.head.errors import RequestInvalid
@@ -61,6 +63,7 @@ def test_dtypes():
 
 
 def test_media_kinds():
+    assert media.MEDIA_KINDS is head_media.MEDIA_KINDS  # head/ holds the words, without importing bridge/
     assert media.READABLE == ("image", "audio")
     assert media.FIELDS == ("images", "audio", "videos", "assets")
     assert [k.error_type for k in media.MEDIA_KINDS.values()] == ["images_not_supported", "audio_not_supported",
@@ -82,6 +85,17 @@ def test_parse_request_refuses_every_media_field(field, error_type):
         parse_request(body(**{field: ["x"] if field != "assets" else {"a": {}}}))
     [problem] = info.value.problems
     assert problem.loc == ("body", field) and problem.type == error_type
+
+
+def test_a_data_file_with_audio_is_refused_not_read_as_text(tmp_path):
+    """`drift`, `eval` and `calibrate` read their data through parse_request: a line with audio is refused (the
+    issue's check: `drift A.gguf B.gguf --data` reported decisions for it, as if it held text only)."""
+    from clef_bridge.tools.evaldata import DataError, load_examples
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"request": body(audio=["UklGRg=="])}) + "\n" + json.dumps({"request": body()}) + "\n")
+    with pytest.raises(DataError, match="line 1: invalid request.*audio"):
+        load_examples(data)
 
 
 def test_media_fields_are_derived_from_the_kinds():
