@@ -56,7 +56,7 @@ def test_releases():
 def test_dtypes():
     assert list(dtypes.DTYPES) == ["f32", "f16", "bf16", "q8_0"]
     assert {n: d.nbytes for n, d in dtypes.DTYPES.items()} == {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32}
-    assert dtypes.HEAD_DTYPES == ("f32", "f16") and dtypes.KV_TYPES == ("f32", "f16")
+    assert dtypes.HEAD_DTYPES == ("f32", "f16") and dtypes.KV_CACHE_DTYPES == ("f32", "f16")
     assert dtypes.SPLIT_DTYPES == ("f32", "f16", "bf16") and dtypes.JOIN_DTYPES == tuple(dtypes.DTYPES)
     assert all(dtypes.dtype_name(d.ggml) == n for n, d in dtypes.DTYPES.items())  # F16 reads as f16
     assert all(dtypes.dtype_name(alias) in dtypes.DTYPES for alias in dtypes.DTYPE_ALIASES)
@@ -112,10 +112,11 @@ def test_the_gguf_and_llama_rooms_derive():
     assert (clef_format.CLEF_ARCH, clef_format.BACKBONE_ARCH) == ("clef", "qwen35")
     assert {n: q.name for n, q in clef_format.HEAD_TYPES.items()} == {"f32": "F32", "f16": "F16", "bf16": "BF16",
                                                                      "q8_0": "Q8_0"}
-    assert clef_split.SPLIT_DTYPES == {"f32": "F32", "f16": "F16", "bf16": "BF16"}
+    assert clef_split.SAFETENSORS_TYPES == {"f32": "F32", "f16": "F16", "bf16": "BF16"}
     assert projector.max_image_tokens("qwen3vlmoe") == 1024 and projector.max_image_tokens("qwen35") == 16384
     assert projector.MAX_IMAGE_TOKENS == arch.QWEN35.image_tokens[1]
-    assert set(backbone.KV_TYPES) == set(dtypes.KV_TYPES) and backbone.NFC_PRE_TOKENIZERS is arch.NFC_PRE_TOKENIZERS
+    assert set(backbone.GGML_KV_TYPES) == set(dtypes.KV_CACHE_DTYPES)
+    assert backbone.NFC_PRE_TOKENIZERS is arch.NFC_PRE_TOKENIZERS
     assert omni.OMNI_ARCH == arch.QWEN3VLMOE.name
     assert (vision.ProjectorOptions.min_tokens, vision.ProjectorOptions.max_tokens) == arch.QWEN35.image_tokens
 
@@ -128,7 +129,7 @@ def test_the_config_room_derives():
     assert set(presets.ARCHES) == set(releases.RELEASES)
     assert all(presets.ARCHES[n]["n_embd"] == r.width for n, r in releases.RELEASES.items())
     kv = registry_keys.MODEL_KEYS["kv_type"].check
-    assert [kv(t) for t in dtypes.KV_TYPES] == list(dtypes.KV_TYPES)
+    assert [kv(t) for t in dtypes.KV_CACHE_DTYPES] == list(dtypes.KV_CACHE_DTYPES)
     with pytest.raises(registry_keys._Bad):
         kv("bf16")
     assert registry_keys.MODEL_KEYS["head_dtype"].check("float16") == "f16"

@@ -15,7 +15,7 @@ from ...head.answer import BUCKETS
 from ...head.errors import did_you_mean
 from ...head.schema import QUESTION_TYPES, Limits
 from ...head.weights import dtype_name
-from ..catalogue.dtypes import HEAD_DTYPES, KV_TYPES
+from ..catalogue.dtypes import HEAD_DTYPES, KV_CACHE_DTYPES
 from ..catalogue.releases import REAL_RELEASES
 
 
@@ -140,7 +140,7 @@ MODEL_KEYS: dict[str, Key] = {
     "n_ubatch": Key("backbone", "n_ubatch", int, _positive),
     "n_seq_max": Key("backbone", "n_seq_max", int, _positive),
     "n_threads": Key("backbone", "n_threads", int, _non_negative),
-    "kv_type": Key("backbone", "kv_type", str, _one_of(*KV_TYPES)),
+    "kv_type": Key("backbone", "kv_type", str, _one_of(*KV_CACHE_DTYPES)),
     "max_length": Key("encode", "max_length", int, _positive),
     "truncate_state": Key("encode", "truncate_state", bool),
     "parse_special_in_user_text": Key("encode", "parse_special_in_user_text", bool),

@@ -26,8 +26,7 @@ from gguf.quants import quantize
 from ...head.config import CONFIG_NAME, HeadConfig, config_path_for, load_config
 from ...head.errors import ClefError
 from ...head.weights import ENCODERS, load_state_dict, read_header, save_state_dict
-from ..catalogue.dtypes import DTYPES
-from ..catalogue.dtypes import SPLIT_DTYPES as SPLIT_NAMES
+from ..catalogue.dtypes import DTYPES, SPLIT_DTYPES
 from . import clef_format as cf
 from .clef_head import read_embedded_head
 from .reader import GGUFInfo, KeyField, read_gguf, read_raw, tensor_end
@@ -168,7 +167,7 @@ def ensure_backbone(clef: str | Path, cache_root: str | Path, progress: bool | N
 
 # --- split ------------------------------------------------------------------------------------------
 
-SPLIT_DTYPES = {name: DTYPES[name].ggml for name in SPLIT_NAMES}
+SAFETENSORS_TYPES = {name: DTYPES[name].ggml for name in SPLIT_DTYPES}  # what split writes, by our name
 
 
 def _refuse_existing(paths: list[Path], overwrite: bool) -> None:
@@ -190,9 +189,9 @@ def split(clef: str | Path, out_dir: str | Path, head_dtype: str | None = None, 
     _require_arch(info, cf.CLEF_ARCH, "split takes a clef GGUF (a qwen35 GGUF holds no head)")
     head = read_embedded_head(info)
     choice = head_dtype or ("f32" if head.matrix_type == "F32" else "bf16")
-    if choice not in SPLIT_DTYPES:
-        raise ConvertError(f"head dtype {choice!r}: use one of {', '.join(SPLIT_DTYPES)}")
-    dtype = SPLIT_DTYPES[choice]
+    if choice not in SAFETENSORS_TYPES:
+        raise ConvertError(f"head dtype {choice!r}: use one of {', '.join(SAFETENSORS_TYPES)}")
+    dtype = SAFETENSORS_TYPES[choice]
     out_dir.mkdir(parents=True, exist_ok=True)
     backbone, weights, config = out_dir / f"{clef.stem}.backbone.gguf", out_dir / "joint_head.safetensors", \
         out_dir / CONFIG_NAME

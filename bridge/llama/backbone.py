@@ -17,7 +17,7 @@ from llama_cpp import llama_cpp_ext as lc_ext
 
 from ...head.errors import ClefError
 from ..catalogue.architectures import NFC_PRE_TOKENIZERS
-from ..catalogue.dtypes import KV_TYPES as KV_TYPE_NAMES
+from ..catalogue.dtypes import KV_CACHE_DTYPES
 from ..host.gpu import HostRows, host_rows_for
 from . import log as llama_log
 from .buffers import cpu_experts
@@ -59,7 +59,7 @@ class BackboneOptions:
     kv_type: str = "f16"  # the KV cache's type: "f32" doubles its memory and drops llama.cpp's f16 rounding of it
 
 
-KV_TYPES = {name: getattr(lc, f"GGML_TYPE_{name.upper()}") for name in KV_TYPE_NAMES}
+GGML_KV_TYPES = {name: getattr(lc, f"GGML_TYPE_{name.upper()}") for name in KV_CACHE_DTYPES}
 
 
 # NFC_PRE_TOKENIZERS (the catalogue's): pre-tokenizers whose Hugging Face tokenizer NFC-normalizes text first
@@ -227,9 +227,9 @@ class Backbone:
         cparams.op_offload = options.op_offload
         threads = options.n_threads or os.cpu_count() or 1
         cparams.n_threads = cparams.n_threads_batch = threads
-        if options.kv_type not in KV_TYPES:
-            raise ValueError(f"kv_type {options.kv_type!r}: use one of {', '.join(KV_TYPES)}")
-        cparams.type_k = cparams.type_v = KV_TYPES[options.kv_type]
+        if options.kv_type not in GGML_KV_TYPES:
+            raise ValueError(f"kv_type {options.kv_type!r}: use one of {', '.join(GGML_KV_TYPES)}")
+        cparams.type_k = cparams.type_v = GGML_KV_TYPES[options.kv_type]
         self._configure_context(cparams)
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
