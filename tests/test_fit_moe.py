@@ -316,3 +316,20 @@ def test_serve_and_fit_plan_with_the_same_inputs(tmp_path, monkeypatch, head_dev
     media = fitted.vision_weight_bytes + fitted.vision_compute_bytes + fitted.audio_weight_bytes
     assert served.value.args == (fitted.plan.head_bytes, media) == (fitted.plan.head_bytes, fitted.plan.vision_bytes)
     assert (fitted.audio_weight_bytes > 0) == (fitted.plan.head_bytes > 0) == (head_device == "cuda")
+
+
+def test_fit_arch_with_a_projector_plans_it_as_serve_would(tmp_path):
+    """`fit --arch clef-omni --mmproj FILE` plans the image compute for Clef-omni's largest image (1,024 tokens, as
+    serve does for a qwen3vlmoe backbone; it counted Qwen3.5's 16,384 before) and, with the head on the GPU, the
+    audio tower beside it (it counted none before: the GGUF path and the loader did)."""
+    from clef_bridge.bridge.demo.builtins import make_demo
+    from clef_bridge.bridge.gguf.projector import compute_bytes, projector_info
+    from clef_bridge.tools.fit import fit
+
+    mmproj = make_demo(tmp_path / "demo").omni.mmproj
+    info = projector_info(mmproj)
+    report = fit(None, "clef-omni", "Q4_K_M", 24 * GIB, 4096, 1, 512, True, mmproj=mmproj)
+    assert report.vision_compute_bytes == compute_bytes(info, 1024) < compute_bytes(info, 16384)
+    assert report.audio_weight_bytes == info.audio_float32_bytes > 0
+    flash = fit(None, "clef-flash", "Q8_0", 24 * GIB, 4096, 1, 512, True, mmproj=mmproj)
+    assert flash.vision_compute_bytes == compute_bytes(info, 16384)  # Qwen3.5's reference, as before

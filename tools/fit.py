@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bridge.gguf.clef_format import CLEF_ARCH
-from ..bridge.catalogue.releases import CLEF_OMNI
+from ..bridge.catalogue.releases import CLEF_OMNI, RELEASES
 from ..bridge.gguf.projector import projector_for, projector_info
 from ..bridge.gguf.reader import GGUFInfo, read_gguf
 from ..bridge.llama.backbone import BackboneOptions
@@ -102,8 +102,10 @@ def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: in
     head_device = "cuda" if head_on_gpu else "cpu"
     projector = mmproj if gguf is None else projector_for(gguf, mmproj)
     info = read_gguf(gguf) if gguf is not None else None
+    release = RELEASES.get(arch_name or "")
+    architecture = info.architecture if info else release.backbone if release else None
     # the largest image of this backbone's reference, as serve plans it (Clef-omni's 1,024 tokens, Qwen3.5's 16,384)
-    sizes = projector_sizes(projector_info(projector), info.architecture if info else None) if projector else None
+    sizes = projector_sizes(projector_info(projector), architecture) if projector else None
     source = str(projector) if projector else ""
     if arch_name == CLEF_OMNI.name and sizes is None:
         sizes, source = omni_projector(), "Clef-omni's published shape"

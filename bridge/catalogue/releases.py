@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .architectures import CLEF_ARCHITECTURES, QWEN3VLMOE
+from .architectures import CLEF_ARCHITECTURES, QWEN35, QWEN3VLMOE
 
 HUB_OWNER = "Cloudflare"
 
@@ -14,6 +14,7 @@ HUB_OWNER = "Cloudflare"
 class Release:
     name: str  # Workers AI's model name, and `pull`'s and `fit --arch`'s argument
     width: int  # the backbone's hidden size (the head's too)
+    backbone: str  # the architecture llama.cpp's converter writes its backbone as (`fit --arch` plans for it)
     architectures: tuple[str, ...]  # the GGUF architectures `pull` takes for it
     by_architecture: bool = False  # the server gives its name to a model of its architecture, whatever its width
     demo: str = ""  # the built-in model (models.toml builtin) that stands in for it, "" for none
@@ -25,13 +26,13 @@ class Release:
 
 
 # pull has always taken any Clef architecture for the Qwen3.5 releases (the head's width check refuses a wrong one)
-CLEF_FLASH = Release("clef-flash", 4096, CLEF_ARCHITECTURES, demo="demo")
-CLEF_27B = Release("clef", 5120, CLEF_ARCHITECTURES)
-CLEF_OMNI = Release("clef-omni", 2048, (QWEN3VLMOE.name,), by_architecture=True, demo="demo-omni")
+CLEF_FLASH = Release("clef-flash", 4096, QWEN35.name, CLEF_ARCHITECTURES, demo="demo")
+CLEF_27B = Release("clef", 5120, QWEN35.name, CLEF_ARCHITECTURES)
+CLEF_OMNI = Release("clef-omni", 2048, QWEN3VLMOE.name, (QWEN3VLMOE.name,), by_architecture=True, demo="demo-omni")
 RELEASES = {r.name: r for r in (CLEF_FLASH, CLEF_27B, CLEF_OMNI)}
 
 # Workers AI's names of the releases named by width (the server gives each to a model of that width)
 CLOUDFLARE_NAMES = {r.width: r.name for r in RELEASES.values() if not r.by_architecture}
 # the release named by its architecture (Clef-omni: the tests' tiny random one is 64 wide)
-NAMED_BY_ARCHITECTURE = {r.architectures[0]: r.name for r in RELEASES.values() if r.by_architecture}
+NAMED_BY_ARCHITECTURE = {r.backbone: r.name for r in RELEASES.values() if r.by_architecture}
 REAL_RELEASES = {r.demo: r.name for r in RELEASES.values() if r.demo}  # what to pull instead of each demo
