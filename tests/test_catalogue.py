@@ -47,6 +47,7 @@ def test_releases():
     assert list(releases.RELEASES) == ["clef-flash", "clef", "clef-omni"]
     assert {r.repo for r in releases.RELEASES.values()} == {"Cloudflare/clef-flash", "Cloudflare/clef",
                                                             "Cloudflare/clef-omni"}
+    assert [r.backbone for r in releases.RELEASES.values()] == ["qwen35", "qwen35", "qwen3vlmoe"]
     assert releases.CLOUDFLARE_NAMES == {4096: "clef-flash", 5120: "clef"}
     assert releases.NAMED_BY_ARCHITECTURE == {"qwen3vlmoe": "clef-omni"}
     assert releases.REAL_RELEASES == {"demo": "clef-flash", "demo-omni": "clef-omni"}
