@@ -140,12 +140,11 @@ def test_the_config_room_derives():
 
 def test_the_demo_and_the_tools_derive():
     from clef_bridge.bridge.demo import builtins, moe
-    from clef_bridge.tools import checks, pull
+    from clef_bridge.tools import checks, cliargs, pull
 
     assert builtins.REAL_RELEASES is releases.REAL_RELEASES and builtins.BUILTINS == ("demo", "demo-omni")
     assert moe.ARCH == "qwen3vlmoe"
-    assert pull.RELEASES == {n: r.repo for n, r in releases.RELEASES.items()}
-    assert pull.ARCHITECTURES["clef-omni"] == ("qwen3vlmoe",)
+    assert pull.RELEASES is cliargs.RELEASES is releases.RELEASES
     assert checks.RELEASE_BY_WIDTH == {4096: "Cloudflare/clef-flash", 5120: "Cloudflare/clef"}
 
 
