@@ -8,13 +8,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import Problem, RequestInvalid
+from .media import ASSETS_FIELD, IMAGE, MEDIA_KINDS
 
 QUESTION_TYPES = {"noul": 0, "choice": 1, "score": 2}
 NOUL_DEFAULTS = {
     "true": "The proposition is true or the answer is yes.",
     "false": "The proposition is false or the answer is no.",
 }
-MEDIA_FIELDS = ("images", "videos", "assets")
+# every body field that carries media, each with the problem type of its refusal on this text-only path (assets
+# hold images or audio: refused as images, as before audio had a field of its own)
+MEDIA_FIELDS = {**{kind.field: kind.error_type for kind in MEDIA_KINDS.values()}, ASSETS_FIELD: IMAGE.error_type}
 TEXT_FIELDS = ("model", "state", "questions")  # what reaches the prompt or the answer; other fields are ignored
 SURROGATE = re.compile("[\ud800-\udfff]")  # in a str only unpaired ones remain: JSON's "\ud800" alone
 MAX_TEXT_PROBLEMS = 16
@@ -206,11 +209,10 @@ def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
     elif _state_bytes(body["state"]) > limits.max_state_bytes:
         problems.append(Problem(("body", "state"), f"the state is larger than {limits.max_state_bytes} bytes "
                                 "(max_state_bytes)", "state_too_large"))
-    for field in MEDIA_FIELDS:  # the server (bridge.assets) takes images out of the body before parsing it
+    for field, error_type in MEDIA_FIELDS.items():  # the server takes media out of the body before parsing it
         if body.get(field):
-            problems.append(Problem(("body", field), "this path reads text only: send images through the server "
-                                    "or ClefModel.respond, which take them out of the body first",
-                                    "images_not_supported"))
+            problems.append(Problem(("body", field), "this path reads text only: send media through the server "
+                                    "or ClefModel.respond, which take them out of the body first", error_type))
     raw_questions = body.get("questions")
     questions: list[Question] = []
     if not isinstance(raw_questions, dict) or not raw_questions:

@@ -115,7 +115,7 @@ def test_split_then_join_from_the_command_line(capsys, clef_fx, fx, tmp_path, ca
     facts = json.loads(capsys.readouterr().out)["reports"][0]["facts"]
     assert facts["canary_state_drift"] == 0 and facts["head_source"] == "safetensors"
     joined = tmp_path / "joined.clef.gguf"
-    assert main(["join", str(backbone), str(out / "joint_head.safetensors"), "-o", str(joined), "--head-type",
+    assert main(["join", str(backbone), str(out / "joint_head.safetensors"), "-o", str(joined), "--head-dtype",
                  "q8_0", "--temperature", "choice=0.64,score.3_5=0.8"]) == 0
     capsys.readouterr()
     assert read_embedded_head(joined).temperatures == pytest.approx({"choice": 0.64, "score.3_5": 0.8})  # float32

@@ -284,3 +284,52 @@ def test_the_audio_tower_is_planned_on_the_gpu_with_the_head(tmp_path):
     on_gpu = fit(gguf, None, "Q8_0", 16 * GIB, 4096, 1, 512, True, mmproj=mmproj)
     assert (on_cpu.audio_weight_bytes, on_gpu.audio_weight_bytes) == (0, tower)
     assert on_gpu.plan.total_bytes - on_cpu.plan.total_bytes == tower + on_gpu.plan.head_bytes
+
+
+@pytest.mark.parametrize("head_device", ["cpu", "cuda"])
+def test_serve_and_fit_plan_with_the_same_inputs(tmp_path, monkeypatch, head_device):
+    """The loader and `fit GGUF` take the GPU plan's inputs (the head, the vision tower and its largest image, the
+    audio tower where the head runs) from one function, memory_plan.plan_inputs: the last three plan fixes were
+    drift between two copies. What serve hands placement_for for the Clef-omni demo is what fit counts.
+    (head_device cuda: the array module is numpy here, so only the plan's bookkeeping is cuda's.)"""
+    from clef_bridge.bridge.demo.builtins import make_demo
+    from clef_bridge.bridge.model import loading
+    from clef_bridge.tools.fit import fit
+
+    files = make_demo(tmp_path / "demo").omni
+    spec = model_spec("omni", files.gguf, files.head, mmproj=files.mmproj, head_device=head_device,
+                      n_ctx=4096, max_length=4096)
+    report = loading.inspect_spec(spec)
+    assert report.accepted, report
+
+    class Planned(Exception):
+        pass
+
+    def placement_for(path, options, head_bytes, read=None, vision_bytes=0):
+        raise Planned(head_bytes, vision_bytes)
+
+    monkeypatch.setattr(loading, "array_module_for", lambda device: __import__("numpy"))
+    monkeypatch.setattr(loading, "placement_for", placement_for)
+    with pytest.raises(Planned) as served:
+        loading.open_model(spec, report)
+    fitted = fit(files.gguf, None, "Q8_0", 16 * GIB, 4096, 1, 512, head_device == "cuda", mmproj=files.mmproj)
+    media = fitted.vision_weight_bytes + fitted.vision_compute_bytes + fitted.audio_weight_bytes
+    assert served.value.args == (fitted.plan.head_bytes, media) == (fitted.plan.head_bytes, fitted.plan.vision_bytes)
+    assert (fitted.audio_weight_bytes > 0) == (fitted.plan.head_bytes > 0) == (head_device == "cuda")
+
+
+def test_fit_arch_with_a_projector_plans_it_as_serve_would(tmp_path):
+    """`fit --arch clef-omni --mmproj FILE` plans the image compute for Clef-omni's largest image (1,024 tokens, as
+    serve does for a qwen3vlmoe backbone; it counted Qwen3.5's 16,384 before) and, with the head on the GPU, the
+    audio tower beside it (it counted none before: the GGUF path and the loader did)."""
+    from clef_bridge.bridge.demo.builtins import make_demo
+    from clef_bridge.bridge.gguf.projector import compute_bytes, projector_info
+    from clef_bridge.tools.fit import fit
+
+    mmproj = make_demo(tmp_path / "demo").omni.mmproj
+    info = projector_info(mmproj)
+    report = fit(None, "clef-omni", "Q4_K_M", 24 * GIB, 4096, 1, 512, True, mmproj=mmproj)
+    assert report.vision_compute_bytes == compute_bytes(info, 1024) < compute_bytes(info, 16384)
+    assert report.audio_weight_bytes == info.audio_float32_bytes > 0
+    flash = fit(None, "clef-flash", "Q8_0", 24 * GIB, 4096, 1, 512, True, mmproj=mmproj)
+    assert flash.vision_compute_bytes == compute_bytes(info, 16384)  # Qwen3.5's reference, as before

@@ -23,7 +23,7 @@ from clef_bridge.bridge.llama.backbone import BackboneOptions
 from clef_bridge.bridge.llama.omni import OmniBackbone
 from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
 from clef_bridge.bridge.media.images import decode, sniff
-from clef_bridge.bridge.model.loading import load_checked, omni_spec
+from clef_bridge.bridge.model.loading import load_checked, reference_spec
 from clef_bridge.bridge.config.registry import model_spec
 from clef_bridge.head.errors import RequestInvalid
 
@@ -272,7 +272,7 @@ def test_the_prefix_cache_reuses_omni_prefixes(ofx, omni, tmp_path):
 
 def test_omni_defaults_yield_to_the_entry(ofx):
     def spec(**keys):
-        return omni_spec(model_spec("o", ofx.gguf_f32, ofx.head, **keys))
+        return reference_spec(model_spec("o", ofx.gguf_f32, ofx.head, **keys), "omni")
 
     plain = spec()
     assert (plain.backbone.n_ctx, plain.encode.max_length, plain.encode.media_layout) == (64000, 64000, "omni")

@@ -10,10 +10,11 @@ from typing import Any
 from ..bridge.config.integrity import CheckReport, ModelRefused, check_pair, check_projector
 from ..bridge.model.loading import inspect_spec, load_checked, open_model
 from ..bridge.config.provenance import default_pair_path, pair_record
-from ..bridge.config.registry import CLOUDFLARE_NAMES, ModelSpec, Registry, model_spec
+from ..bridge.catalogue.releases import CLOUDFLARE_NAMES, RELEASES
+from ..bridge.config.registry import ModelSpec, Registry, model_spec
 from .verify import MIN_RELEASE_COSINE, Verification, VerifyError, verify_against
 
-RELEASE_BY_WIDTH = {width: f"Cloudflare/{name}" for width, name in CLOUDFLARE_NAMES.items()}
+RELEASE_BY_WIDTH = {width: RELEASES[name].repo for width, name in CLOUDFLARE_NAMES.items()}
 
 IO_CODES = ("gguf.missing", "head.missing")
 CHECK_CONTEXT = 4096  # enough for the canaries; keeps a check's llama.cpp context small

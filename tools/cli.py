@@ -130,9 +130,10 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
+    from ..bridge.catalogue.releases import CLEF_OMNI
     from .pull import pull
 
-    if (not args.gguf_repo or not args.gguf_file) and args.model == "clef-omni":
+    if (not args.gguf_repo or not args.gguf_file) and args.model == CLEF_OMNI.name:
         raise UsageError("no official Clef-omni GGUF is known: pass --gguf-repo OWNER/REPO and --gguf-file NAME.gguf "
                          "of a qwen3vlmoe GGUF of its thinker",
                          fix="convert Cloudflare/clef-omni with llama.cpp's convert_hf_to_gguf.py (and --mmproj for "
@@ -214,7 +215,7 @@ def _split(args: argparse.Namespace) -> int:
 def _join(args: argparse.Namespace) -> int:
     from .split_join import join_model
 
-    return emit(join_model(args.backbone, args.head, args.output, args.head_type, args.temperature,
+    return emit(join_model(args.backbone, args.head, args.output, args.head_dtype, args.temperature,
                            args.from_calibration, args.overwrite), args.json)
 
 

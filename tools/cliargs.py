@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..head.weights import dtype_name
+from ..bridge.catalogue.dtypes import HEAD_DTYPES, JOIN_DTYPES, SPLIT_DTYPES, dtype_name
+from ..bridge.catalogue.releases import CLEF_OMNI, RELEASES
 
 
 def n_cpu_moe(text: str) -> int | str:
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="GPU memory plan for a GGUF and its head (exit 0 fits, 1 does not)")
     p.add_argument("gguf", nargs="?", type=Path, help="the backbone GGUF")
-    p.add_argument("--arch", choices=["clef-flash", "clef", "clef-omni"],
+    p.add_argument("--arch", choices=list(RELEASES),
                    help="plan from published dimensions instead of a file")
     p.add_argument("--quant", type=str.upper, default="Q8_0",
                    help="quantization for --arch: F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M (default: Q8_0)")
@@ -54,16 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
                                               "the GGUF, if any)")
     p.add_argument("--head", type=Path, help="joint_head.safetensors (default: a clef GGUF's embedded head, or the "
                                             "one beside the GGUF, else the released head's shape)")
-    p.add_argument("--head-dtype", type=dtype_name, choices=["f32", "f16"], default="f32",
+    p.add_argument("--head-dtype", type=dtype_name, choices=list(HEAD_DTYPES), default="f32",
                    help="the head's matrices on the GPU, as models.toml's head_dtype (default: f32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "
                                     "check, pair, and add it to models.toml")
-    p.add_argument("model", choices=["clef-flash", "clef", "clef-omni"],
+    p.add_argument("model", choices=list(RELEASES),
                    help="which Clef release (a qwen35 or qwen3vlmoe GGUF's head comes from its repository; a clef "
                         "GGUF carries its own)")
-    p.add_argument("--gguf-repo", help="hub repository holding the GGUF (clef or qwen35; qwen3vlmoe for clef-omni)")
+    p.add_argument("--gguf-repo", help=f"hub repository holding the GGUF (clef or qwen35; "
+                                       f"{' or '.join(CLEF_OMNI.architectures)} for {CLEF_OMNI.name})")
     p.add_argument("--gguf-file", help="the GGUF's file name in that repository")
     p.add_argument("--revision", help="revision of the release repository (default: main)")
     p.add_argument("--mmproj-file", help="the vision projector's file name in the GGUF repository (default: its "
@@ -100,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "joint_head_config.json + a pairing record")
     p.add_argument("clef", type=Path, help="the clef GGUF (backbone and head in one file)")
     p.add_argument("-o", "--output", type=Path, required=True, help="folder to write the files to")
-    p.add_argument("--head-dtype", type=dtype_name, choices=["bf16", "f16", "f32"],
+    p.add_argument("--head-dtype", type=dtype_name, choices=list(SPLIT_DTYPES),
                    help="safetensors dtype of the head (default: bf16 like the release; f32 when the GGUF's is)")
     p.add_argument("--overwrite", action="store_true", help="replace files already in the folder")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -109,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("backbone", type=Path, help="the qwen35 backbone GGUF (any quantization; tensors are copied)")
     p.add_argument("head", type=Path, help="joint_head.safetensors (joint_head_config.json beside it)")
     p.add_argument("-o", "--output", type=Path, required=True, help="the clef GGUF to write")
-    p.add_argument("--head-type", type=dtype_name, choices=["f32", "f16", "bf16", "q8_0"],
-                   help="type of the head's matrices (default: the safetensors dtype; norms, biases, scales stay F32)")
+    p.add_argument("--head-dtype", "--head-type", dest="head_dtype", type=dtype_name, choices=list(JOIN_DTYPES),
+                   help="type of the head's matrices (default: the safetensors dtype; norms, biases, scales stay F32; "
+                        "--head-type is the deprecated spelling)")
     p.add_argument("--temperature", help="write clef.decision.temperature.* keys: 0.7 for every type, or "
                                          "choice=0.7,score=0.9 (TYPE.BUCKET=T for llama-server's option buckets)")
     p.add_argument("--from-calibration", type=Path, metavar="JSON",

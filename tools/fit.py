@@ -7,12 +7,21 @@ from pathlib import Path
 from typing import Any
 
 from ..bridge.gguf.clef_format import CLEF_ARCH
-from ..bridge.gguf.projector import compute_bytes, max_image_tokens, projector_for, projector_info
+from ..bridge.catalogue.releases import CLEF_OMNI, RELEASES
+from ..bridge.gguf.projector import projector_for, projector_info
 from ..bridge.gguf.reader import GGUFInfo, read_gguf
 from ..bridge.llama.backbone import BackboneOptions
 from ..bridge.llama.prefix_cache import PrefixCacheOptions
 from ..bridge.config.integrity import find_head
-from ..bridge.config.memory_plan import Arch, Plan, arch_from_gguf, head_gpu_bytes, options_plan, serving_plan
+from ..bridge.config.memory_plan import (
+    Arch,
+    Plan,
+    arch_from_gguf,
+    options_plan,
+    plan_inputs,
+    projector_sizes,
+    serving_plan,
+)
 from ..bridge.config.presets import ARCHES, arch_preset, omni_projector
 from ..bridge.config.registry import model_spec
 from ..head.config import CLEF_FLASH_HEAD, HeadConfig, config_path_for, load_config
@@ -93,34 +102,31 @@ def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: in
         raise FitError("--head goes with a GGUF (--arch plans the released head)")
     head_device = "cuda" if head_on_gpu else "cpu"
     projector = mmproj if gguf is None else projector_for(gguf, mmproj)
-    vision = projector_info(projector) if projector is not None else None
+    info = read_gguf(gguf) if gguf is not None else None
+    release = RELEASES.get(arch_name or "")
+    architecture = info.architecture if info else release.backbone if release else None
     # the largest image of this backbone's reference, as serve plans it (Clef-omni's 1,024 tokens, Qwen3.5's 16,384)
-    architecture = read_gguf(gguf).architecture if gguf is not None else None
-    weights, compute = (vision.weight_bytes, compute_bytes(vision, max_image_tokens(architecture))) if vision \
-        else (0, 0)
-    audio, source = 0, str(projector) if projector else ""
-    if arch_name == "clef-omni" and vision is None:
-        omni = omni_projector()
-        weights, compute, source = omni.vision_weight_bytes, omni.vision_compute_bytes, "Clef-omni's published shape"
-        audio = omni.audio_weight_bytes if head_on_gpu else 0  # the audio tower runs where the head does
+    sizes = projector_sizes(projector_info(projector), architecture) if projector else None
+    source = str(projector) if projector else ""
+    if arch_name == CLEF_OMNI.name and sizes is None:
+        sizes, source = omni_projector(), "Clef-omni's published shape"
     if arch_name is not None:
         try:
             arch = arch_preset(arch_name, quant)
         except KeyError as exc:
             raise FitError(exc.args[0]) from None
         cfg, head_source = released_head(ARCHES[arch_name]["head_hidden"]), f"the released {arch_name} head"
+        inputs = plan_inputs(cfg, head_device, head_dtype, sizes)
         options = BackboneOptions(n_ctx=ctx, n_seq_max=parallel, n_ubatch=ubatch, n_cpu_moe=n_cpu_moe,
                                   prefix_cache=PrefixCacheOptions(payloads=True))  # models.toml's default cache
-        result = options_plan(arch, options, head_gpu_bytes(cfg, head_device, head_dtype), vram,
-                              weights + compute + audio)
+        result = options_plan(arch, options, inputs.head_bytes, vram, inputs.media_bytes)
     else:
-        info = read_gguf(gguf)
         arch = arch_from_gguf(info)
         cfg, head_source = head_config(gguf, info, arch.n_embd, head)
+        inputs = plan_inputs(cfg, head_device, head_dtype, sizes)
         # models.toml's defaults for the rest (the prefix cache's sequences and cells included), as serve has them
         options = model_spec("fit", gguf, n_ctx=ctx, max_length=ctx, n_seq_max=parallel, n_ubatch=ubatch).backbone
-        audio = vision.audio_float32_bytes if vision is not None and head_on_gpu else 0  # on the head's device
-        result = serving_plan(gguf, replace(options, n_cpu_moe=n_cpu_moe), head_gpu_bytes(cfg, head_device, head_dtype),
-                              vram, weights + compute + audio)  # what serve does with that n_cpu_moe
+        result = serving_plan(gguf, replace(options, n_cpu_moe=n_cpu_moe), inputs.head_bytes, vram,
+                              inputs.media_bytes)  # what serve does with that n_cpu_moe
     return FitReport(result, arch, vram, head_on_gpu, head_dtype, stored_bytes(cfg, "f32"), head_source, device,
-                     weights, compute, source, audio)
+                     inputs.vision_weight_bytes, inputs.vision_compute_bytes, source, inputs.audio_weight_bytes)

@@ -15,16 +15,14 @@ from pathlib import Path
 
 from ..bridge.gguf.clef_format import CLEF_ARCH
 from ..bridge.gguf.reader import read_gguf
-from ..bridge.config.integrity import CLEF_ARCHITECTURES, check_pair
+from ..bridge.catalogue.releases import RELEASES
+from ..bridge.config.integrity import check_pair
 from ..bridge.config.provenance import sha256_file
 from ..bridge.config.registry_file import add_model, has_model
 from ..head.config import CONFIG_NAME
 from ..head.errors import Category, ClefError
 from .checks import pair_files
 
-RELEASES = {"clef-flash": "Cloudflare/clef-flash", "clef": "Cloudflare/clef", "clef-omni": "Cloudflare/clef-omni"}
-# the GGUF architectures each release comes as: Clef-omni's thinker converts to qwen3vlmoe (llama.cpp's converter)
-ARCHITECTURES = {"clef-flash": CLEF_ARCHITECTURES, "clef": CLEF_ARCHITECTURES, "clef-omni": ("qwen3vlmoe",)}
 HEAD_FILES = ("joint_head.safetensors", CONFIG_NAME)
 
 
@@ -108,11 +106,12 @@ def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: st
     cache_dir = os.environ.get("HF_HUB_CACHE")
     gguf = _download(gguf_repo, gguf_file, None, endpoint, cache_dir)
     architecture = read_gguf(gguf).architecture
-    if architecture not in ARCHITECTURES[model]:
+    release = RELEASES[model]  # its repository and the GGUF architectures it comes as (bridge/catalogue)
+    if architecture not in release.architectures:
         raise PullError(f"{gguf_repo}/{gguf_file} is a {architecture} GGUF; {model} comes as "
-                        f"{' or '.join(ARCHITECTURES[model])}", fix=f"pick a GGUF of {model} (`clef-bridge fit --arch "
+                        f"{' or '.join(release.architectures)}", fix=f"pick a GGUF of {model} (`clef-bridge fit --arch "
                         f"{model}` compares quantizations)")
-    head, head_repo = None, RELEASES[model]
+    head, head_repo = None, release.repo
     if architecture != CLEF_ARCH:  # a plain backbone: its head comes from the release
         for filename in HEAD_FILES:
             path = _download(head_repo, filename, revision, endpoint, cache_dir)

@@ -65,6 +65,6 @@ def parse_temperatures(text: str | None, calibration: Path | None) -> dict[str, 
     return {k: float(t) for k, t in out.items()}
 
 
-def join_model(backbone: Path, head: Path, out: Path, head_type: str | None, temperature: str | None,
+def join_model(backbone: Path, head: Path, out: Path, head_dtype: str | None, temperature: str | None,
                calibration: Path | None, overwrite: bool) -> JoinResult:
-    return join(backbone, head, out, head_type, parse_temperatures(temperature, calibration), overwrite)
+    return join(backbone, head, out, head_dtype, parse_temperatures(temperature, calibration), overwrite)

@@ -2,5 +2,5 @@
 checks of a GGUF and its head, provenance (pins, pairing records), memory plans and the releases' published
 dimensions.
 
-May import: head, host, gguf, demo, media, llama.
+May import: head, catalogue, host, gguf, demo, media, llama.
 """

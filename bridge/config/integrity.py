@@ -18,6 +18,7 @@ import numpy as np
 from ...head.config import HeadConfig, config_path_for, load_config
 from ...head.errors import Category, ClefError, HeadConfigError, HeadWeightsError
 from ...head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
+from ..catalogue.architectures import CLEF_ARCHITECTURES
 from ..gguf.clef_format import CLEF_ARCH
 from ..gguf.clef_head import EmbeddedHead, validate_embedded_head
 from ..gguf.projector import (
@@ -46,8 +47,6 @@ from .provenance import (
     state_drift,
 )
 
-# Qwen3.5 (Clef-flash, Clef; llama.cpp's clef format embeds the head) and Qwen3-Omni's thinker (Clef-omni)
-CLEF_ARCHITECTURES = ("qwen35", "qwen35moe", "qwen3vlmoe", CLEF_ARCH)
 PROMPT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
 SPECIAL_TYPES = (3, 4)  # CONTROL, USER_DEFINED
 HEAD_HOME = ("get a llama.cpp `clef` GGUF, which embeds the head (ggml-org/Clef-Flash-GGUF, ggml-org/Clef-GGUF, "

@@ -18,7 +18,11 @@ import numpy as np
 from ...head.config import HeadConfig
 from ...head.errors import Category, ClefError
 from ...head.weights import stored_bytes
+from ..catalogue.architectures import EVERY_TOKEN_OUTPUT_ARCHITECTURES, FULL_ATTENTION_ARCHITECTURES
+from ..catalogue.dtypes import DTYPES
 from ..gguf.clef_format import is_head_tensor
+from ..gguf.projector import ProjectorInfo, max_image_tokens
+from ..gguf.projector import compute_bytes as vision_compute_bytes
 from ..gguf.reader import GGUFInfo, read_gguf
 from ..host.gpu import GpuMemory, read_gpu
 from ..llama.backbone import BackboneOptions
@@ -26,7 +30,7 @@ from ..llama.buffers import is_expert_tensor
 
 MIB = 1 << 20
 GIB = 1 << 30
-KV_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "q8_0": 34 / 32}
+KV_BYTES = {name: d.nbytes for name, d in DTYPES.items()}
 MARGIN_FIXED = 512 * MIB  # CUDA context, cuBLAS workspace, fragmentation
 MARGIN_SHARE = 0.03
 
@@ -85,11 +89,6 @@ def _layer_of(name: str, n_layer: int) -> int | None:
     if name == "token_embd.weight":
         return None
     return n_layer  # output.weight, output_norm.weight
-
-
-# Architectures whose every layer is full attention (a KV cache each; no recurrent layers): Qwen3-Omni's thinker
-FULL_ATTENTION_ARCHITECTURES = frozenset({"qwen3vlmoe"})
-EVERY_TOKEN_OUTPUT_ARCHES = ("qwen3vlmoe",)
 
 
 def layer_pattern(info: GGUFInfo) -> list[bool] | None:
@@ -153,7 +152,7 @@ def arch_from_gguf(info: GGUFInfo) -> Arch:
                 tensors=tensors, n_expert=int(a("expert_count") or 0) if experts else 0,
                 n_expert_used=int(a("expert_used_count") or 0) if experts else 0, ff_expert=int(ff_expert or 0),
                 n_deepstack=int(a("n_deepstack_layers") or 0),
-                every_token_output=info.architecture in EVERY_TOKEN_OUTPUT_ARCHES)
+                every_token_output=info.architecture in EVERY_TOKEN_OUTPUT_ARCHITECTURES)
 
 
 @dataclass(frozen=True)
@@ -333,6 +332,48 @@ def options_plan(arch: Arch, options: BackboneOptions, head_bytes: int, vram_byt
 def head_gpu_bytes(config: HeadConfig, head_device: str, head_dtype: str) -> int:
     """The head's parameters on the GPU (head_dtype's storage), or 0 when it runs on the CPU."""
     return stored_bytes(config, head_dtype) if head_device == "cuda" else 0
+
+
+@dataclass(frozen=True)
+class ProjectorSizes:
+    """A projector's bytes in a GPU plan: from its header (projector_sizes) or from published dimensions."""
+
+    vision_weight_bytes: int  # llama.cpp's mtmd holds the vision tower
+    vision_compute_bytes: int  # mtmd's compute buffer for the largest image of the backbone's reference
+    audio_weight_bytes: int  # Qwen3-Omni's audio tower, float32 (the bridge's numpy/CuPy tower); 0 without one
+
+
+def projector_sizes(info: ProjectorInfo, architecture: str | None) -> ProjectorSizes:
+    """A projector's plan sizes beside a backbone of this architecture (its reference's largest image)."""
+    return ProjectorSizes(info.weight_bytes, vision_compute_bytes(info, max_image_tokens(architecture)),
+                          info.audio_float32_bytes)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a GPU plan counts beside the backbone: the head and the media towers on the GPU."""
+
+    head_bytes: int  # the head's parameters on this GPU (0 on the CPU)
+    vision_weight_bytes: int = 0
+    vision_compute_bytes: int = 0
+    audio_weight_bytes: int = 0  # the audio tower runs where the head runs: 0 with the head on the CPU
+
+    @property
+    def media_bytes(self) -> int:
+        """The plans' vision_bytes: every tower's weights and the vision compute buffer."""
+        return self.vision_weight_bytes + self.vision_compute_bytes + self.audio_weight_bytes
+
+
+def plan_inputs(config: HeadConfig, head_device: str, head_dtype: str, projector: ProjectorSizes | None
+                ) -> PlanInputs:
+    """THE inputs of a model's GPU plan beside its backbone, for `serve` (bridge/model/loading.py) and `fit`
+    alike: the head in head_dtype's storage and the audio tower where head_device puts them, the vision tower
+    always with the backbone."""
+    head = head_gpu_bytes(config, head_device, head_dtype)
+    if projector is None:
+        return PlanInputs(head)
+    audio = projector.audio_weight_bytes if head_device == "cuda" else 0
+    return PlanInputs(head, projector.vision_weight_bytes, projector.vision_compute_bytes, audio)
 
 
 def parse_size(text: str) -> int:

@@ -7,24 +7,27 @@ them, because which bytes are experts decides how many blocks' experts must leav
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from ..catalogue.architectures import QWEN3VLMOE
+from ..catalogue.releases import CLEF_27B, CLEF_FLASH, CLEF_OMNI
 from ..gguf.projector import ProjectorInfo, compute_bytes
-from .memory_plan import Arch, TensorSize
+from .memory_plan import Arch, ProjectorSizes, TensorSize
 
 # Published dimensions: Qwen3.5-9B (Clef-flash) and Qwen3.8-27B (Clef), text model only.
 ARCHES = {
-    "clef-flash": dict(n_layer=32, n_embd=4096, ff=12288, n_head=16, n_head_kv=4, head_dim=256, n_vocab=248320,
-                       linear_k_heads=16, linear_v_heads=32, linear_dim=128, head_hidden=4096),
-    "clef": dict(n_layer=64, n_embd=5120, ff=17408, n_head=24, n_head_kv=4, head_dim=256, n_vocab=248320,
-                 linear_k_heads=16, linear_v_heads=48, linear_dim=128, head_hidden=5120),
+    CLEF_FLASH.name: dict(n_layer=32, n_embd=CLEF_FLASH.width, ff=12288, n_head=16, n_head_kv=4, head_dim=256,
+                          n_vocab=248320, linear_k_heads=16, linear_v_heads=32, linear_dim=128,
+                          head_hidden=CLEF_FLASH.width),
+    CLEF_27B.name: dict(n_layer=64, n_embd=CLEF_27B.width, ff=17408, n_head=24, n_head_kv=4, head_dim=256,
+                        n_vocab=248320, linear_k_heads=16, linear_v_heads=48, linear_dim=128,
+                        head_hidden=CLEF_27B.width),
     # Qwen/Qwen3-Omni-30B-A3B-Instruct's config.json, thinker_config.text_config: 48 layers, all full attention,
     # every FFN 128 experts of width 768 with 8 used, 32 query / 4 KV heads of 128, vocab_size 152,064 (the
     # converter writes that many tokens), 65,536 positions; vision deepstack_visual_indexes [8, 16, 24].
-    "clef-omni": dict(n_layer=48, n_embd=2048, ff=768, n_head=32, n_head_kv=4, head_dim=128, n_vocab=152064,
-                      n_expert=128, n_expert_used=8, n_ctx_train=65536, n_deepstack=3, head_hidden=2048),
+    CLEF_OMNI.name: dict(n_layer=48, n_embd=CLEF_OMNI.width, ff=768, n_head=32, n_head_kv=4, head_dim=128,
+                         n_vocab=152064, n_expert=128, n_expert_used=8, n_ctx_train=65536, n_deepstack=3,
+                         head_hidden=CLEF_OMNI.width),
 }
 # Bytes per weight of llama.cpp's presets for the big matrices (blocks of 32 or 256 with scales).
 BITS = {"F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q4_K_M": 4.89, "F32": 32.0}
@@ -115,25 +118,15 @@ def _moe_preset(name: str, quant: str, d: dict) -> Arch:
                 n_head=d["n_head"], n_head_kv=d["n_head_kv"], head_dim=d["head_dim"], ff=ff, ssm_conv=0,
                 ssm_inner=0, ssm_state=0, ssm_group=0, ssm_heads=0, n_ctx_train=d["n_ctx_train"],
                 tensors=tuple(tensors), n_expert=E, n_expert_used=d["n_expert_used"], ff_expert=ff,
-                n_deepstack=d["n_deepstack"], every_token_output=True)
+                n_deepstack=d["n_deepstack"], every_token_output=QWEN3VLMOE.every_token_output)
 
 
-@dataclass(frozen=True)
-class OmniProjector:
-    """Clef-omni's projector from published dimensions (Qwen3-Omni's vision encoder and audio tower)."""
-
-    vision_weight_bytes: int  # llama.cpp's mtmd holds the vision tower, F16 as mmproj-*-f16.gguf stores it
-    vision_compute_bytes: int  # mtmd's compute buffer for the largest image
-    audio_weight_bytes: int  # the bridge's numpy/CuPy audio tower holds its weights in float32
-
-
-OMNI_MAX_IMAGE_TOKENS = 1024  # the reference's processor: at most 1,048,576 pixels, one token per 32 x 32
-
-
-def omni_projector() -> OmniProjector:
-    """Vision: 27 blocks of width 1152 (ff 4304), patches 2x16x16, 2304 positions, a merger and three deepstack
-    mergers 4608 -> 4608 -> 2048; audio: 3 convolutions of 480 channels, a 7680 -> 1280 projection, 32 layers of
-    width 1280 (ff 5120), 1280 -> 1280 -> 2048 out. Matrices F16, vectors F32 (as the converter writes them)."""
+def omni_projector() -> ProjectorSizes:
+    """Clef-omni's projector from published dimensions (Qwen3-Omni's vision encoder, F16 as mmproj-*-f16.gguf
+    stores it, and its audio tower in float32). Vision: 27 blocks of width 1152 (ff 4304), patches 2x16x16, 2304
+    positions, a merger and three deepstack mergers 4608 -> 4608 -> 2048; audio: 3 convolutions of 480 channels,
+    a 7680 -> 1280 projection, 32 layers of width 1280 (ff 5120), 1280 -> 1280 -> 2048 out. Matrices F16, vectors
+    F32 (as the converter writes them)."""
     w, f, m = 1152, 4304, 4608
     v_matrices = 3 * 2 * 16 * 16 * w + 2304 * w + 27 * (w * 3 * w + w * w + 2 * w * f) + 4 * (m * m + m * 2048)
     v_vectors = 27 * (3 * w + w + f + w + 4 * w) + 2 * w + 3 * 2 * m + 4 * (m + 2048)
@@ -141,4 +134,5 @@ def omni_projector() -> OmniProjector:
     layer = 4 * a * a + 2 * a * af + 4 * a + af + a + 4 * a  # q, k, v, out, fc1, fc2, their biases, 2 layer norms
     a_params = 9 * 480 + 2 * 480 * 480 * 9 + 3 * 480 + 7680 * a + 32 * layer + 2 * a + a * a + a + a * 2048 + 2048
     info = ProjectorInfo("qwen3vl_merger", 2048, 16, 2, True, 0, w, f)
-    return OmniProjector(2 * v_matrices + 4 * v_vectors, compute_bytes(info, OMNI_MAX_IMAGE_TOKENS), 4 * a_params)
+    return ProjectorSizes(2 * v_matrices + 4 * v_vectors, compute_bytes(info, QWEN3VLMOE.image_tokens[1]),
+                          4 * a_params)

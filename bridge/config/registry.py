@@ -17,6 +17,7 @@ from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
 from ...head.errors import Category, ClefError, did_you_mean
 from ...head.schema import Limits
+from ..catalogue.releases import CLOUDFLARE_NAMES, NAMED_BY_ARCHITECTURE
 from ..llama.backbone import BackboneOptions
 from ..llama.prefix_cache import PrefixCacheOptions
 from ..media.audio import AudioLimits
@@ -25,10 +26,6 @@ from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
 
 LATEST = "jev-latest"
 DEFAULT_NAMES = (LATEST, "jev-preview")  # the names that mean the registry's default model
-CLOUDFLARE_NAMES = {4096: "clef-flash", 5120: "clef"}  # Workers AI's model names of the Qwen3.5 Clefs by width
-# Workers AI's name for Clef-omni, the Clef whose backbone is Qwen3-Omni's thinker (llama.cpp's qwen3vlmoe; hidden
-# 2048): its architecture names it, whatever its width (the tests' tiny random Clef-omni is 64 wide)
-OMNI_NAME, OMNI_ARCHITECTURE = "clef-omni", "qwen3vlmoe"
 
 
 class RegistryError(ClefError):
@@ -124,14 +121,14 @@ def name_table(registry: Registry, hidden_sizes: dict[str, int], architectures: 
     for n in DEFAULT_NAMES:
         table.setdefault(n, registry.default)
     order = [registry.default] + [n for n in registry.models if n != registry.default]
-    omni = [n for n in order if architectures.get(n) == OMNI_ARCHITECTURE]
+    by_arch = [n for n in order if architectures.get(n) in NAMED_BY_ARCHITECTURE]
     for hidden, cf_name in CLOUDFLARE_NAMES.items():
-        match = next((n for n in order if n not in omni and (hidden_sizes.get(n) == hidden
-                                                              or registry.models[n].builtin == "demo")), None)
+        match = next((n for n in order if n not in by_arch and (hidden_sizes.get(n) == hidden
+                                                                 or registry.models[n].builtin == "demo")), None)
         if match is not None:
             table.setdefault(cf_name, match)
-    if omni:
-        table.setdefault(OMNI_NAME, omni[0])
+    for n in by_arch:
+        table.setdefault(NAMED_BY_ARCHITECTURE[architectures[n]], n)
     return table
 
 

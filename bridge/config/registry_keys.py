@@ -14,7 +14,9 @@ from typing import Any, Callable
 from ...head.answer import BUCKETS
 from ...head.errors import did_you_mean
 from ...head.schema import QUESTION_TYPES, Limits
-from ...head.weights import STORAGE_DTYPES, dtype_name
+from ...head.weights import dtype_name
+from ..catalogue.dtypes import HEAD_DTYPES, KV_CACHE_DTYPES
+from ..catalogue.releases import REAL_RELEASES
 
 
 class _Bad(Exception):
@@ -125,9 +127,9 @@ class Key:
 
 MODEL_KEYS: dict[str, Key] = {
     "gguf": Key("", "gguf", str), "head": Key("", "head_path", str), "pair": Key("", "pair", str),
-    "builtin": Key("", "builtin", str, _one_of("demo", "demo-omni")),
+    "builtin": Key("", "builtin", str, _one_of(*REAL_RELEASES)),
     "head_device": Key("", "head_device", str, _one_of("cpu", "cuda")),
-    "head_dtype": Key("", "head_dtype", str, _dtype(*STORAGE_DTYPES)),
+    "head_dtype": Key("", "head_dtype", str, _dtype(*HEAD_DTYPES)),
     "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
     "mmproj": Key("", "mmproj", str),
     "release_date": Key("", "release_date", str, _date),
@@ -138,7 +140,7 @@ MODEL_KEYS: dict[str, Key] = {
     "n_ubatch": Key("backbone", "n_ubatch", int, _positive),
     "n_seq_max": Key("backbone", "n_seq_max", int, _positive),
     "n_threads": Key("backbone", "n_threads", int, _non_negative),
-    "kv_type": Key("backbone", "kv_type", str, _one_of("f16", "f32")),
+    "kv_type": Key("backbone", "kv_type", str, _one_of(*KV_CACHE_DTYPES)),
     "max_length": Key("encode", "max_length", int, _positive),
     "truncate_state": Key("encode", "truncate_state", bool),
     "parse_special_in_user_text": Key("encode", "parse_special_in_user_text", bool),

@@ -19,6 +19,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from ...head.config import CONFIG_NAME, HeadConfig
 from ...head.weights import save_state_dict
+from ..catalogue.architectures import QWEN35
+from ..catalogue.releases import CLEF_FLASH, CLEF_OMNI, REAL_RELEASES
 from ..gguf.writer import quiet_gguf_py
 from .mmproj import AudioDims, VisionDims, write_projector
 from .moe import MoeDims, write_qwen3vlmoe_gguf
@@ -128,9 +130,9 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
     tokens += [f"<|unused_{i}|>" for i in range(pad)]
     types += [1] * pad
     rng = np.random.default_rng(seed)
+    arch = QWEN35.name
     with quiet_gguf_py():
-        writer = GGUFWriter(str(path), "qwen35")
-    arch = "qwen35"
+        writer = GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_uint32(f"{arch}.block_count", d.layers)
     writer.add_uint32(f"{arch}.context_length", d.context)
@@ -153,7 +155,7 @@ def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-br
     writer.add_array(f"{arch}.attention.recurrent_layers", [not d.is_full(i) for i in range(d.layers)])
     writer.add_uint32(f"{arch}.full_attention_interval", d.interval)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen35")
+    writer.add_tokenizer_pre(QWEN35.pre_tokenizer)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
@@ -195,9 +197,8 @@ OMNI_DIMS = MoeDims(hidden=DEMO_DIMS.hidden, layers=4, heads=4, kv_heads=2, head
 OMNI_VISION = VisionDims(blocks=3, deepstack=(True, True, False))
 OMNI_AUDIO = AudioDims()
 OMNI_HEAD = HeadConfig(hidden_size=OMNI_DIMS.hidden, width=64, routing_layers=1, layers=1, heads=4, feedforward=128)
-DEMO, OMNI_DEMO = "demo", "demo-omni"  # the builtin values of models.toml, and the demo registry's model names
-BUILTINS = (DEMO, OMNI_DEMO)
-REAL_RELEASES = {DEMO: "clef-flash", OMNI_DEMO: "clef-omni"}  # what to pull instead of each demo
+DEMO, OMNI_DEMO = CLEF_FLASH.demo, CLEF_OMNI.demo  # the builtin values of models.toml, the demo registry's names
+BUILTINS = tuple(REAL_RELEASES)
 OMNI_DESCRIPTION = ("built-in Clef-omni demo (text, images, audio): RANDOM weights, its answers are meaningless; "
                     "configure a real Clef-omni in models.toml (clef-bridge pull clef-omni)")
 DEMO_N_CTX = 32768  # a 64-question request through the byte-level demo vocabulary needs ~20k tokens

@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
+from ..catalogue.architectures import QWEN3VLMOE
 from ..gguf.writer import quiet_gguf_py
 from .weights import BLOCKS, POOL_BYTES, Vocab, byte_level_vocab, more_bits, random_blocks, random_tensor
 
-ARCH = "qwen3vlmoe"
+ARCH = QWEN3VLMOE.name
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def write_qwen3vlmoe_gguf(path: Path, d: MoeDims = MoeDims(), seed: int = 0, mat
     writer.add_float32(f"{ARCH}.rope.freq_base", 1_000_000.0)
     writer.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
+    writer.add_tokenizer_pre(QWEN3VLMOE.pre_tokenizer)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)

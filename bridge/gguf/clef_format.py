@@ -20,9 +20,11 @@ from ...head.answer import BUCKETS as OPTION_BUCKETS
 from ...head.config import HeadConfig
 from ...head.schema import QUESTION_TYPES
 from ...head.weights import expected_shapes
+from ..catalogue.architectures import CLEF, QWEN35
+from ..catalogue.dtypes import DTYPES, JOIN_DTYPES
 
-CLEF_ARCH = "clef"
-BACKBONE_ARCH = "qwen35"
+CLEF_ARCH = CLEF.name
+BACKBONE_ARCH = CLEF.loads_as
 LAYER_NORM_EPS = 1e-5  # torch LayerNorm's default; the reference never changes it
 LOG_100 = math.log(100.0)  # the head clamps both logit scales at 100
 TEMPLATE_KEY = "tokenizer.chat_template.systemone"
@@ -72,7 +74,7 @@ MATRIX_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, 
 # llama-quantize never touches 1-D tensors and the converter writes them in F32; F16/BF16 still read.
 VECTOR_TYPES = frozenset({Q.F32})
 READABLE_VECTOR_TYPES = frozenset({Q.F32, Q.F16, Q.BF16})
-HEAD_TYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}  # what join writes matrices in
+HEAD_TYPES = {name: Q[DTYPES[name].ggml] for name in JOIN_DTYPES}  # what join writes matrices in
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from gguf.quants import quantize
 from ...head.config import CONFIG_NAME, HeadConfig, config_path_for, load_config
 from ...head.errors import Category, ClefError
 from ...head.weights import ENCODERS, load_state_dict, read_header, save_state_dict
+from ..catalogue.dtypes import DTYPES, SPLIT_DTYPES
 from . import clef_format as cf
 from .clef_head import read_embedded_head
 from .reader import GGUFInfo, KeyField, read_gguf, read_raw, tensor_end
@@ -167,7 +168,7 @@ def ensure_backbone(clef: str | Path, cache_root: str | Path, progress: bool | N
 
 # --- split ------------------------------------------------------------------------------------------
 
-SPLIT_DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
+SAFETENSORS_TYPES = {name: DTYPES[name].ggml for name in SPLIT_DTYPES}  # what split writes, by our name
 
 
 def _refuse_existing(paths: list[Path], overwrite: bool) -> None:
@@ -189,9 +190,9 @@ def split(clef: str | Path, out_dir: str | Path, head_dtype: str | None = None, 
     _require_arch(info, cf.CLEF_ARCH, "split takes a clef GGUF (a qwen35 GGUF holds no head)")
     head = read_embedded_head(info)
     choice = head_dtype or ("f32" if head.matrix_type == "F32" else "bf16")
-    if choice not in SPLIT_DTYPES:
-        raise ConvertError(f"head dtype {choice!r}: use one of {', '.join(SPLIT_DTYPES)}")
-    dtype = SPLIT_DTYPES[choice]
+    if choice not in SAFETENSORS_TYPES:
+        raise ConvertError(f"head dtype {choice!r}: use one of {', '.join(SAFETENSORS_TYPES)}")
+    dtype = SAFETENSORS_TYPES[choice]
     out_dir.mkdir(parents=True, exist_ok=True)
     backbone, weights, config = out_dir / f"{clef.stem}.backbone.gguf", out_dir / "joint_head.safetensors", \
         out_dir / CONFIG_NAME
@@ -214,7 +215,7 @@ def _encode(array: np.ndarray, qtype: Q) -> bytes:
     if qtype == Q.Q8_0:
         if array.shape[-1] % 32:
             raise ConvertError(f"q8_0 stores rows in blocks of 32 values; a row of {array.shape[-1]} does not "
-                               "fit: use --head-type f16 or bf16")
+                               "fit: use --head-dtype f16 or bf16")
         return quantize(np.ascontiguousarray(array, dtype=np.float32), Q.Q8_0).tobytes()
     return ENCODERS[qtype.name](array).tobytes()
 
@@ -273,12 +274,12 @@ def _without_mtp(info: GGUFInfo) -> tuple[list[tuple[str, bytes]], list[str], li
     return kvs, tensors, dropped + [n for n in info.tensors if is_mtp(n)]
 
 
-def join(backbone: str | Path, head: str | Path, out: str | Path, head_type: str | None = None,
+def join(backbone: str | Path, head: str | Path, out: str | Path, head_dtype: str | None = None,
          temperatures: dict[str, float] | None = None, overwrite: bool = False,
          progress: bool | None = None) -> JoinResult:
     """A clef GGUF from a qwen35 backbone and a safetensors head (joint_head_config.json beside it).
 
-    head_type: f32, f16, bf16 or q8_0 for the head's 2-D matrices; None: the head file's own dtype.
+    head_dtype: f32, f16, bf16 or q8_0 for the head's 2-D matrices; None: the head file's own dtype.
     temperatures: {"<type>" or "<type>.<bucket>": T} written as clef.decision.temperature.* keys.
     """
     backbone, out = Path(backbone), Path(out)
@@ -286,7 +287,7 @@ def join(backbone: str | Path, head: str | Path, out: str | Path, head_type: str
     _require_arch(info, cf.BACKBONE_ARCH, "join takes a qwen35 backbone GGUF (split a clef GGUF first)")
     cfg = load_config(config_path_for(head))
     flat = load_state_dict(head, cfg)
-    choice = head_type or _safetensors_dtype(Path(head))
+    choice = head_dtype or _safetensors_dtype(Path(head))
     if choice not in cf.HEAD_TYPES:
         raise ConvertError(f"head type {choice!r}: use one of {', '.join(cf.HEAD_TYPES)}")
     n_embd = info.metadata.get(f"{cf.BACKBONE_ARCH}.embedding_length")

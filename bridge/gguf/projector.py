@@ -19,19 +19,22 @@ import numpy as np
 from gguf import GGUFValueType as V
 
 from ...head.errors import Category, ClefError
+from ..catalogue.architectures import (
+    AUDIO_ARCHITECTURES,
+    DEEPSTACK_ARCHITECTURES,
+    OMNI_IMAGE_TOKENS,
+    QWEN35,
+    QWEN35_IMAGE_TOKENS,
+    image_tokens,
+)
 from .clef_split import CachedFile, copied, ensure_cached
 from .reader import GGUFInfo, read_gguf, read_raw
 from .writer import OutTensor, WriteResult, encode_value, write_gguf
 
 QWEN35_PROJECTOR = "qwen3vl_merger"  # Qwen3-VL's, Qwen3.5's and Qwen3-Omni's merger; Qwen3.5's has no deepstack
 OMNI_AUDIO_PROJECTOR = "qwen3a"  # Qwen3-Omni's audio encoder
-# Backbones whose layers take the vision tower's deepstack features (llama.cpp's qwen3vlmoe: Qwen3-Omni's thinker);
-# Qwen3.5's (qwen35, qwen35moe, clef) take none.
-DEEPSTACK_ARCHITECTURES = frozenset({"qwen3vlmoe"})
 AUDIO_TENSORS = ("a.", "mm.a.")  # the audio encoder's tensors in a combined projector; vision: v.* and mm.*
-MAX_IMAGE_TOKENS = 16384  # Qwen3.5's preprocessor: at most 16,777,216 pixels, one token per 32x32
-# Clef-omni's reference sizes images to 65,536 .. 1,048,576 pixels (its IMAGE_SIZE): 64 to 1,024 tokens of 32x32
-OMNI_IMAGE_TOKENS = (64, 1024)
+MAX_IMAGE_TOKENS = QWEN35_IMAGE_TOKENS[1]
 PROJECTOR_HOME = ("community GGUF repositories of Qwen3.5 ship it as mmproj-*.gguf (llama.cpp's converter writes "
                   "one with --mmproj): put it beside the backbone GGUF or set mmproj = \"...\" in the models.toml "
                   "entry")
@@ -98,7 +101,7 @@ def projector_info(path: str | Path) -> ProjectorInfo:
                          audio_float32_bytes=4 * sum(t.n_elements for t in gguf.tensors.values() if _is_audio(t.name)))
 
 
-def pairing_problems(info: ProjectorInfo, n_embd: int, architecture: str = "qwen35") -> list[str]:
+def pairing_problems(info: ProjectorInfo, n_embd: int, architecture: str = QWEN35.name) -> list[str]:
     """Why this projector cannot feed a backbone of this architecture and width n_embd (empty: it can).
 
     Qwen3.5 (qwen35, qwen35moe, clef) takes a qwen3vl_merger without deepstack layers; Qwen3-Omni's thinker
@@ -114,7 +117,7 @@ def pairing_problems(info: ProjectorInfo, n_embd: int, architecture: str = "qwen
     if info.n_embd != n_embd:
         problems.append(f"projector output width {info.n_embd} != backbone width {n_embd}: it belongs to "
                         "another model")
-    if info.audio_type and not omni:
+    if info.audio_type and architecture not in AUDIO_ARCHITECTURES:
         problems.append(f"it holds an audio encoder ({info.audio_type}): a Qwen3-Omni projector, for Clef-omni "
                         "(qwen3vlmoe) backbones only")
     elif info.audio_type and info.audio_type != OMNI_AUDIO_PROJECTOR:
@@ -159,7 +162,7 @@ def ensure_vision_projector(src: str | Path, cache_root: str | Path) -> tuple[Pa
 
 def max_image_tokens(architecture: str | None) -> int:
     """The most tokens one image makes for a backbone of this architecture (its reference's image size)."""
-    return OMNI_IMAGE_TOKENS[1] if architecture in DEEPSTACK_ARCHITECTURES else MAX_IMAGE_TOKENS
+    return image_tokens(architecture)[1]
 
 
 def compute_bytes(info: ProjectorInfo, max_tokens: int = MAX_IMAGE_TOKENS) -> int:

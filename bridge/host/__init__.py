@@ -1,4 +1,4 @@
 """This machine: cache folders, progress bars, the GPU (CuPy, NVML).
 
-May import: head.
+May import: head, catalogue.
 """

@@ -16,6 +16,8 @@ import numpy as np
 from llama_cpp import llama_cpp_ext as lc_ext
 
 from ...head.errors import Category, ClefError
+from ..catalogue.architectures import NFC_PRE_TOKENIZERS
+from ..catalogue.dtypes import KV_CACHE_DTYPES
 from ..host.gpu import HostRows, host_rows_for
 from . import log as llama_log
 from .buffers import cpu_experts
@@ -58,13 +60,12 @@ class BackboneOptions:
     kv_type: str = "f16"  # the KV cache's type: "f32" doubles its memory and drops llama.cpp's f16 rounding of it
 
 
-KV_TYPES = {"f16": lc.GGML_TYPE_F16, "f32": lc.GGML_TYPE_F32}
+GGML_KV_TYPES = {name: getattr(lc, f"GGML_TYPE_{name.upper()}") for name in KV_CACHE_DTYPES}
 
 
-# Pre-tokenizers whose Hugging Face tokenizer NFC-normalizes text first (transformers' Qwen2Tokenizer and
-# Qwen3_5Tokenizer set normalizers.NFC()). GGUF conversion drops the normalizer and llama.cpp does not
-# apply it, so without this a decomposed "é" would tokenize differently from Cloudflare's reference.
-NFC_PRE_TOKENIZERS = frozenset({"qwen2", "qwen35"})
+# NFC_PRE_TOKENIZERS (the catalogue's): pre-tokenizers whose Hugging Face tokenizer NFC-normalizes text first
+# (transformers' Qwen2Tokenizer and Qwen3_5Tokenizer set normalizers.NFC()). GGUF conversion drops the normalizer
+# and llama.cpp does not apply it, so without this a decomposed "é" would tokenize differently from the reference.
 
 
 def _meta_str(model, key: str) -> str | None:
@@ -227,9 +228,9 @@ class Backbone:
         cparams.op_offload = options.op_offload
         threads = options.n_threads or os.cpu_count() or 1
         cparams.n_threads = cparams.n_threads_batch = threads
-        if options.kv_type not in KV_TYPES:
-            raise ValueError(f"kv_type {options.kv_type!r}: use one of {', '.join(KV_TYPES)}")
-        cparams.type_k = cparams.type_v = KV_TYPES[options.kv_type]
+        if options.kv_type not in GGML_KV_TYPES:
+            raise ValueError(f"kv_type {options.kv_type!r}: use one of {', '.join(GGML_KV_TYPES)}")
+        cparams.type_k = cparams.type_v = GGML_KV_TYPES[options.kv_type]
         self._configure_context(cparams)
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:

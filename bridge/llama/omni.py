@@ -30,11 +30,12 @@ import llama_cpp as lc
 import llama_cpp._ctypes_extensions as ctypes_ext
 import numpy as np
 
+from ..catalogue.architectures import QWEN3VLMOE
 from ..host.gpu import HostRows, host_rows_for
 from .backbone import Backbone, BackboneError, BackboneOptions, DecodeFailed
 from .media_batch import MediaBatch, MediaChunk
 
-OMNI_ARCH = "qwen3vlmoe"
+OMNI_ARCH = QWEN3VLMOE.name
 FINAL_NORM = b"result_norm"  # llama.cpp's name for the final norm's output (llm_graph_context::build_*)
 
 

@@ -31,7 +31,8 @@ from llama_cpp import mtmd_cpp as mt
 
 from ...head.encoder import AUDIO_END, AUDIO_PAD, AUDIO_START, IMAGE_PAD, VISION_END, VISION_START
 from ...head.errors import Problem, RequestInvalid
-from ..gguf.projector import MAX_IMAGE_TOKENS, ProjectorError, pairing_problems, projector_info
+from ..catalogue.architectures import QWEN35_IMAGE_TOKENS
+from ..gguf.projector import ProjectorError, pairing_problems, projector_info
 from ..media.images import ImageGeometry
 from . import log as llama_log
 from .backbone import Backbone
@@ -40,9 +41,8 @@ from .media_batch import MediaChunk
 
 @dataclass(frozen=True)
 class ProjectorOptions:
-    # Qwen3.5's preprocessor_config.json: 65,536 to 16,777,216 pixels, one token per 32x32 pixels
-    min_tokens: int = 64
-    max_tokens: int = MAX_IMAGE_TOKENS
+    min_tokens: int = QWEN35_IMAGE_TOKENS[0]  # Qwen3.5's preprocessor's (the catalogue's)
+    max_tokens: int = QWEN35_IMAGE_TOKENS[1]
     n_threads: int = 0  # 0: every core
     verbose: bool = False
 

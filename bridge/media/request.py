@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...head.errors import Category, ClefError, Problem, RequestInvalid
-from ...head.schema import Limits, json_depth, option_order
+from ...head.schema import MEDIA_FIELDS, Limits, json_depth, option_order
 from ..gguf.projector import PROJECTOR_HOME
 from . import audio as audio_files
 from .audio import AudioInput, AudioLimits, AudioRejected, AudioTooLarge
@@ -338,7 +338,7 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
         raise RequestInvalid(problems)
     assets = body.get("assets")
     lists = [body.get(m.field) for m in media.values()]
-    text = {k: v for k, v in body.items() if k not in ("images", "audio", "assets", "videos")}
+    text = {k: v for k, v in body.items() if k not in MEDIA_FIELDS}
     inline = sum(len(v) for v in _inline_strings(lists, assets))
     sources: dict[str, list[tuple[tuple[str | int, ...], bytes]]] = {kind: [] for kind in media}
     errors: list[MediaRejected] = []

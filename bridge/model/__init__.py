@@ -1,4 +1,4 @@
 """A served model at run time: the one checked way to load it, the ClefModel pipeline and its worker.
 
-May import: head, host, gguf, demo, media, llama, config.
+May import: head, catalogue, host, gguf, demo, media, llama, config.
 """

@@ -16,31 +16,24 @@ import numpy as np
 
 from ...head.answer import AnswerOptions
 from ...head.config import HeadConfig, config_path_for, load_config
-from ...head.encoder import DEFAULT_MAX_LENGTH
+from ...head.encoder import DEFAULT_MAX_LENGTH, EncodeOptions
 from ...head.errors import HeadConfigError
 from ...head.schema import Limits
 from ...head.weights import load_state_dict, params_from
-from ..gguf.clef_format import CLEF_ARCH
+from ..catalogue.architectures import architecture, image_tokens
 from ..gguf.clef_split import ensure_backbone
-from ..gguf.projector import (
-    MAX_IMAGE_TOKENS,
-    OMNI_IMAGE_TOKENS,
-    compute_bytes,
-    ensure_vision_projector,
-    max_image_tokens,
-    projector_info,
-)
+from ..gguf.projector import ensure_vision_projector, projector_info
 from ..gguf.reader import read_gguf
 from ..host.gpu import host_rows_for, release_cached
 from ..host.paths import cache_dir
 from ..llama.backbone import Backbone, BackboneOptions
 from ..llama.embedding import OutputEmbedding
-from ..llama.omni import OMNI_ARCH, OmniBackbone
+from ..llama.omni import OmniBackbone
 from ..llama.vision import Projector, ProjectorOptions
 from ..media.audio_tower import AudioTower
 from .clef_model import ClefModel, Head
 from ..config.integrity import CheckReport, ModelRefused, check_all, check_canaries, check_image_canary, check_projector
-from ..config.memory_plan import head_gpu_bytes, placement_for
+from ..config.memory_plan import placement_for, plan_inputs, projector_sizes
 from ..config.provenance import canary_probabilities, canary_states, image_canary
 from ..config.registry import ModelSpec
 
@@ -91,8 +84,7 @@ def open_projector(spec: ModelSpec, report: CheckReport, backbone: Backbone) -> 
     path = report.facts.mmproj
     if path is None:
         return None
-    omni = report.facts.architecture == OMNI_ARCH
-    low, high = OMNI_IMAGE_TOKENS if omni else (ProjectorOptions.min_tokens, MAX_IMAGE_TOKENS)
+    low, high = image_tokens(report.facts.architecture)
     options = ProjectorOptions(min_tokens=low, max_tokens=high, n_threads=spec.backbone.n_threads,
                                verbose=spec.backbone.verbose)
     if projector_info(path).combined:
@@ -107,23 +99,24 @@ def open_projector(spec: ModelSpec, report: CheckReport, backbone: Backbone) -> 
     return Projector(path, backbone, options)
 
 
-def omni_spec(spec: ModelSpec) -> ModelSpec:
-    """A Clef-omni entry with Clef-omni's defaults where the entry leaves the key unset: the reference's
-    max_length (64,000 tokens) and an n_ctx that holds it, and its media layout (a "\\n" after each medium)."""
-    length = DEFAULT_MAX_LENGTH["omni"]
+def reference_spec(spec: ModelSpec, reference: str) -> ModelSpec:
+    """An entry with its reference's defaults where the entry leaves the key unset (Clef-omni's: max_length
+    64,000 tokens and an n_ctx that holds it, and its media layout, a "\\n" after each medium)."""
+    length = DEFAULT_MAX_LENGTH[reference]
     if "max_length" in spec.keys:
         length = spec.encode.max_length
     elif "n_ctx" in spec.keys:
         length = min(length, spec.backbone.n_ctx)
     n_ctx = spec.backbone.n_ctx if spec.keys & {"n_ctx", "max_length"} else length
     return replace(spec, backbone=replace(spec.backbone, n_ctx=n_ctx),
-                   encode=replace(spec.encode, max_length=length, media_layout="omni"))
+                   encode=replace(spec.encode, max_length=length, media_layout=reference))
 
 
 def open_backbone(report: CheckReport, path: Path, options: BackboneOptions, host_rows) -> Backbone:
     """Qwen3.5's backbone, or Qwen3-Omni's thinker with its projector's deepstack count (options: the entry's,
     placed on the GPU by its memory plan)."""
-    if report.facts.architecture != OMNI_ARCH:
+    arch = architecture(report.facts.architecture)
+    if arch is None or not arch.every_token_output:  # Qwen3.5's hook hands over the hidden states it needs
         return Backbone(path, options, host_rows)
     mmproj = report.facts.mmproj
     deepstack = projector_info(mmproj).deepstack_layers if mmproj is not None else 0
@@ -136,10 +129,11 @@ def open_backbone(report: CheckReport, path: Path, options: BackboneOptions, hos
     return OmniBackbone(path, options, host_rows, deepstack)
 
 
-def backbone_file(gguf: Path, architecture: str | None = None) -> Path:
+def backbone_file(gguf: Path, given: str | None = None) -> Path:
     """The qwen35 GGUF llama.cpp loads: the file itself, or a clef GGUF's backbone, written once into the cache
-    (architecture: the GGUF's, when the caller read its header already)."""
-    if (architecture or read_gguf(gguf).architecture) != CLEF_ARCH:
+    (given: the GGUF's architecture, when the caller read its header already)."""
+    arch = architecture(given or read_gguf(gguf).architecture)
+    if arch is None or not arch.loads_as:
         return gguf
     path, done = ensure_backbone(gguf, cache_dir() / "backbones")
     if done.action == "converted":
@@ -180,18 +174,15 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     config, flat, temperatures = _head_weights(report)
     xp = array_module_for(spec.head_device)
     path = backbone_file(spec.gguf, report.facts.architecture)
-    if report.facts.architecture == OMNI_ARCH:
-        spec = omni_spec(spec)
+    arch = architecture(report.facts.architecture)
+    if arch is not None and arch.reference != EncodeOptions.media_layout:  # the default is the dense reference's
+        spec = reference_spec(spec, arch.reference)
     release_cached(xp)
-    head_bytes = head_gpu_bytes(config, spec.head_device, spec.head_dtype)
     mmproj = report.facts.mmproj
     info = projector_info(mmproj) if mmproj is not None else None  # its header, read once for the plan and tower
-    media_bytes = 0
-    if info is not None:  # the vision tower's weights and compute buffer for the reference's largest image
-        media_bytes = info.weight_bytes + compute_bytes(info, max_image_tokens(report.facts.architecture))
-        if xp is not np:  # Qwen3-Omni's audio tower runs on the head's device in float32
-            media_bytes += info.audio_float32_bytes
-    placed, warnings = placement_for(path, spec.backbone, head_bytes, vision_bytes=media_bytes)
+    sizes = projector_sizes(info, report.facts.architecture) if info is not None else None
+    inputs = plan_inputs(config, spec.head_device, spec.head_dtype, sizes)
+    placed, warnings = placement_for(path, spec.backbone, inputs.head_bytes, vision_bytes=inputs.media_bytes)
     head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
     backbone = open_backbone(report, path, placed, host_rows_for(xp))
     try:

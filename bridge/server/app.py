@@ -28,7 +28,7 @@ from . import workers_ai
 from .appstate import COALESCER, KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, Loader, Served
 from .assets import body_limit, check_media, decode_audio_for, decode_for, find_images
 from .auth import ApiKeys, auth_middleware, install_sighup
-from .body import BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
+from .body import INLINE_BYTES, BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
 from .coalesce import Coalescer
 from .middleware import (
     INFO,
@@ -48,8 +48,6 @@ from .routes import ROUTES, UNMATCHED
 from .workers_ai import HostedOptions
 
 log = logging.getLogger("clef_bridge.server")
-
-INLINE_BYTES = 64 * 1024  # bigger bodies are decompressed and parsed off the event loop
 
 
 # --- the decision path -------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from ...head.schema import Limits
 from ..media.audio import AudioLimits, decode_audio_all
 from ..media.images import ImageLimits
 from ..media.request import Media, decode_all, extract, no_audio, no_projector
-from .body import BodyTooLarge
+from .body import INLINE_BYTES, BodyTooLarge
 from .multipart import RequestBody
 
 
@@ -29,8 +29,6 @@ def body_limit(max_body_bytes: int, limits: ImageLimits, takes_images: bool = Tr
 
 
 # --- the server's steps, off the event loop where they cost --------------------------------------
-
-INLINE_BYTES = 64 * 1024  # smaller JSON bodies are searched for media on the event loop
 
 
 async def find_images(body: RequestBody, max_body_bytes: int, limits: ImageLimits, text_limits: Limits,

@@ -19,6 +19,10 @@ except ImportError:
     from backports import zstd
 
 
+# a JSON body up to this size is decompressed, parsed and searched for media on the event loop; bigger ones off it
+INLINE_BYTES = 64 * 1024
+
+
 class BodyTooLarge(ClefError):
     category = Category.TOO_LARGE
     error_type = "request_too_large"

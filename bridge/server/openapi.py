@@ -7,7 +7,8 @@ from typing import Any
 from ...head.schema import QUESTION_TYPES
 from ..media.audio import FORMATS as AUDIO_FORMATS
 from ..media.request import FORMATS as IMAGE_FORMATS
-from ..config.registry import LATEST, Registry
+from ..catalogue.media import AUDIO, IMAGE, READABLE, VIDEO
+from ..config.registry import LATEST, Registry, ServerSpec
 from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
 
@@ -23,16 +24,18 @@ def _inline(kind: str, example: str) -> dict[str, Any]:
                                       "base64": {"type": "string"}}}]}
 
 
-def _schemas(names: list[str]) -> dict[str, Any]:
-    limits_note = "2 to 255 options"
+def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
+    """The components; every limit is the one in force (models.toml's [server] table, else its default)."""
+    limits = server.limits
     return {
         "Question": {
             "type": "object", "required": ["type"],
             "properties": {
                 "type": {"type": "string", "enum": list(QUESTION_TYPES)},
                 "instructions": TEXT,
-                "criteria": {"description": f"choice: object name -> description ({limits_note}); score: array of "
-                                            "2 to 10 levels, lowest first; noul: null or {true?, false?}"},
+                "criteria": {"description": f"choice: object name -> description (2 to {limits.max_options} options, "
+                                            f"max_options); score: array of 2 to {limits.max_levels} levels "
+                                            "(max_levels), lowest first; noul: null or {true?, false?}"},
             },
         },
         "SystemOneRequest": {
@@ -41,21 +44,27 @@ def _schemas(names: list[str]) -> dict[str, Any]:
                 "model": {"type": "string", "description": f"a served name, an alias, or {LATEST}; left out (or "
                                                            "null): the default model, said in x_warnings",
                           "examples": names},
-                "state": {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]},
-                "questions": {"type": "object", "minProperties": 1,
+                "state": {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}],
+                          "description": f"at most {limits.max_state_bytes} bytes rendered (max_state_bytes)"},
+                "questions": {"type": "object", "minProperties": 1, "maxProperties": limits.max_questions,
+                              "description": "max_questions; the Workers AI routes take fewer (see their 422)",
                               "additionalProperties": {"$ref": "#/components/schemas/Question"}},
                 "assets": {"type": "object", "description": "placeholder -> image or audio clip; each placeholder "
                                                             "inside a string of the state, instructions or criteria "
                                                             "reads [image N] or [audio N]",
                            "additionalProperties": {"$ref": "#/components/schemas/Asset"}},
-                "images": {"type": "array", "items": _inline("image", "image/png"),
-                           "description": "PNG, JPEG or WebP images as data: URLs, base64 or {content_type, base64} "
-                                          "(the reference's and Workers AI's shape); needs a vision projector"},
-                "audio": {"type": "array", "items": _inline("audio", "audio/wav"),
-                          "description": "WAV or MP3 clips as data: URLs, base64 or {content_type, base64}, heard "
-                                         "after the images; needs a model with audio (x_media lists \"audio\")"},
-                "videos": {"type": "array", "description": "refused by every model: 422 videos_not_supported (the "
-                                                           "reference's video path is not proven equal here)"},
+                IMAGE.field: {"type": "array", "items": _inline(IMAGE.name, "image/png"),
+                              "maxItems": server.images.max_images,
+                              "description": "PNG, JPEG or WebP images as data: URLs, base64 or {content_type, "
+                                             "base64} (the reference's and Workers AI's shape); needs a vision "
+                                             "projector; max_images counts the assets' images too"},
+                AUDIO.field: {"type": "array", "items": _inline(AUDIO.name, "audio/wav"),
+                              "maxItems": server.audio.max_clips,
+                              "description": "WAV or MP3 clips as data: URLs, base64 or {content_type, base64}, "
+                                             "heard after the images; needs a model with audio (x_media lists "
+                                             "\"audio\"); max_audio_clips counts the assets' clips too"},
+                VIDEO.field: {"type": "array", "description": f"refused by every model: 422 {VIDEO.error_type} (the "
+                                                              "reference's video path is not proven equal here)"},
                 "options": {"type": "object", "description": "Workers AI routes only: {rejectIfBusy: true} answers "
                                                             "429 (code 3040) instead of waiting behind other requests",
                             "properties": {"rejectIfBusy": {"type": "boolean"}}},
@@ -63,7 +72,7 @@ def _schemas(names: list[str]) -> dict[str, Any]:
         },
         "Asset": {
             "type": "object",
-            "properties": {"type": {"enum": ["image", "audio"], "default": "image"},
+            "properties": {"type": {"enum": list(READABLE), "default": IMAGE.name},
                            "format": {"enum": list(IMAGE_FORMATS) + list(AUDIO_FORMATS),
                                       "description": "required with data_base64; the bytes decide the real format"},
                            "data_base64": {"type": "string"},
@@ -119,7 +128,7 @@ def _schemas(names: list[str]) -> dict[str, Any]:
                                "release_date": {"type": "string", "format": "date"},
                                "x_aliases": {"type": "array", "items": {"type": "string"}},
                                "x_status": {"enum": ["ready", "down"]},
-                               "x_media": {"type": "array", "items": {"enum": ["image", "audio"]},
+                               "x_media": {"type": "array", "items": {"enum": list(READABLE)},
                                            "description": "what the model reads beside text"}}}}},
         },
     }
@@ -183,7 +192,7 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
                for name, (file, media) in PLAYGROUND_FILES.items()},
         },
         "components": {
-            "schemas": _schemas([] if registry.server.api_keys_file else list(names)),
+            "schemas": _schemas([] if registry.server.api_keys_file else list(names), registry.server),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

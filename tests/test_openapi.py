@@ -1,0 +1,71 @@
+"""The OpenAPI description (bridge/server/openapi.py), built from a registry without a socket: the limits it
+states are the ones in force, the media words are the catalogue's, and auth hides the served names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from clef_bridge.bridge.catalogue.media import MEDIA_KINDS, READABLE, VIDEO
+from clef_bridge.bridge.config.registry import parse_registry
+from clef_bridge.bridge.server.openapi import openapi_spec
+from clef_bridge.bridge.server.routes import PATHS
+from clef_bridge.head.schema import Limits
+
+pytestmark = pytest.mark.unit
+
+DEFAULTS = Limits()
+
+
+def registry(**server):
+    return parse_registry({"models": {"m": {"gguf": "m.gguf"}}, "server": server}, Path("/srv/models.toml"))
+
+
+def schemas(**server) -> dict:
+    return openapi_spec(registry(**server), {"m": "m", "jev-latest": "m"})["components"]["schemas"]
+
+
+def examples(spec: dict) -> list[str]:
+    return spec["components"]["schemas"]["SystemOneRequest"]["properties"]["model"]["examples"]
+
+
+def test_the_limits_come_from_the_server_table():
+    """A models.toml [server] limit reaches /openapi.json (the description once said 255 options and 10 levels
+    whatever the file set)."""
+    spec = schemas(max_options=7, max_levels=5, max_questions=3, max_state_bytes=1000, max_images=2,
+                   max_audio_clips=1)
+    criteria = spec["Question"]["properties"]["criteria"]["description"]
+    assert "2 to 7 options" in criteria and "2 to 5 levels" in criteria
+    assert str(DEFAULTS.max_options) not in criteria and f"to {DEFAULTS.max_levels} levels" not in criteria
+    request = spec["SystemOneRequest"]["properties"]
+    assert request["questions"]["maxProperties"] == 3
+    assert "1000 bytes" in request["state"]["description"]
+    assert (request["images"]["maxItems"], request["audio"]["maxItems"]) == (2, 1)
+
+
+def test_the_defaults_are_stated_without_a_server_table():
+    spec = schemas()
+    criteria = spec["Question"]["properties"]["criteria"]["description"]
+    assert f"2 to {DEFAULTS.max_options} options" in criteria and f"2 to {DEFAULTS.max_levels} levels" in criteria
+    assert spec["SystemOneRequest"]["properties"]["questions"]["maxProperties"] == DEFAULTS.max_questions
+
+
+def test_media_words_are_the_catalogues():
+    spec = schemas()
+    request = spec["SystemOneRequest"]["properties"]
+    assert {kind.field for kind in MEDIA_KINDS.values()} <= set(request)
+    assert VIDEO.error_type in request[VIDEO.field]["description"]
+    assert spec["Asset"]["properties"]["type"]["enum"] == list(READABLE) == ["image", "audio"]
+    media = spec["ModelList"]["properties"]["models"]["items"]["properties"]["x_media"]
+    assert media["items"]["enum"] == list(READABLE)
+
+
+def test_auth_hides_the_served_names_and_marks_the_routes(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("k\n")
+    open_spec = openapi_spec(registry(), {"m": "m"})
+    secured = openapi_spec(registry(api_keys_file=str(keys)), {"m": "m"})
+    assert examples(open_spec) == ["m"] and examples(secured) == []
+    systemone = PATHS["systemone"]
+    assert open_spec["paths"][systemone]["post"]["security"] == []
+    assert secured["paths"][systemone]["post"]["security"] == [{"bearer": []}]
