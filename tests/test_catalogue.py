@@ -57,7 +57,7 @@ def test_releases():
 def test_dtypes():
     assert list(dtypes.DTYPES) == ["f32", "f16", "bf16", "q8_0"]
     assert {n: d.nbytes for n, d in dtypes.DTYPES.items()} == {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32}
-    assert dtypes.HEAD_DTYPES == ("f32", "f16") and dtypes.KV_CACHE_DTYPES == ("f32", "f16")
+    assert dtypes.HEAD_DTYPES == ("f32", "f16") and dtypes.KV_CACHE_DTYPES == ("f16", "f32")  # the default first
     assert dtypes.SPLIT_DTYPES == ("f32", "f16", "bf16") and dtypes.JOIN_DTYPES == tuple(dtypes.DTYPES)
     assert all(dtypes.dtype_name(d.ggml) == n for n, d in dtypes.DTYPES.items())  # F16 reads as f16
     assert all(dtypes.dtype_name(alias) in dtypes.DTYPES for alias in dtypes.DTYPE_ALIASES)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...head.weights import DTYPE_ALIASES, STORAGE_DTYPES, dtype_name
 
-__all__ = ["DTYPES", "DTYPE_ALIASES", "Dtype", "HEAD_DTYPES", "JOIN_DTYPES", "KV_CACHE_DTYPES", "SPLIT_DTYPES",
+__all__ = ["DEFAULT_KV_CACHE_DTYPE", "DTYPES", "DTYPE_ALIASES", "Dtype", "HEAD_DTYPES", "JOIN_DTYPES", "KV_CACHE_DTYPES", "SPLIT_DTYPES",
            "dtype_name"]
 
 
@@ -33,6 +33,7 @@ Q8_0 = Dtype("q8_0", "Q8_0", 34 / 32, join=True)
 DTYPES = {d.name: d for d in (F32, F16, BF16, Q8_0)}
 
 HEAD_DTYPES = tuple(n for n, d in DTYPES.items() if d.head_storage)
-KV_CACHE_DTYPES = tuple(n for n, d in DTYPES.items() if d.kv_cache)
+DEFAULT_KV_CACHE_DTYPE = F16.name  # llama.cpp's own default; listed first wherever the choices are named
+KV_CACHE_DTYPES = tuple(sorted((n for n, d in DTYPES.items() if d.kv_cache), key=lambda n: n != DEFAULT_KV_CACHE_DTYPE))
 SPLIT_DTYPES = tuple(n for n, d in DTYPES.items() if d.split)
 JOIN_DTYPES = tuple(n for n, d in DTYPES.items() if d.join)
