@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from ...head.weights import DTYPE_ALIASES, STORAGE_DTYPES, dtype_name
 
-__all__ = ["DEFAULT_KV_CACHE_DTYPE", "DTYPES", "DTYPE_ALIASES", "Dtype", "HEAD_DTYPES", "JOIN_DTYPES", "KV_CACHE_DTYPES", "SPLIT_DTYPES",
-           "dtype_name"]
+__all__ = ["DEFAULT_KV_CACHE_DTYPE", "DTYPES", "DTYPE_ALIASES", "Dtype", "HEAD_DTYPES", "JOIN_DTYPES",
+           "KV_CACHE_DTYPES", "SPLIT_DTYPES", "dtype_name"]
 
 
 @dataclass(frozen=True)
