@@ -27,6 +27,8 @@ from clef_bridge.tools.scoring import (
     temperature_scaled,
 )
 
+from clef_bridge.bridge.service.local import LocalService
+from .deciding import prepare
 from .conftest import open_spec, tiny_spec
 from .serverkit import RunningServer, registry_for
 
@@ -193,10 +195,11 @@ def test_drift_matches_a_direct_computation(fx, capsys):
     requests = probe_requests(8)
     a, b = open_spec(tiny_spec(fx)), open_spec(tiny_spec(fx, gguf=fx.gguf_q8_0))
     try:
-        result = drift(a, b, requests)
+        with LocalService(a) as service_a, LocalService(b) as service_b:
+            result = drift(service_a.decide, service_b.decide, requests)
         diffs, flips = [], 0
-        for request in requests:
-            for (_, za), (_, zb) in zip(a.question_logits(request), b.question_logits(request)):
+        for request in requests:  # each backbone's full prefill, no prefix cache, no worker
+            for (_, za), (_, zb) in zip(a.uncached_logits(prepare(a, request)), b.uncached_logits(prepare(b, request))):
                 pa, pb = softmax(za), softmax(zb)
                 diffs.append(np.abs(pa - pb))
                 flips += int(pa.argmax() != pb.argmax())

@@ -18,11 +18,13 @@ from dataclasses import replace
 import pytest
 from backports import zstd
 from clef_bridge.bridge.media.images import ImageLimits
-from clef_bridge.bridge.model.worker import MAX_IMAGE_JOBS
+from clef_bridge.bridge.model.worker import MAX_MEDIA_JOBS
 from clef_bridge.bridge.server import assets
-from clef_bridge.bridge.server.app import load_models
+from clef_bridge.bridge.service.models import load_models
 from clef_bridge.bridge.server.appstate import SERVED
 
+from clef_bridge.bridge.media.request import NO_MEDIA
+from .deciding import respond
 from . import fixturegen_vision
 from .conftest import open_spec, tiny_spec
 from .fixturegen_vision import data_url, encoded, picture
@@ -55,9 +57,9 @@ class RecordingModel(WrappedModel):
         self.started = threading.Event()  # a batch reached the backbone
         self.gate: threading.Event | None = None  # when given, batches wait for it
 
-    def prepare(self, body, images=(), audio=()):
+    def prepare(self, request, media=NO_MEDIA):
         self.prepared += 1
-        return self._model.prepare(body, images, audio)
+        return self._model.prepare(request, media)
 
     def prefill_batch(self, batch):
         self.started.set()
@@ -105,7 +107,7 @@ def server(served):
 
 
 def expected(direct, state, images, questions=QUESTIONS):
-    return direct.respond({"model": "tiny", "state": state, "questions": questions,
+    return respond(direct, {"model": "tiny", "state": state, "questions": questions,
                           "images": [data_url(d) for d in images]}, LIMITS)
 
 
@@ -353,17 +355,17 @@ def test_memory_is_flat_over_200_image_requests(server):
 
 
 def test_waiting_image_requests_are_bounded(served):
-    """Queued image requests hold their pixels: beyond max_image_jobs per model they get 429, text does not."""
+    """Queued image requests hold their pixels: beyond max_media_jobs per model they get 429, text does not."""
     server, _ = served
     worker = server.app[SERVED]["tiny"].worker
-    worker.max_image_jobs = 0
+    worker.max_media_jobs = 0
     try:
         reply = server.post({"model": "tiny", "state": "full", "questions": QUESTIONS, "images": [b64(PNG)]})
         assert reply.status == 429 and "retry-after" in reply.headers
         assert "image or audio requests waiting" in reply.json()["detail"]["message"]
         assert server.post({"model": "tiny", "state": "text", "questions": QUESTIONS}).status == 200
     finally:
-        worker.max_image_jobs = MAX_IMAGE_JOBS
+        worker.max_media_jobs = MAX_MEDIA_JOBS
 
 
 def test_a_failing_vision_tower_is_a_503_for_that_request_only(served, monkeypatch):

@@ -12,15 +12,12 @@ from aiohttp import hdrs, web
 
 from ...head.errors import ClefError, Problem, RequestInvalid
 from ..media.request import UnsupportedMediaType
+from ..service.errors import BodyTooLarge  # the service refuses a too large text as well
 
 try:
     from compression import zstd  # Python >= 3.14
 except ImportError:
     from backports import zstd
-
-
-class BodyTooLarge(ClefError):
-    error_type = "request_too_large"
 
 
 class BadEncoding(ClefError):

@@ -22,6 +22,7 @@ from ..llama.backbone import BackboneError, DecodeFailed
 from ..media.errors import MediaTooLarge
 from ..config.registry import ServerSpec, UnknownModel
 from ..model.worker import Busy, Overloaded, WorkerStopped
+from ..service.errors import DeadlineExceeded
 from .appstate import METRICS, REGISTRY
 from .auth import CHALLENGE, Unauthorized
 from .body import BadEncoding, BadHeader, BodyTooLarge, ExpectationFailed, UnsupportedMediaType, header
@@ -34,10 +35,6 @@ access_log = logging.getLogger("clef_bridge.access")
 REQUEST_ID_HEADER = "x-typesafe-request-id"
 SERVER_NAME = "clef-bridge"  # the Server header: no Python or aiohttp version for scanners to match
 CLIENT_CLOSED = 499  # nginx's status for a client gone before its answer: counted apart from 5xx
-
-
-class DeadlineExceeded(ClefError):
-    error_type = "timeout"
 
 
 class BodyTimeout(ClefError):
