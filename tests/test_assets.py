@@ -242,8 +242,8 @@ def test_limits_are_configurable_in_server(tmp_path):
     registry = parse_registry(raw, tmp_path / "models.toml")
     assert registry.server.images == ImageLimits(max_images=2, max_bytes=1000, max_total_bytes=1500, max_pixels=4096)
     # the body may hold the text's max_body_bytes plus the images, base64-inflated
-    assert body_limit(100, registry.server.images) == 100 + 2000 + 2 * 4096
-    assert body_limit(100, registry.server.images, takes_images=False) == 100  # no model with a projector
+    assert body_limit(registry.server, ["image"]) == 100 + 2000 + 2 * 4096
+    assert body_limit(registry.server, []) == 100  # no model with a projector
     with pytest.raises(RegistryError, match="max_images: must be positive"):
         parse_registry({**raw, "server": {"max_images": 0}}, tmp_path / "models.toml")
     spec = parse_registry({"models": {"m": {"gguf": "m.gguf", "mmproj": "v/mmproj.gguf"}}}, tmp_path / "models.toml")

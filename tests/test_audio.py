@@ -276,8 +276,10 @@ def test_audio_limits_are_server_keys(tmp_path):
     registry = parse_registry(raw, tmp_path / "models.toml")
     assert registry.server.audio == AudioLimits(max_clips=2, max_bytes=3000, max_seconds=12.5)
     # a body may hold the text, plus the clips base64-inflated where a served model takes audio
-    assert body_limit(100, registry.server.images, False, registry.server.audio) == 100 + 8000 + 2 * 4096
-    assert body_limit(100, registry.server.images, False) == 100
+    assert body_limit(registry.server, ["audio"]) == 100 + 8000 + 2 * 4096
+    both = body_limit(registry.server, ["image", "audio"])
+    assert both == body_limit(registry.server, ["audio"]) + body_limit(registry.server, ["image"]) - 100
+    assert body_limit(registry.server, []) == 100
     for key, value, error in (("max_audio_clips", 0, "must be positive"), ("max_audio_seconds", 0, "must be above 0"),
                               ("max_audio_bytes", "1 MB", "wrong type")):
         with pytest.raises(RegistryError, match=f"{key}: {error}"):

@@ -10,6 +10,7 @@ import tomllib
 import numpy as np
 import pytest
 from clef_bridge.bridge.config.registry import load_registry
+from clef_bridge.bridge.service.local import LocalService
 from clef_bridge.head.answer import softmax64 as softmax
 from clef_bridge.tools.calibrate import calibrate_items
 from clef_bridge.tools.cli import main
@@ -27,9 +28,8 @@ from clef_bridge.tools.scoring import (
     temperature_scaled,
 )
 
-from clef_bridge.bridge.service.local import LocalService
-from .deciding import prepare
 from .conftest import open_spec, tiny_spec
+from .deciding import prepare
 from .serverkit import RunningServer, registry_for
 
 pytestmark = pytest.mark.slow
@@ -189,6 +189,19 @@ def test_calibrate_writes_models_toml(fx, tmp_path, capsys):
     raw = tomllib.loads(toml.read_text())["models"]["tiny"]
     assert set(raw["temperature"]) == {"choice", "noul", "score"}
     assert load_registry(toml).models["tiny"].answer.temperature == {k: float(v) for k, v in raw["temperature"].items()}
+
+
+def test_drift_refuses_audio_for_a_backbone_without_audio_as_the_server_does(fx, tmp_path, capsys):
+    """A drift fix: drift used to answer a request with audio as if it were text (the server answers 422)."""
+    import base64
+
+    from .omni_cases import tone, wav
+
+    audio = base64.b64encode(wav(tone(0.5))).decode()
+    data = tmp_path / "audio.jsonl"
+    data.write_text(json.dumps({"request": {**probe_requests(1)[0], "audio": [audio]}}) + "\n", encoding="utf-8")
+    assert main(["drift", str(fx.gguf_f32), str(fx.gguf_q8_0), "--head", str(fx.head), "--data", str(data)]) == 1
+    assert "takes no audio" in capsys.readouterr().err
 
 
 def test_drift_matches_a_direct_computation(fx, capsys):

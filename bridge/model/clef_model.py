@@ -26,7 +26,7 @@ from ..llama.prefix_cache import PrefillRequest
 from ..llama.vision import EncodedAudio, Projector
 from ..media.audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE, AudioTower, audio_tokens
 from ..media.images import ImageGeometry
-from ..media.request import AUDIO, NO_MEDIA, Media
+from ..media.request import AUDIO, IMAGE, NO_MEDIA, Media
 
 MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; option_logits the rest
 
@@ -156,7 +156,7 @@ class ClefModel:
     @property
     def media(self) -> tuple[str, ...]:
         """What it reads besides text, as /v1/models' x_media lists it."""
-        return (("image",) if self.projector is not None else ()) + (("audio",) if self.takes_audio else ())
+        return ((IMAGE,) if self.projector is not None else ()) + ((AUDIO,) if self.takes_audio else ())
 
     def close(self) -> None:
         if self.projector is not None:

@@ -164,7 +164,7 @@ def handler_args(registry: Registry, metrics: Metrics) -> dict[str, Any]:
         # aiohttp closes a connection that has not completed a request within keepalive_timeout: that is
         # what cuts off a client trickling its headers, and idle keep-alive connections after as long
         "keepalive_timeout": registry.server.body_timeout_s,
-        "auto_decompress": False,  # read_json decodes bodies itself, with the size cap
+        "auto_decompress": False,  # decisions.read_body decodes bodies itself, with the size cap
         "access_log": None,  # the middleware writes one line per request
         "logger": ProtocolLog(metrics),  # parser errors: one line each, counted
     }
@@ -214,7 +214,8 @@ def create_app(registry: Registry, loader: Loader = load_models) -> web.Applicat
     app[PLAYGROUND] = load_playground()
     app[SERVED] = {}
     app[NAMES] = {}
-    coalescer = Coalescer(registry.server.cache_size, lambda model, source: metrics.coalesced.labels(model, source).inc())
+    coalescer = Coalescer(registry.server.cache_size,
+                          lambda model, source: metrics.coalesced.labels(model, source).inc())
     app[SERVICE] = DecisionService(registry.server, coalescer, registry.server.request_timeout_s, names=app[NAMES],
                                    on_queued=lambda model, depth: metrics.queue_depth.labels(model).set(depth))
     app.cleanup_ctx.append(models_ctx)

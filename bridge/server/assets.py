@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from ..media.audio import AudioLimits
-from ..media.images import ImageLimits
+from typing import Callable, Collection
+
+from ..config.registry import ServerSpec
+from ..media.request import AUDIO, IMAGE
+
+# each kind's most bytes in one body, base64-inflated, with room for its JSON around each medium
+MEDIA_BYTES: dict[str, Callable[[ServerSpec], int]] = {
+    IMAGE: lambda s: -(-s.images.max_total_bytes * 4 // 3) + 4096 * s.images.max_images,
+    AUDIO: lambda s: -(-s.audio.max_clips * s.audio.max_bytes * 4 // 3) + 4096 * s.audio.max_clips,
+}
 
 
-def body_limit(max_body_bytes: int, limits: ImageLimits, takes_images: bool = True,
-               audio: AudioLimits | None = None) -> int:
-    """The most a request body may hold: the text's max_body_bytes, plus its images where a served model takes
-    images, plus its audio clips where one takes audio (audio: those limits), base64-inflated."""
-    out = max_body_bytes
-    if takes_images:
-        out += -(-limits.max_total_bytes * 4 // 3) + 4096 * limits.max_images
-    if audio is not None:
-        out += -(-audio.max_clips * audio.max_bytes * 4 // 3) + 4096 * audio.max_clips
-    return out
+def body_limit(server: ServerSpec, kinds: Collection[str]) -> int:
+    """The most a request body may hold: the text's max_body_bytes, plus the media of every kind a served model
+    takes (kinds: ClefModel.media of every model served)."""
+    return server.max_body_bytes + sum(MEDIA_BYTES[kind](server) for kind in sorted(set(kinds)))

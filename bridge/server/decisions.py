@@ -29,10 +29,7 @@ async def read_body(request: web.Request, cap: int | None = None) -> RequestBody
     """The body: JSON, or multipart/form-data (a `request` part and media parts), capped for text and media;
     cap: a route's own lower ceiling (Workers AI's 13 MiB)."""
     server = request.app[REGISTRY].server
-    models = [served.worker.model for served in request.app[SERVED].values()]
-    takes_images = any(model.projector is not None for model in models)
-    takes_audio = any(model.takes_audio for model in models)
-    limit = body_limit(server.max_body_bytes, server.images, takes_images, server.audio if takes_audio else None)
+    limit = body_limit(server, {kind for served in request.app[SERVED].values() for kind in served.worker.model.media})
     capped = cap is not None and cap < limit
     content_type = media_type(request) if request.body_exists else ""
     form = (header(request, hdrs.CONTENT_TYPE) or "") if is_form(content_type) else ""
