@@ -8,8 +8,8 @@ import pytest
 from clef_bridge.tools import bench
 from clef_bridge.tools.cli import main
 
-from .deciding import prepare
 from .conftest import tiny_spec
+from .deciding import prepare
 from .serverkit import RunningServer, registry_for
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ from clef_bridge.bridge.model.loading import load_checked
 from clef_bridge.bridge.config.registry import demo_registry
 from gguf import GGUFReader
 
-from .deciding import respond
 from . import fixturegen_vision
+from .deciding import respond
 from .fixturegen_vision import encoded, picture
 from .serverkit import RunningServer
 

@@ -10,9 +10,9 @@ import pytest
 from clef_bridge.bridge.model.clef_model import ClefModel
 from clef_bridge.head.answer import answers
 
-from .deciding import prepare, respond
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
+from .deciding import prepare, respond
 from .reference import assert_same_answers, reference
 
 pytestmark = pytest.mark.slow

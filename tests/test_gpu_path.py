@@ -20,9 +20,9 @@ from clef_bridge.head.config import config_path_for, load_config
 from clef_bridge.head.weights import stored_bytes
 from clef_bridge.tools.cli import main
 
-from .deciding import prepare, respond
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
+from .deciding import prepare, respond
 from .serverkit import RunningServer, registry_for
 from .strictcupy import StrictCuPy
 from .test_worker import run_worker

@@ -22,8 +22,8 @@ from clef_bridge.bridge.server.appstate import SERVED
 from clef_bridge.head.encoder import PREFIX
 from clef_bridge.head.errors import HeadConfigError
 
-from .deciding import prepare, respond
 from .conftest import open_spec, tiny_spec
+from .deciding import prepare, respond
 from .serverkit import RunningServer, WrappedModel, registry_for, strip_extensions, wait_until
 from .strictcupy import StrictCuPy
 from .test_end_to_end import oracle, reference_probabilities  # noqa: F401 - the oracle fixture

@@ -23,13 +23,13 @@ from clef_bridge.bridge.llama.backbone import BackboneOptions
 from clef_bridge.bridge.llama.omni import OmniBackbone
 from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
 from clef_bridge.bridge.media.images import decode, sniff
+from clef_bridge.bridge.media.request import AUDIO, IMAGE, Media, refuse_unsupported
 from clef_bridge.bridge.model.loading import load_checked, omni_spec
 from clef_bridge.bridge.config.registry import model_spec
 from clef_bridge.head.errors import RequestInvalid
 
-from clef_bridge.bridge.media.request import AUDIO, IMAGE, Media, refuse_unsupported
-from .deciding import prepare
 from . import fixturegen_omni, fixturegen_vision
+from .deciding import prepare
 from .omni_cases import answer_probabilities, answer_problems, cases, max_dp, probabilities, tone
 
 pytestmark = pytest.mark.slow

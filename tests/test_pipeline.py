@@ -14,9 +14,9 @@ from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.errors import ContextLengthExceeded
 from clef_bridge.head.weights import save_state_dict
 
-from .deciding import prepare, respond
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
+from .deciding import prepare, respond
 from .randomhead import random_state_dict
 
 pytestmark = pytest.mark.integration

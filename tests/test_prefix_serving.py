@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from clef_bridge.head.answer import softmax64
 
-from .deciding import prepare, respond
 from .conftest import open_spec, tiny_spec
+from .deciding import prepare, respond
 from .serverkit import RunningServer, registry_for
 from .test_hardening import faulty_loader
 

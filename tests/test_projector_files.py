@@ -20,8 +20,8 @@ from clef_bridge.bridge.config.registry import model_spec
 from clef_bridge.head.errors import RequestInvalid
 from clef_bridge.tools.cli import main
 
-from .deciding import respond
 from . import fixturegen_vision
+from .deciding import respond
 from .fixturegen_vision import data_url, encoded, picture
 from .test_integrity import codes, run_check
 

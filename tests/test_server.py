@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.server.appstate import SERVED
 
-from .deciding import respond
 from .conftest import tiny_spec
 from .corpus import varied_requests
+from .deciding import respond
 from .serverkit import RunningServer, registry_for, slow_loader, strip_extensions, wait_until
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ import pytest
 from backports import zstd
 from clef_bridge.bridge.server.appstate import SERVED
 
-from .deciding import respond
 from .conftest import tiny_spec
+from .deciding import respond
 from .serverkit import Reply, RunningServer, registry_for, strip_extensions, wait_until
 
 pytestmark = pytest.mark.integration

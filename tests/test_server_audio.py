@@ -15,13 +15,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from clef_bridge.bridge.media.audio import AudioLimits, decode, sniff
-from clef_bridge.bridge.media.request import NO_VIDEO
+from clef_bridge.bridge.media.request import IMAGE, NO_MEDIA, NO_VIDEO, Media
 from clef_bridge.bridge.config.registry import Registry, ServerSpec
 from clef_bridge.bridge.service.models import load_models
 
-from clef_bridge.bridge.media.request import IMAGE, NO_MEDIA, Media
-from .deciding import respond
 from .conftest import tiny_spec
+from .deciding import respond
 from .serverkit import RunningServer, WrappedModel, refusal, strip_extensions
 from .test_audio import b64, clip, data_url
 from .test_server_images import bad_json, multipart

@@ -17,16 +17,17 @@ from dataclasses import replace
 
 import pytest
 from backports import zstd
+from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.media.images import ImageLimits
-from clef_bridge.bridge.model.worker import MAX_MEDIA_JOBS
-from clef_bridge.bridge.server import assets
-from clef_bridge.bridge.service.models import load_models
-from clef_bridge.bridge.server.appstate import SERVED
-
 from clef_bridge.bridge.media.request import NO_MEDIA
-from .deciding import respond
+from clef_bridge.bridge.model.worker import MAX_MEDIA_JOBS
+from clef_bridge.bridge.server.appstate import SERVED
+from clef_bridge.bridge.service import decision
+from clef_bridge.bridge.service.models import load_models
+
 from . import fixturegen_vision
 from .conftest import open_spec, tiny_spec
+from .deciding import respond
 from .fixturegen_vision import data_url, encoded, picture
 from .serverkit import RunningServer, WrappedModel, refusal, registry_for, strip_extensions, wait_until
 from .test_images import png_bomb
@@ -65,7 +66,7 @@ class RecordingModel(WrappedModel):
         self.started.set()
         if self.gate is not None:
             self.gate.wait(60)
-        self.batches.append([bool(p.images) for p in batch])
+        self.batches.append([bool(p.media.images) for p in batch])
         return self._model.prefill_batch(batch)
 
 
@@ -108,7 +109,7 @@ def server(served):
 
 def expected(direct, state, images, questions=QUESTIONS):
     return respond(direct, {"model": "tiny", "state": state, "questions": questions,
-                          "images": [data_url(d) for d in images]}, LIMITS)
+                          "images": [data_url(d) for d in images]}, ServerSpec(images=LIMITS))
 
 
 def test_official_sdk_sends_images_as_multipart(server, direct):
@@ -271,12 +272,12 @@ def test_decoding_runs_off_the_event_loop(served, monkeypatch):
     server, _ = served
     threads = []
 
-    def spy(images, geometry):
+    def spy(kind, inputs, settings):
         threads.append(threading.current_thread())
-        return real(images, geometry)
+        return real(kind, inputs, settings)
 
-    real = assets.decode_all
-    monkeypatch.setattr(assets, "decode_all", spy)
+    real = decision.decode_kind
+    monkeypatch.setattr(decision, "decode_kind", spy)
     assert server.post({"model": "tiny", "state": "spy", "questions": QUESTIONS, "images": [b64(PNG)]}).status == 200
     assert threads and threads[0] is not server._thread  # the server's event loop runs in server._thread
 

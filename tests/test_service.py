@@ -13,15 +13,18 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from clef_bridge.bridge.config.registry import ServerSpec, UnknownModel
 from clef_bridge.bridge.media.images import ImageGeometry
-from clef_bridge.bridge.media.request import AUDIO, IMAGE, Media
+from clef_bridge.bridge.media.request import AUDIO, IMAGE, FormPart, Media
 from clef_bridge.bridge.model.clef_model import Scored, Timings
 from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded
+from clef_bridge.bridge.server.decisions import decision_input
+from clef_bridge.bridge.server.multipart import RequestBody
+from clef_bridge.bridge.server.systemone import no_model_warning
 from clef_bridge.bridge.service import decision as service_module
 from clef_bridge.bridge.service.coalesce import Coalescer, request_key
 from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService
+from clef_bridge.bridge.service.errors import DeadlineExceeded
 from clef_bridge.bridge.service.local import LocalService
 from clef_bridge.head.errors import Problem, RequestInvalid
 from clef_bridge.head.schema import DecisionRequest, Limits
@@ -244,3 +247,29 @@ def test_drift_refuses_audio_for_a_model_without_audio_as_the_server_does():
         with pytest.raises(RequestInvalid) as info:
             drift(a.decide, b.decide, [body])
     assert [p.type for p in info.value.problems] == ["audio_not_supported"]
+
+
+def test_past_the_deadline_the_request_is_refused_and_its_queued_job_dropped():
+    gate = threading.Event()
+    model = FakeModel(gate=gate)
+    service, workers = service_for(model, timeout_s=0.05)
+
+    async def main():
+        first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
+        await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
+        with pytest.raises(DeadlineExceeded, match="request_timeout_s"):
+            await service.decide(DecisionInput({**BODY, "state": "queued behind"}, "fake"))
+        gate.set()
+        with pytest.raises(DeadlineExceeded):
+            await first  # its own deadline passed while the gate held it
+
+    run(workers, main)
+    assert len(model.prepared) == 1  # the queued request, its waiter gone, never reached the model
+
+
+def test_the_http_adapters_hand_the_read_body_over_as_it_came():
+    body = RequestBody({"state": "s"}, {"p": FormPart("p", "image/png", PNG)}, 1234)
+    call = decision_input(body, {"state": "s", "model": "m"}, "m", reject_if_busy=True)
+    assert (call.body, call.model, call.parts, call.json_bytes, call.reject_if_busy) == (
+        {"state": "s", "model": "m"}, "m", body.parts, 1234, True)
+    assert "'jev-latest'" in no_model_warning("jev-latest")

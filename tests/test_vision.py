@@ -24,13 +24,13 @@ from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
 from clef_bridge.bridge.llama.media_batch import MediaChunk
 from clef_bridge.bridge.llama.vision import EncodedImage, Projector, ProjectorOptions, image_positions
 from clef_bridge.bridge.media.images import ImageGeometry, decode, sniff
+from clef_bridge.bridge.media.request import IMAGE, Media
 from clef_bridge.head.encoder import PREFIX
 from clef_bridge.head.errors import RequestInvalid
 
-from clef_bridge.bridge.media.request import IMAGE, Media
-from .deciding import prepare, respond
 from . import fixturegen_vision
 from .conftest import open_spec, tiny_spec
+from .deciding import prepare, respond
 from .fixturegen_vision import data_url, encoded, picture
 from .reference import assert_same_answers
 

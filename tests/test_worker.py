@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 from clef_bridge.bridge.model.worker import InferenceWorker, WorkerStopped
-
 from clef_bridge.head.schema import parse_request
-from .deciding import respond
+
 from .corpus import varied_requests
+from .deciding import respond
 
 pytestmark = pytest.mark.integration
 
