@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from clef_bridge.bridge.model.clef_model import ClefModel, Timings
+from clef_bridge.head.schema import parse_request
 from clef_bridge.bridge.model.loading import load_checked
 from clef_bridge.bridge.config.registry import model_spec
 from clef_bridge.tools.bench import ROUTER_QUESTIONS
@@ -90,7 +91,7 @@ def message(rng: np.random.Generator, model: ClefModel, tokens: int) -> str:
 
 def _timed(model: ClefModel, body: dict) -> tuple[float, Timings]:
     t0 = time.perf_counter()
-    [decision] = model.decide_batch([model.prepare(body)])
+    [decision] = model.score_batch([model.prepare(parse_request(body, model.limits))])
     return (time.perf_counter() - t0) * 1e3, decision.timings
 
 
@@ -121,7 +122,7 @@ def conversation(cached: ClefModel, plain: ClefModel, cfg: AgentLoopConfig, spli
         bodies = [_request(state, q) for q in questions]
         rows = [ask(cached, plain if baseline and i < cfg.baseline_questions else None, body, split)
                 for i, body in enumerate(bodies)]
-        tokens = len(cached.prepare(bodies[-1]).encoded.input_ids)
+        tokens = len(cached.prepare(parse_request(bodies[-1], cached.limits)).encoded.input_ids)
         turns.append({"turn": turn, "tokens": tokens, "requests": rows,
                       "cached_p50_ms": round(statistics.median(r["cached_ms"] for r in rows), 1),
                       "plain_p50_ms": round(statistics.median(r["plain_ms"] for r in rows if "plain_ms" in r), 1)

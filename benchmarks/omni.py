@@ -160,8 +160,10 @@ def audio_tower(mmproj: Path, seconds: tuple[float, ...], real: bool, repeats: i
 
 
 def latency(repeats: int, threads: int) -> list[dict[str, Any]]:
+    from clef_bridge.bridge.media.request import AUDIO, IMAGE, Media
     from clef_bridge.bridge.media.images import decode, sniff
     from clef_bridge.bridge.model.loading import load_checked
+    from clef_bridge.head.schema import parse_request
     from clef_bridge.bridge.config.registry import model_spec
 
     from tests import fixturegen, fixturegen_omni
@@ -187,7 +189,8 @@ def latency(repeats: int, threads: int) -> list[dict[str, Any]]:
             runs = []
             for _ in range(repeats + 1):  # the first is a warm-up
                 t0 = time.perf_counter()
-                decision = model.decide_batch([model.prepare(body, images, audio)])[0]
+                media = Media({IMAGE: tuple(images), AUDIO: tuple(audio)})
+                decision = model.score_batch([model.prepare(parse_request(body, model.limits), media)])[0]
                 runs.append((time.perf_counter() - t0, decision))
             seconds, best = min(runs[1:], key=lambda r: r[0])
             t = best.timings  # the best run's stages

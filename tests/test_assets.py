@@ -47,51 +47,51 @@ def test_images_follow_the_prompt_order_and_placeholders_become_markers():
     }
     raw = body({"later": "{c}", "first": ["{b}", 3, None]}, questions,
                assets={"{a}": asset("A"), "{b}": asset("B"), "{c}": asset("C"), "{d}": asset("D")})
-    media = extract(raw, None, LIMITS)
+    found = extract(raw, None, LIMITS)
     # the state renders with sorted keys: "first" ({b}) before "later" ({c}); then question z's instructions
     # ({a}); its options sorted by code point: "differ" ({d}) before "same"
-    assert images_of(media) == [PNG["B"], PNG["C"], PNG["A"], PNG["D"]]
-    assert [image.loc for image in media.images] == [("body", "assets", n) for n in ("{b}", "{c}", "{a}", "{d}")]
-    assert media.body["state"] == {"later": "[image 2]", "first": ["[image 1]", 3, None]}
-    assert media.body["questions"]["z"] == {"type": "choice", "instructions": "Compare [image 1] with [image 3]",
+    assert images_of(found.media) == [PNG["B"], PNG["C"], PNG["A"], PNG["D"]]
+    assert [image.loc for image in found.media.images] == [("body", "assets", n) for n in ("{b}", "{c}", "{a}", "{d}")]
+    assert found.body["state"] == {"later": "[image 2]", "first": ["[image 1]", 3, None]}
+    assert found.body["questions"]["z"] == {"type": "choice", "instructions": "Compare [image 1] with [image 3]",
                                             "criteria": {"same": "[image 1] equals [image 2]",
                                                          "differ": "[image 4] differs"}}
-    assert media.body["questions"]["n"]["criteria"] == {"false": "not [image 3]", "true": "[image 4]!"}
-    assert "assets" not in media.body and raw["state"]["later"] == "{c}"  # the caller's body is left alone
+    assert found.body["questions"]["n"]["criteria"] == {"false": "not [image 3]", "true": "[image 4]!"}
+    assert "assets" not in found.body and raw["state"]["later"] == "{c}"  # the caller's body is left alone
     assert MARKER.format(1) == "[image 1]"
 
 
 def test_noul_options_are_read_true_first():
     raw = body("s", {"n": {"type": "noul", "criteria": {"false": "{x}", "true": "{y}"}}},
                assets={"{x}": asset("A"), "{y}": asset("B")})
-    assert images_of(extract(raw, None, LIMITS)) == [PNG["B"], PNG["A"]]
+    assert images_of(extract(raw, None, LIMITS).media) == [PNG["B"], PNG["A"]]
 
 
 def test_longest_placeholder_wins_and_unreferenced_assets_come_last():
     raw = body("img12 then img1", assets={"img1": asset("A"), "unused": asset("C"), "img12": asset("B")})
-    media = extract(raw, None, LIMITS)
-    assert media.body["state"] == "[image 1] then [image 2]"
-    assert images_of(media) == [PNG["B"], PNG["A"], PNG["C"]]
+    found = extract(raw, None, LIMITS)
+    assert found.body["state"] == "[image 1] then [image 2]"
+    assert images_of(found.media) == [PNG["B"], PNG["A"], PNG["C"]]
 
 
 def test_markers_do_not_depend_on_the_placeholder():
     one = extract(body("see <image:1f>", assets={"<image:1f>": asset("A")}), None, LIMITS)
     two = extract(body("see <image:9e>", assets={"<image:9e>": asset("A")}), None, LIMITS)
-    assert one.body == two.body and [i.digest for i in one.images] == [i.digest for i in two.images]
+    assert one.body == two.body and one.media.digests == two.media.digests
 
 
 def test_ids_and_option_names_are_not_rewritten():
     raw = body("s", {"{a}": {"type": "choice", "criteria": {"{a}": "x", "b": "y"}}}, assets={"{a}": asset("A")})
-    media = extract(raw, None, LIMITS)
-    assert media.body["questions"] == raw["questions"] and len(media.images) == 1
+    found = extract(raw, None, LIMITS)
+    assert found.body["questions"] == raw["questions"] and len(found.media.images) == 1
 
 
 def test_images_list_takes_data_urls_and_base64_in_order():
     raw = body("s", images=[data_url(PNG["C"]), b64(PNG["A"]), "\n".join([b64(PNG["B"])[:40], b64(PNG["B"])[40:]])])
-    media = extract(raw, None, LIMITS)
-    assert images_of(media) == [PNG["C"], PNG["A"], PNG["B"]]
-    assert "images" not in media.body and media.body["state"] == "s"
-    assert media.inline_chars == sum(len(s) for s in raw["images"])
+    found = extract(raw, None, LIMITS)
+    assert images_of(found.media) == [PNG["C"], PNG["A"], PNG["B"]]
+    assert "images" not in found.body and found.body["state"] == "s"
+    assert found.inline_chars == sum(len(s) for s in raw["images"])
 
 
 def problems(raw, parts=None, limits=LIMITS) -> list[tuple[str, str, str]]:
@@ -181,8 +181,8 @@ def test_the_sdks_multipart_body_round_trips():
                                     Part("asset-0", "image/png", PNG["A"], "asset-0")])
     parsed = parse_body(data, ctype)
     assert parsed.data == raw and list(parsed.parts) == ["asset-0"] and parsed.json_bytes == len(request_part(raw)[2])
-    media = extract(parsed.data, parsed.parts, LIMITS)
-    assert images_of(media) == [PNG["A"]] and media.body["state"] == "look: [image 1]"
+    found = extract(parsed.data, parsed.parts, LIMITS)
+    assert images_of(found.media) == [PNG["A"]] and found.body["state"] == "look: [image 1]"
 
 
 MULTIPART_BAD = [
@@ -242,8 +242,8 @@ def test_limits_are_configurable_in_server(tmp_path):
     registry = parse_registry(raw, tmp_path / "models.toml")
     assert registry.server.images == ImageLimits(max_images=2, max_bytes=1000, max_total_bytes=1500, max_pixels=4096)
     # the body may hold the text's max_body_bytes plus the images, base64-inflated
-    assert body_limit(100, registry.server.images) == 100 + 2000 + 2 * 4096
-    assert body_limit(100, registry.server.images, takes_images=False) == 100  # no model with a projector
+    assert body_limit(registry.server, ["image"]) == 100 + 2000 + 2 * 4096
+    assert body_limit(registry.server, []) == 100  # no model with a projector
     with pytest.raises(RegistryError, match="max_images: must be positive"):
         parse_registry({**raw, "server": {"max_images": 0}}, tmp_path / "models.toml")
     spec = parse_registry({"models": {"m": {"gguf": "m.gguf", "mmproj": "v/mmproj.gguf"}}}, tmp_path / "models.toml")

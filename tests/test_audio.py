@@ -175,7 +175,7 @@ def test_garbage_is_a_422_that_names_the_clip(name):
 def _input(data: bytes):
     """An AudioInput as extract() makes it, or the AudioRejected that sniffing raises, raised on decode."""
     body = {"model": "m", "state": "s", "questions": {"q": {"type": "noul"}}, "audio": [data_url(data)]}
-    [found] = extract(body, None, ImageLimits()).audio
+    [found] = extract(body, None, ImageLimits()).media.audio
     return found
 
 
@@ -200,24 +200,24 @@ def test_audio_assets_become_markers_numbered_apart_from_images():
               "<w>": {"type": "audio", "format": "wav", "data_base64": b64(CLIP["A"])},
               "<unnamed>": {"type": "audio", "format": "wav", "data_base64": b64(CLIP["C"])},
               "<scan>": {"type": "image", "format": "png", "data_base64": b64(PNG)}}
-    media = extract(body({"call": "<w> then <v>", "scan": "<scan>"}, assets=assets), None, ImageLimits())
+    found = extract(body({"call": "<w> then <v>", "scan": "<scan>"}, assets=assets), None, ImageLimits())
     # the state renders with sorted keys: "call" (<w>, <v>) before "scan"; then the instructions (<v> again)
-    assert media.body["state"] == {"call": "[audio 1] then [audio 2]", "scan": "[image 1]"}
-    assert media.body["questions"]["q"]["instructions"] == "Is [audio 2] calm?"
-    assert [a.data for a in media.audio] == [CLIP["A"], CLIP["B"], CLIP["C"]]  # unnamed assets last
-    assert [a.loc for a in media.audio] == [("body", "assets", n) for n in ("<w>", "<v>", "<unnamed>")]
-    assert [a.format for a in media.audio] == ["wav", "mp3", "wav"] and len(media.images) == 1
-    assert "assets" not in media.body and len(set(media.digests)) == 5  # 1 image, a separator, 3 clips
+    assert found.body["state"] == {"call": "[audio 1] then [audio 2]", "scan": "[image 1]"}
+    assert found.body["questions"]["q"]["instructions"] == "Is [audio 2] calm?"
+    assert [a.data for a in found.media.audio] == [CLIP["A"], CLIP["B"], CLIP["C"]]  # unnamed assets last
+    assert [a.loc for a in found.media.audio] == [("body", "assets", n) for n in ("<w>", "<v>", "<unnamed>")]
+    assert [a.format for a in found.media.audio] == ["wav", "mp3", "wav"] and len(found.media.images) == 1
+    assert "assets" not in found.body and len(set(found.media.digests)) == 5  # 1 image, a separator, 3 clips
 
 
 def test_audio_list_takes_data_urls_base64_and_objects_in_order():
     entries = [data_url(CLIP["B"], "audio/mpeg"), b64(CLIP["A"]),
                {"content_type": "audio/wav", "base64": b64(CLIP["C"])}]
-    media = extract(body("s", audio=entries, images=[b64(PNG)]), None, ImageLimits())
-    assert [a.data for a in media.audio] == [CLIP["B"], CLIP["A"], CLIP["C"]]
-    assert [a.loc for a in media.audio] == [("body", "audio", i) for i in range(3)]
-    assert len(media.images) == 1 and "audio" not in media.body
-    assert media.inline_chars == sum(len(e if isinstance(e, str) else e["base64"]) for e in entries) + len(b64(PNG))
+    found = extract(body("s", audio=entries, images=[b64(PNG)]), None, ImageLimits())
+    assert [a.data for a in found.media.audio] == [CLIP["B"], CLIP["A"], CLIP["C"]]
+    assert [a.loc for a in found.media.audio] == [("body", "audio", i) for i in range(3)]
+    assert len(found.media.images) == 1 and "audio" not in found.body
+    assert found.inline_chars == sum(len(e if isinstance(e, str) else e["base64"]) for e in entries) + len(b64(PNG))
 
 
 def test_multipart_audio_parts_are_claimed_by_audio_assets():
@@ -225,8 +225,8 @@ def test_multipart_audio_parts_are_claimed_by_audio_assets():
                               "<i>": {"type": "image", "part": "asset-1"}})
     parts = {"asset-0": FormPart("asset-0", "application/octet-stream", CLIP["B"]),
              "asset-1": FormPart("asset-1", "image/png", PNG)}
-    media = extract(raw, parts, ImageLimits())
-    assert [a.data for a in media.audio] == [CLIP["B"]] and [i.data for i in media.images] == [PNG]
+    found = extract(raw, parts, ImageLimits())
+    assert [a.data for a in found.media.audio] == [CLIP["B"]] and [i.data for i in found.media.images] == [PNG]
 
 
 def problems(raw, limits=AudioLimits()) -> list[tuple[str, str, str]]:
@@ -276,8 +276,10 @@ def test_audio_limits_are_server_keys(tmp_path):
     registry = parse_registry(raw, tmp_path / "models.toml")
     assert registry.server.audio == AudioLimits(max_clips=2, max_bytes=3000, max_seconds=12.5)
     # a body may hold the text, plus the clips base64-inflated where a served model takes audio
-    assert body_limit(100, registry.server.images, False, registry.server.audio) == 100 + 8000 + 2 * 4096
-    assert body_limit(100, registry.server.images, False) == 100
+    assert body_limit(registry.server, ["audio"]) == 100 + 8000 + 2 * 4096
+    both = body_limit(registry.server, ["image", "audio"])
+    assert both == body_limit(registry.server, ["audio"]) + body_limit(registry.server, ["image"]) - 100
+    assert body_limit(registry.server, []) == 100
     for key, value, error in (("max_audio_clips", 0, "must be positive"), ("max_audio_seconds", 0, "must be above 0"),
                               ("max_audio_bytes", "1 MB", "wrong type")):
         with pytest.raises(RegistryError, match=f"{key}: {error}"):

@@ -9,6 +9,7 @@ from clef_bridge.tools import bench
 from clef_bridge.tools.cli import main
 
 from .conftest import tiny_spec
+from .deciding import prepare
 from .serverkit import RunningServer, registry_for
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ def test_bench_measures_the_floor_on_the_same_tokens(fx, tmp_path, tiny_model):
     result = outcome.to_dict()
     assert outcome.ok
     assert [r["errors"] for r in result["runs"]] == [0, 0]
-    ids = tiny_model.prepare(bench.router_request("tiny")).encoded.input_ids
+    ids = prepare(tiny_model, bench.router_request("tiny")).encoded.input_ids
     assert result["runs"][0]["input_tokens"] == len(ids) > 600  # the bare prefill's ids are these
     assert result["alternated_http_p50_ms"] > 0 and result["bare_prefill_ms"] > 0 and "http_over_bare_prefill" in result
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -149,9 +150,15 @@ def test_the_demo_and_the_tools_derive():
 
 
 def test_inline_bytes_is_written_once():
-    from clef_bridge.bridge.server import app, assets, body
+    """One module assigns it (the service's); the server's body reader imports that one."""
+    from clef_bridge.bridge.server import decisions
+    from clef_bridge.bridge.service import decision
 
-    assert app.INLINE_BYTES is body.INLINE_BYTES and assets.INLINE_BYTES is body.INLINE_BYTES
+    root = Path(__file__).resolve().parent.parent
+    assigning = sorted(str(p.relative_to(root)) for d in ("bridge", "head", "tools") for p in (root / d).rglob("*.py")
+                       if re.search(r"^\s*INLINE_BYTES\s*[:=]", p.read_text(encoding="utf-8"), re.M))
+    assert assigning == ["bridge/service/decision.py"]
+    assert decisions.INLINE_BYTES is decision.INLINE_BYTES
 
 
 def test_no_module_writes_an_architecture_or_release_name_again():

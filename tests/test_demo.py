@@ -14,6 +14,7 @@ import pytest
 from clef_bridge.bridge.demo.builtins import DEMO_DESCRIPTION, DEMO_VERSION, make_demo
 from clef_bridge.tools.cli import main
 
+from .deciding import prepare
 from .test_server_clients import _free_port, _wait_ready
 
 pytestmark = pytest.mark.integration
@@ -94,7 +95,7 @@ def test_the_demo_takes_a_64_question_request(tmp_path, monkeypatch):
                                             "sales": "plans and pricing"}} for i in range(64)}
         body = {"model": "demo", "state": "The printer is on fire and the invoice is wrong. " * 10,
                 "questions": questions}
-        tokens = len(model.prepare(body).encoded.input_ids)  # refused with 413 if it did not fit
+        tokens = len(prepare(model, body).encoded.input_ids)  # refused with 413 if it did not fit
         assert 16384 < tokens <= model.encode_options.max_length <= model.backbone.decode_budget
     finally:
         model.close()

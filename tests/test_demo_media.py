@@ -19,6 +19,7 @@ from clef_bridge.bridge.config.registry import demo_registry
 from gguf import GGUFReader
 
 from . import fixturegen_vision
+from .deciding import respond
 from .fixturegen_vision import encoded, picture
 from .serverkit import RunningServer
 
@@ -89,7 +90,7 @@ def image_tokens(data: bytes) -> int:
 
 def text_only_tokens(direct, state) -> int:
     """The same prompt without its image: the marker text stays, the media block goes."""
-    return direct.respond({"model": "demo", "state": state, "questions": QUESTIONS})["usage"]["input_tokens"]
+    return respond(direct, {"model": "demo", "state": state, "questions": QUESTIONS})["usage"]["input_tokens"]
 
 
 def test_models_lists_images_for_the_demo(demo):
@@ -106,7 +107,7 @@ def test_jev_assets_reach_the_demo(demo, name):
     reply = server.post(body)
     assert reply.status == 200, reply.body[:400]
     answer = reply.json()
-    want = direct.respond({**body, "model": "demo"})
+    want = respond(direct, {**body, "model": "demo"})
     assert answer["answers"] == want["answers"] and answer["usage"] == want["usage"]
     assert answer["usage"]["input_tokens"] == text_only_tokens(direct, {"scan": "[image 1]", "note": "from the shop"}) \
         + image_tokens(PNG) + MARKUP_TOKENS
@@ -142,7 +143,7 @@ def test_the_official_sdks_image_reaches_the_demo(demo):
                                       criteria={"receipt": "a receipt", "screenshot": "a screen", "photo": None})})
     [post] = [r for r in sent if r.method == "POST"]
     assert post.headers["content-type"].startswith("multipart/form-data; boundary=")
-    want = direct.respond({"model": "demo", "state": {"scan": "[image 1]"}, "questions": QUESTIONS,
+    want = respond(direct, {"model": "demo", "state": {"scan": "[image 1]"}, "questions": QUESTIONS,
                            "images": [data_url(PNG)]})
     assert {k: a.model_dump(exclude_none=True) for k, a in result.answers.items()} == want["answers"]
     assert result.usage.input_tokens == want["usage"]["input_tokens"] == \

@@ -12,6 +12,7 @@ from clef_bridge.head.answer import answers
 
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
+from .deciding import prepare, respond
 from .reference import assert_same_answers, reference
 
 pytestmark = pytest.mark.slow
@@ -63,7 +64,7 @@ def reference_answers(oracle, request, encoded, probs) -> dict:
 
 def our_probabilities(model: ClefModel, request, with_answers: bool = False):
     """Our encoding and unrounded probabilities (and, asked, the answers built from the same logits)."""
-    prepared = model.prepare(request)
+    prepared = prepare(model, request)
     hidden = model.backbone.prefill(prepared.encoded.input_ids)
     logits = model.logits(prepared.encoded, hidden)
     bounds = list(prepared.encoded.layout.option_offsets) + [len(logits)]
@@ -115,7 +116,7 @@ def test_f32_gguf_matches_reference(oracle, tiny_model, index):
 
     # The whole response, every field: the reference's systemone against ours
     expected = oracle.ref.systemone(oracle.model, oracle.processor, request, max_length=8192)
-    got = tiny_model.respond(request)
+    got = respond(tiny_model, request)
     assert got["model"] == expected["model"]
     assert got["usage"] == expected["usage"]
     assert_same_answers(got["answers"], expected["answers"], F32_TOLERANCE)

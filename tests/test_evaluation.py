@@ -10,6 +10,7 @@ import tomllib
 import numpy as np
 import pytest
 from clef_bridge.bridge.config.registry import load_registry
+from clef_bridge.bridge.service.local import LocalService
 from clef_bridge.head.answer import softmax64 as softmax
 from clef_bridge.tools.calibrate import calibrate_items
 from clef_bridge.tools.cli import main
@@ -28,6 +29,7 @@ from clef_bridge.tools.scoring import (
 )
 
 from .conftest import open_spec, tiny_spec
+from .deciding import prepare
 from .serverkit import RunningServer, registry_for
 
 pytestmark = pytest.mark.slow
@@ -189,14 +191,28 @@ def test_calibrate_writes_models_toml(fx, tmp_path, capsys):
     assert load_registry(toml).models["tiny"].answer.temperature == {k: float(v) for k, v in raw["temperature"].items()}
 
 
+def test_drift_refuses_audio_for_a_backbone_without_audio_as_the_server_does(fx, tmp_path, capsys):
+    """A drift fix: drift used to answer a request with audio as if it were text (the server answers 422)."""
+    import base64
+
+    from .omni_cases import tone, wav
+
+    audio = base64.b64encode(wav(tone(0.5))).decode()
+    data = tmp_path / "audio.jsonl"
+    data.write_text(json.dumps({"request": {**probe_requests(1)[0], "audio": [audio]}}) + "\n", encoding="utf-8")
+    assert main(["drift", str(fx.gguf_f32), str(fx.gguf_q8_0), "--head", str(fx.head), "--data", str(data)]) == 1
+    assert "takes no audio" in capsys.readouterr().err
+
+
 def test_drift_matches_a_direct_computation(fx, capsys):
     requests = probe_requests(8)
     a, b = open_spec(tiny_spec(fx)), open_spec(tiny_spec(fx, gguf=fx.gguf_q8_0))
     try:
-        result = drift(a, b, requests)
+        with LocalService(a) as service_a, LocalService(b) as service_b:
+            result = drift(service_a.decide, service_b.decide, requests)
         diffs, flips = [], 0
-        for request in requests:
-            for (_, za), (_, zb) in zip(a.question_logits(request), b.question_logits(request)):
+        for request in requests:  # each backbone's full prefill, no prefix cache, no worker
+            for (_, za), (_, zb) in zip(a.uncached_logits(prepare(a, request)), b.uncached_logits(prepare(b, request))):
                 pa, pb = softmax(za), softmax(zb)
                 diffs.append(np.abs(pa - pb))
                 flips += int(pa.argmax() != pb.argmax())

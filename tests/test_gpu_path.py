@@ -22,6 +22,7 @@ from clef_bridge.tools.cli import main
 
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
+from .deciding import prepare, respond
 from .serverkit import RunningServer, registry_for
 from .strictcupy import StrictCuPy
 from .test_worker import run_worker
@@ -67,7 +68,7 @@ def test_the_pipeline_runs_on_the_stand_in_with_one_pinned_upload(fx, tiny_model
     model, xp = open_on_device(fx, prefix_cache_mb=0)  # each request decoded in one piece
     try:
         assert model.head.xp is xp and type(model.head.params["hidden_norm"]["weight"]) is xp.ndarray
-        items = model.prefill_batch([model.prepare(r) for r in REQUESTS])
+        items = model.prefill_batch([prepare(model, r) for r in REQUESTS])
         for item in items:
             # llama.cpp's rows were copied once, straight into pinned memory (np.split views of it)
             assert xp.is_pinned(item.hidden)
@@ -84,7 +85,7 @@ def test_the_pipeline_runs_on_the_stand_in_with_one_pinned_upload(fx, tiny_model
 def test_the_pipeline_with_its_prefix_cache_on_the_stand_in(on_device, tiny_model):
     model, _ = on_device
     for request in REQUESTS + REQUESTS:  # the second round reuses cached prefixes (memory rows uploaded)
-        assert_close(model.respond(request), tiny_model.respond(request))
+        assert_close(respond(model, request), respond(tiny_model, request))
     assert model.backbone.prefix_cache is not None
 
 
@@ -94,7 +95,7 @@ def test_the_worker_runs_on_the_stand_in(on_device, tiny_model, overlap):
     xp.transfer_threads.clear()
     decisions = run_worker(model, REQUESTS, overlap)
     for decision, request in zip(decisions, REQUESTS):
-        assert_close(decision.response, tiny_model.respond(request))
+        assert_close(decision.response, respond(tiny_model, request))
     assert max(d.timings.batch_size for d in decisions) > 1
     head_thread = f"clef-head-{model.name}" if overlap else f"clef-prefill-{model.name}"
     assert xp.transfer_threads == {head_thread}  # the head's uploads and downloads ran in the thread meant to

@@ -17,12 +17,13 @@ import aiohttp
 import numpy as np
 import pytest
 from clef_bridge.bridge.model.clef_model import ClefModel
-from clef_bridge.bridge.server.app import load_models
+from clef_bridge.bridge.service.models import load_models
 from clef_bridge.bridge.server.appstate import SERVED
 from clef_bridge.head.encoder import PREFIX
 from clef_bridge.head.errors import HeadConfigError
 
 from .conftest import open_spec, tiny_spec
+from .deciding import prepare, respond
 from .serverkit import RunningServer, WrappedModel, registry_for, strip_extensions, wait_until
 from .strictcupy import StrictCuPy
 from .test_end_to_end import oracle, reference_probabilities  # noqa: F401 - the oracle fixture
@@ -52,7 +53,7 @@ def test_user_text_cannot_produce_control_tokens(fx, oracle):  # noqa: F811
         start = len(plain.backbone.tokenize(PREFIX, True))
 
         def user_ids(model):  # from after the prefix to the first instruction: the state and field header
-            encoded = model.prepare(INJECTION).encoded
+            encoded = prepare(model, INJECTION).encoded
             return set(encoded.input_ids[start:encoded.layout.question_spans[0][0]].tolist())
 
         assert not controls & user_ids(plain)  # default: user text is plain text
@@ -61,7 +62,7 @@ def test_user_text_cannot_produce_control_tokens(fx, oracle):  # noqa: F811
         for model, request, same in ((plain, CLEAN, True), (reference_mode, INJECTION, True),
                                      (plain, INJECTION, False)):
             ref_encoded, _ = reference_probabilities(oracle, request)
-            assert (model.prepare(request).encoded.input_ids.tolist() == list(ref_encoded.input_ids)) is same
+            assert (prepare(model, request).encoded.input_ids.tolist() == list(ref_encoded.input_ids)) is same
     finally:
         plain.close()
         reference_mode.close()
@@ -116,11 +117,10 @@ class FaultyModel(WrappedModel):
         self.nan_for |= {id(p.encoded) for p, s in zip(batch, states) if "NANHEAD" in s}
         return self._model.prefill_batch(real)
 
-    def decide(self, item):
+    def score(self, item):
         if id(item.prepared.encoded) in self.nan_for:
-            decision = self._model.decide(replace(item, hidden=item.hidden * np.nan))
-            return decision
-        return self._model.decide(item)
+            return self._model.score(replace(item, hidden=item.hidden * np.nan))
+        return self._model.score(item)
 
 
 def faulty_loader(registry):
@@ -287,12 +287,12 @@ def test_the_cupy_path_runs_with_an_array_module_switch(fx, monkeypatch):
         request = {"model": "tiny", "state": "switch", "questions": {
             "c": {"type": "choice", "criteria": {"a": "x", "b": "y", "c": None}},
             "s": {"type": "score", "criteria": ["lo", "mid", "hi"]}, "n": {"type": "noul"}}}
-        prepared = on_device.prepare(request)
+        prepared = prepare(on_device, request)
         hidden = on_device.backbone.prefill(prepared.encoded.input_ids)
         device_logits = on_device.logits(prepared.encoded, hidden)
         assert type(device_logits) is np.ndarray  # back on the host
         np.testing.assert_allclose(device_logits, on_host.logits(prepared.encoded, hidden), rtol=1e-6, atol=1e-6)
-        assert on_device.respond(request) == on_host.respond(request)
+        assert respond(on_device, request) == respond(on_host, request)
     finally:
         on_device.close()
         on_host.close()

@@ -23,11 +23,13 @@ from clef_bridge.bridge.llama.backbone import BackboneOptions
 from clef_bridge.bridge.llama.omni import OmniBackbone
 from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
 from clef_bridge.bridge.media.images import decode, sniff
+from clef_bridge.bridge.media.request import AUDIO, IMAGE, Media, refuse_unsupported
 from clef_bridge.bridge.model.loading import load_checked, reference_spec
 from clef_bridge.bridge.config.registry import model_spec
 from clef_bridge.head.errors import RequestInvalid
 
 from . import fixturegen_omni, fixturegen_vision
+from .deciding import prepare
 from .omni_cases import answer_probabilities, answer_problems, cases, max_dp, probabilities, tone
 
 pytestmark = pytest.mark.slow
@@ -56,9 +58,9 @@ def omni(ofx, tmp_path_factory):
 def ours(model, case):
     """Prepare, prefill and decide one case through the model; (prepared, prefilled, decision)."""
     pixels = [decode(p, sniff(p, LOC), LOC, model.geometry) for p in case.images]
-    prepared = model.prepare(case.body, pixels, case.audio)
+    prepared = prepare(model, case.body, Media({IMAGE: tuple(pixels), AUDIO: tuple(case.audio)}))
     item = model.prefill_batch([prepared])[0]
-    return prepared, item, model.decide(item)
+    return prepared, item, model.score(item)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -98,9 +100,9 @@ def test_the_bars_see_a_broken_medium(omni, omni_oracle):
     ref = omni_oracle.run(dict(case.body, images=[fixturegen_vision.data_url(p) for p in case.images],
                           audio=list(case.audio)))
     pixels = [decode(p, sniff(p, LOC), LOC, omni.geometry) for p in case.images]
-    prepared = omni.prepare(case.body, pixels, case.audio)
-    images = [omni.projector.encode(p) for p in prepared.images]
-    clips = [EncodedAudio(r) for r in omni.audio_tower.encode(prepared.audio)]
+    prepared = prepare(omni, case.body, Media({IMAGE: tuple(pixels), AUDIO: tuple(case.audio)}))
+    images = [omni.projector.encode(p) for p in prepared.media.images]
+    clips = [EncodedAudio(r) for r in omni.audio_tower.encode(prepared.media.audio)]
     ids = prepared.encoded.input_ids
 
     def rel(images, clips):
@@ -120,13 +122,13 @@ def test_media_and_limits_of_the_served_model(omni):
     assert omni.backbone.options.n_ctx == 64000 and omni.backbone.deepstack == 2
     assert omni.backbone.n_embd_inp == 64 * 3 and omni.geometry.max_pixels == 1024 * 32 * 32
     with pytest.raises(RequestInvalid) as info:
-        omni.prepare(CASES["text"].body, audio=[tone(0.5, 1), np.zeros(200, np.float32)])
+        prepare(omni, CASES["text"].body, Media({AUDIO: (tone(0.5, 1), np.zeros(200, np.float32))}))
     assert info.value.problems[0].loc == ("body", "audio", 1) and "at least 201" in info.value.problems[0].msg
 
 
 def test_a_model_without_audio_refuses_audio(ofx, tmp_path, tiny_model):
     with pytest.raises(RequestInvalid) as info:
-        tiny_model.prepare(CASES["text"].body, audio=[tone(0.5)])
+        refuse_unsupported(Media({AUDIO: (tone(0.5),)}), tiny_model.media, tiny_model.name)
     assert info.value.problems[0].type == "audio_not_supported" and tiny_model.media == ()
     # Clef-omni with the vision half alone as its projector: images, no audio
     vision, _ = ensure_vision_projector(ofx.mmproj_f32, tmp_path / "split")
@@ -134,7 +136,7 @@ def test_a_model_without_audio_refuses_audio(ofx, tmp_path, tiny_model):
     try:
         assert model.media == ("image",) and model.backbone.deepstack == 2
         with pytest.raises(RequestInvalid, match="takes no audio"):
-            model.prepare(CASES["text"].body, audio=[tone(0.5)])
+            refuse_unsupported(Media({AUDIO: (tone(0.5),)}), model.media, model.name)
     finally:
         model.close()
 
@@ -216,7 +218,7 @@ def test_the_vision_half_is_written_once(ofx, tmp_path):
 def test_deepstack_and_chunking_leave_text_states_alone(ofx, omni):
     """Text tokens' embeddings are zero-padded to n_embd_inp, so the deepstack count does not move them; nor do
     decodes cut into chunks of n_ubatch tokens, every token an output, lm_head skipped in each."""
-    ids = omni.prepare(CASES["text_long"].body).encoded.input_ids
+    ids = prepare(omni, CASES["text_long"].body).encoded.input_ids
     whole = omni.backbone.prefill(ids)
     for deepstack, chunk in ((0, 512), (2, 100)):
         with OmniBackbone(ofx.gguf_f32, BackboneOptions(n_ctx=2048, n_ubatch=chunk, kv_type="f32"),
@@ -256,15 +258,15 @@ def test_the_prefix_cache_reuses_omni_prefixes(ofx, omni, tmp_path):
         cache = model.backbone.prefix_cache
         assert cache is not None and model.backbone.save_state(0).nbytes == 0
         body = CASES["text_long"].body
-        first = model.decide_batch([model.prepare(body)])[0]
-        second = model.decide_batch([model.prepare(body)])[0]
+        first = model.score_batch([prepare(model, body)])[0]
+        second = model.score_batch([prepare(model, body)])[0]
         grown = dict(body, state={**body["state"], "more": "and the status page says all green"})
-        third = model.decide_batch([model.prepare(grown)])[0]
+        third = model.score_batch([prepare(model, grown)])[0]
         stats = cache.stats()
         assert stats.hits == 2 and second.timings.reused_tokens > 100 and third.timings.reused_tokens > 100
         assert stats.bytes > 0 and stats.cells > 0  # the head's memory rows and the cached KV cells
         for got, request in ((first, body), (second, body), (third, grown)):
-            want = omni.decide_batch([omni.prepare(request)])[0].response["answers"]  # no prefix cache
+            want = omni.score_batch([prepare(omni, request)])[0].response["answers"]  # no prefix cache
             assert answer_problems(got.response["answers"], want, answer_probabilities(want), 1e-4) == []
     finally:
         model.close()

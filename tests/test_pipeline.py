@@ -16,6 +16,7 @@ from clef_bridge.head.weights import save_state_dict
 
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
+from .deciding import prepare, respond
 from .randomhead import random_state_dict
 
 pytestmark = pytest.mark.integration
@@ -37,7 +38,7 @@ def test_decide_command_prints_the_response(tmp_path, fx, tiny_model):
                            str(_registry(tmp_path, fx)), "--model", "tiny", str(request)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == tiny_model.respond(ROUTER)
+    assert json.loads(done.stdout) == respond(tiny_model, ROUTER)
 
 
 def test_decide_command_errors_go_to_stderr(tmp_path, fx):
@@ -66,7 +67,7 @@ def test_over_length_request_through_the_model(fx):
     model = open_spec(tiny_spec(fx, max_length=120, n_ctx=512))
     try:
         with pytest.raises(ContextLengthExceeded) as info:
-            model.respond(ROUTER)
+            respond(model, ROUTER)
         assert info.value.limit == 120 and info.value.n_tokens > 120
     finally:
         model.close()
@@ -80,11 +81,11 @@ def test_truncation_matches_the_reference(fx, tiny_model):
     request = varied_requests()[21]  # a 400-word state
     model = open_spec(tiny_spec(fx, max_length=300, n_ctx=512, truncate_state=True))
     try:
-        ours = model.prepare(request).encoded
+        ours = prepare(model, request).encoded
         theirs = reference().encode_record(AutoTokenizer.from_pretrained(fx.tokenizer_dir), request, max_length=300)
         assert ours.input_ids.tolist() == list(theirs.input_ids) and len(ours.input_ids) == 300
         assert ours.state_tokens_dropped > 0
-        assert model.respond(request)["usage"]["input_tokens"] == 300
+        assert respond(model, request)["usage"]["input_tokens"] == 300
     finally:
         model.close()
 
@@ -92,7 +93,7 @@ def test_truncation_matches_the_reference(fx, tiny_model):
 def test_temperature_sharpens_without_moving_the_argmax(fx, tiny_model):
     cold = open_spec(tiny_spec(fx, temperature={"noul": 0.25, "choice": 0.25, "score": 1.0}))
     try:
-        base, sharp = tiny_model.respond(ROUTER)["answers"], cold.respond(ROUTER)["answers"]
+        base, sharp = respond(tiny_model, ROUTER)["answers"], respond(cold, ROUTER)["answers"]
     finally:
         cold.close()
     for qid, answer in base.items():
@@ -118,7 +119,7 @@ def test_jev_confidence_formulas():
 def test_jev_confidence_mode(fx, tiny_model):
     jev = open_spec(tiny_spec(fx, confidence="jev"))
     try:
-        a, b = tiny_model.respond(ROUTER)["answers"], jev.respond(ROUTER)["answers"]
+        a, b = respond(tiny_model, ROUTER)["answers"], respond(jev, ROUTER)["answers"]
     finally:
         jev.close()
     for qid, answer in a.items():

@@ -15,6 +15,7 @@ import pytest
 from clef_bridge.head.answer import softmax64
 
 from .conftest import open_spec, tiny_spec
+from .deciding import prepare, respond
 from .serverkit import RunningServer, registry_for
 from .test_hardening import faulty_loader
 
@@ -50,7 +51,7 @@ def cached_model(fx, **keys):
 
 def probabilities(model, bodies: list[dict]) -> tuple[list[list[np.ndarray]], list[int]]:
     """Unrounded per-question probabilities of bodies decoded in ONE batch, and the tokens each reused."""
-    prepared = [model.prepare(b) for b in bodies]
+    prepared = [prepare(model, b) for b in bodies]
     out, reused = [], []
     for p, item in zip(prepared, model.prefill_batch(prepared)):
         logits = model.cached_logits(item)
@@ -144,7 +145,7 @@ def test_interleaved_clients_over_http(fx, plain, tmp_path):
         reused = srv.metric("clef_prefix_cache_tokens_reused_total", model="tiny")
     assert all(status == 200 for _, status, _ in results)
     for request, _, served in results:
-        expected = plain.respond(request)["answers"]
+        expected = respond(plain, request)["answers"]
         for qid, answer in served["answers"].items():
             a, b = answer.get("probabilities", {"p": answer.get("noul")}), \
                 expected[qid].get("probabilities", {"p": expected[qid].get("noul")})
@@ -166,7 +167,7 @@ def test_a_fault_leaves_no_poisoned_checkpoint(fx, plain, tmp_path):
     assert faults >= 1  # the failed decode emptied the cache
     for state, reply in zip(states, replies):
         got = reply.json()["answers"]["urgent"]["noul"]
-        assert abs(got - plain.respond(body(state))["answers"]["urgent"]["noul"]) <= TOLERANCE + 1e-4
+        assert abs(got - respond(plain, body(state))["answers"]["urgent"]["noul"]) <= TOLERANCE + 1e-4
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from /proc")
@@ -186,7 +187,7 @@ def test_memory_stays_within_the_budget(fx):
         samples, peak = [], 0
         for i in range(50):  # 50 batches of 8 = 400 requests
             batch = [body(conversations[(i * 8 + j) % 100][(i * 8 + j) // 100], "urgent") for j in range(8)]
-            cached.decide_batch([cached.prepare(b) for b in batch])
+            cached.score_batch([prepare(cached, b) for b in batch])
             stats = cached.backbone.prefix_cache.stats()
             peak = max(peak, stats.bytes)
             assert stats.bytes <= stats.max_bytes

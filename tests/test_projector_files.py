@@ -21,6 +21,7 @@ from clef_bridge.head.errors import RequestInvalid
 from clef_bridge.tools.cli import main
 
 from . import fixturegen_vision
+from .deciding import respond
 from .fixturegen_vision import data_url, encoded, picture
 from .test_integrity import codes, run_check
 
@@ -72,8 +73,8 @@ def test_projector_beside_the_gguf_is_found_checked_and_loaded(vl_dir, vfx, caps
     model = load_checked(model_spec("m", vl_dir / "model.gguf")).model
     try:
         assert model.projector is not None and model.projector.path == vl_dir / "mmproj-tiny-F16.gguf"
-        with_image = model.respond({**REQUEST, "images": [data_url(encoded(picture(256, 256), "PNG"))]})
-        assert with_image["usage"]["input_tokens"] == model.respond(REQUEST)["usage"]["input_tokens"] + 64 + 3
+        with_image = respond(model, {**REQUEST, "images": [data_url(encoded(picture(256, 256), "PNG"))]})
+        assert with_image["usage"]["input_tokens"] == respond(model, REQUEST)["usage"]["input_tokens"] + 64 + 3
     finally:
         model.close()
 
@@ -86,7 +87,7 @@ def test_text_only_entry_says_so_and_refuses_images(vl_dir, capsys):
     model = load_checked(model_spec("m", vl_dir / "model.gguf")).model
     try:
         with pytest.raises(RequestInvalid, match="no vision projector.*mmproj"):
-            model.respond({**REQUEST, "images": [data_url(encoded(picture(64, 64), "PNG"))]})
+            respond(model, {**REQUEST, "images": [data_url(encoded(picture(64, 64), "PNG"))]})
     finally:
         model.close()
 

@@ -16,6 +16,7 @@ from clef_bridge.bridge.server.appstate import SERVED
 
 from .conftest import tiny_spec
 from .corpus import varied_requests
+from .deciding import respond
 from .serverkit import RunningServer, registry_for, slow_loader, strip_extensions, wait_until
 
 pytestmark = pytest.mark.integration
@@ -36,7 +37,7 @@ def test_http_answers_equal_in_process_answers(server, tiny_model):
     for request in REQUESTS:
         reply = server.post(request)
         assert reply.status == 200, reply.body
-        assert strip_extensions(reply.json()) == tiny_model.respond(request)
+        assert strip_extensions(reply.json()) == respond(tiny_model, request)
 
 
 def test_response_extensions_and_headers(server):
@@ -91,7 +92,7 @@ def test_a_request_without_model_gets_the_default_and_a_warning(server, tiny_mod
         assert reply.status == 200, reply.body
         answer = reply.json()
         assert answer["model"] == "tiny"  # the default's own name, as if the client had named it
-        assert strip_extensions(answer) == tiny_model.respond({**REQUESTS[0], "model": "tiny"})
+        assert strip_extensions(answer) == respond(tiny_model, {**REQUESTS[0], "model": "tiny"})
         [warning] = answer["x_warnings"]
         assert warning.startswith("request.no_model:") and "'tiny'" in warning and "default" in warning
     for bad, status in (("", 404), ("no-such-model", 404), (7, 422)):  # a name that is wrong stays refused
@@ -104,7 +105,7 @@ def test_workers_ai_route(server, tiny_model):
     assert reply.status == 200
     envelope = reply.json()
     assert envelope["success"] is True and envelope["errors"] == [] and envelope["messages"] == []
-    assert strip_extensions(envelope["result"]) == tiny_model.respond({**body, "model": "clef-flash"})
+    assert strip_extensions(envelope["result"]) == respond(tiny_model, {**body, "model": "clef-flash"})
     # Cloudflare's REST base (https://api.cloudflare.com/client/v4) with only the host changed: the same route
     v4 = server.request("POST", "/client/v4/accounts/abc123/ai/run/@cf/cloudflare/clef-flash", body)
     assert v4.status == 200 and strip_extensions(v4.json()["result"]) == strip_extensions(envelope["result"])
@@ -135,7 +136,7 @@ def test_compressed_bodies(server, tiny_model):
     for encoding, data in (("gzip", gzip.compress(raw)), ("zstd", zstd.compress(raw))):
         reply = server.post(None, raw=data, headers={"Content-Encoding": encoding})
         assert reply.status == 200, (encoding, reply.body)
-        assert strip_extensions(reply.json()) == tiny_model.respond(REQUESTS[5])
+        assert strip_extensions(reply.json()) == respond(tiny_model, REQUESTS[5])
 
 
 def test_multipart_images_for_a_model_without_projector(server):
@@ -177,7 +178,7 @@ def _close(a: dict, b: dict, tol: float) -> bool:
 
 
 def test_concurrent_clients_are_batched_and_exact(fx, tmp_path, tiny_model):
-    alone = {i: tiny_model.respond(_mixed(i)) for i in range(10)}
+    alone = {i: respond(tiny_model, _mixed(i)) for i in range(10)}
     with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml")) as srv:
         async def client(session: aiohttp.ClientSession, c: int) -> list[tuple[int, int, dict]]:
             out = []

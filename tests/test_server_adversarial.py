@@ -16,6 +16,7 @@ from backports import zstd
 from clef_bridge.bridge.server.appstate import SERVED
 
 from .conftest import tiny_spec
+from .deciding import respond
 from .serverkit import Reply, RunningServer, registry_for, strip_extensions, wait_until
 
 pytestmark = pytest.mark.integration
@@ -356,7 +357,7 @@ def test_the_workers_ai_result_names_the_routes_model(server, tiny_model):
     assert reply.status == 200 and reply.headers["server"] == "clef-bridge"
     result = reply.json()["result"]
     assert result["model"] == "clef-flash"
-    assert strip_extensions(result) == tiny_model.respond({**NOUL, "model": "clef-flash"})
+    assert strip_extensions(result) == respond(tiny_model, {**NOUL, "model": "clef-flash"})
 
 
 @pytest.mark.parametrize("garbage", [b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header Here\r\n\r\n",

@@ -15,11 +15,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from clef_bridge.bridge.media.audio import AudioLimits, decode, sniff
-from clef_bridge.bridge.media.request import NO_VIDEO
+from clef_bridge.bridge.media.request import IMAGE, NO_MEDIA, NO_VIDEO, Media
 from clef_bridge.bridge.config.registry import Registry, ServerSpec
-from clef_bridge.bridge.server.app import load_models
+from clef_bridge.bridge.service.models import load_models
 
 from .conftest import tiny_spec
+from .deciding import respond
 from .serverkit import RunningServer, WrappedModel, refusal, strip_extensions
 from .test_audio import b64, clip, data_url
 from .test_server_images import bad_json, multipart
@@ -50,12 +51,12 @@ class Recording(WrappedModel):
     def media(self) -> tuple[str, ...]:
         return ("audio",) if self.hears else ()
 
-    def prepare(self, body, images=(), audio=()):
+    def prepare(self, request, media=NO_MEDIA):
         self.prepared += 1
         if self.hears:
-            self.heard.append(tuple(audio))
-            return self._model.prepare(body, images)  # the text alone: the omni branch's model hears the rest
-        return self._model.prepare(body, images, audio)
+            self.heard.append(media.audio)
+            return self._model.prepare(request, Media({IMAGE: media.images}))  # the text alone: the omni branch's
+        return self._model.prepare(request, media)                             # model hears the rest
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def samples(data: bytes) -> np.ndarray:
 
 
 def expected(tiny_model, state, questions=QUESTIONS) -> dict:
-    return tiny_model.respond({"model": "tiny", "state": state, "questions": questions})
+    return respond(tiny_model, {"model": "tiny", "state": state, "questions": questions})
 
 
 def test_models_say_who_takes_audio(server):

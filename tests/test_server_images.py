@@ -17,14 +17,17 @@ from dataclasses import replace
 
 import pytest
 from backports import zstd
+from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.media.images import ImageLimits
-from clef_bridge.bridge.model.worker import MAX_IMAGE_JOBS
-from clef_bridge.bridge.server import assets
-from clef_bridge.bridge.server.app import load_models
+from clef_bridge.bridge.media.request import NO_MEDIA
+from clef_bridge.bridge.model.worker import MAX_MEDIA_JOBS
 from clef_bridge.bridge.server.appstate import SERVED
+from clef_bridge.bridge.service import decision
+from clef_bridge.bridge.service.models import load_models
 
 from . import fixturegen_vision
 from .conftest import open_spec, tiny_spec
+from .deciding import respond
 from .fixturegen_vision import data_url, encoded, picture
 from .serverkit import RunningServer, WrappedModel, refusal, registry_for, strip_extensions, wait_until
 from .test_images import png_bomb
@@ -55,15 +58,15 @@ class RecordingModel(WrappedModel):
         self.started = threading.Event()  # a batch reached the backbone
         self.gate: threading.Event | None = None  # when given, batches wait for it
 
-    def prepare(self, body, images=(), audio=()):
+    def prepare(self, request, media=NO_MEDIA):
         self.prepared += 1
-        return self._model.prepare(body, images, audio)
+        return self._model.prepare(request, media)
 
     def prefill_batch(self, batch):
         self.started.set()
         if self.gate is not None:
             self.gate.wait(60)
-        self.batches.append([bool(p.images) for p in batch])
+        self.batches.append([bool(p.media.images) for p in batch])
         return self._model.prefill_batch(batch)
 
 
@@ -105,8 +108,8 @@ def server(served):
 
 
 def expected(direct, state, images, questions=QUESTIONS):
-    return direct.respond({"model": "tiny", "state": state, "questions": questions,
-                          "images": [data_url(d) for d in images]}, LIMITS)
+    return respond(direct, {"model": "tiny", "state": state, "questions": questions,
+                          "images": [data_url(d) for d in images]}, ServerSpec(images=LIMITS))
 
 
 def test_official_sdk_sends_images_as_multipart(server, direct):
@@ -269,12 +272,12 @@ def test_decoding_runs_off_the_event_loop(served, monkeypatch):
     server, _ = served
     threads = []
 
-    def spy(images, geometry):
+    def spy(kind, inputs, settings):
         threads.append(threading.current_thread())
-        return real(images, geometry)
+        return real(kind, inputs, settings)
 
-    real = assets.decode_all
-    monkeypatch.setattr(assets, "decode_all", spy)
+    real = decision.decode_kind
+    monkeypatch.setattr(decision, "decode_kind", spy)
     assert server.post({"model": "tiny", "state": "spy", "questions": QUESTIONS, "images": [b64(PNG)]}).status == 200
     assert threads and threads[0] is not server._thread  # the server's event loop runs in server._thread
 
@@ -353,17 +356,17 @@ def test_memory_is_flat_over_200_image_requests(server):
 
 
 def test_waiting_image_requests_are_bounded(served):
-    """Queued image requests hold their pixels: beyond max_image_jobs per model they get 429, text does not."""
+    """Queued image requests hold their pixels: beyond max_media_jobs per model they get 429, text does not."""
     server, _ = served
     worker = server.app[SERVED]["tiny"].worker
-    worker.max_image_jobs = 0
+    worker.max_media_jobs = 0
     try:
         reply = server.post({"model": "tiny", "state": "full", "questions": QUESTIONS, "images": [b64(PNG)]})
         assert reply.status == 429 and "retry-after" in reply.headers
         assert "image or audio requests waiting" in reply.json()["detail"]["message"]
         assert server.post({"model": "tiny", "state": "text", "questions": QUESTIONS}).status == 200
     finally:
-        worker.max_image_jobs = MAX_IMAGE_JOBS
+        worker.max_media_jobs = MAX_MEDIA_JOBS
 
 
 def test_a_failing_vision_tower_is_a_503_for_that_request_only(served, monkeypatch):

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("head", "bridge", "tools")  # installed as clef_bridge.<name>
 # the order of the layers: a module may import its own layer or a lower one
 LAYERS = ("head", "bridge.catalogue", "bridge.host", "bridge.gguf", "bridge.demo", "bridge.media", "bridge.llama",
-          "bridge.config", "bridge.model", "bridge.server", "bridge.scale", "tools")
+          "bridge.config", "bridge.model", "bridge.service", "bridge.server", "bridge.scale", "tools")
 MAX_LINES = 600
 
 
@@ -73,7 +73,7 @@ def allowed_rooms(room: str) -> set[str]:
 
 
 def test_the_walker_sees_imports():
-    assert "head.schema" in GRAPH["head.encoder"] and "bridge.model.loading" in GRAPH["bridge.server.app"]
+    assert "head.schema" in GRAPH["head.encoder"] and "bridge.service.models" in GRAPH["bridge.server.app"]
     assert any(m.startswith("bridge.") for m in GRAPH["tools.cli"])  # lazy imports inside functions are seen
 
 

@@ -24,11 +24,13 @@ from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
 from clef_bridge.bridge.llama.media_batch import MediaChunk
 from clef_bridge.bridge.llama.vision import EncodedImage, Projector, ProjectorOptions, image_positions
 from clef_bridge.bridge.media.images import ImageGeometry, decode, sniff
+from clef_bridge.bridge.media.request import IMAGE, Media
 from clef_bridge.head.encoder import PREFIX
 from clef_bridge.head.errors import RequestInvalid
 
 from . import fixturegen_vision
 from .conftest import open_spec, tiny_spec
+from .deciding import prepare, respond
 from .fixturegen_vision import data_url, encoded, picture
 from .reference import assert_same_answers
 
@@ -113,7 +115,7 @@ def layout_with_images(model, request, counts: list[int], pad: int):
     """Our text-only encoding with the reference's media tokens spliced in after `STATE:\\n`: per image
     <|vision_start|>, one <|image_pad|> per image token, <|vision_end|>; then one "\\n" after them all.
     This is the layout the encoder must produce for image requests."""
-    enc = model.prepare(request).encoded
+    enc = prepare(model, request).encoded
     tokenize = model.backbone.tokenize
     media = [t for n in counts for t in tokenize("<|vision_start|>", True) + [pad] * n
              + tokenize("<|vision_end|>", True)] + tokenize("\n", True)
@@ -127,7 +129,7 @@ def layout_with_images(model, request, counts: list[int], pad: int):
 def our_run(clef, request, images, chunks=None):
     """The pipeline's own path (ClefModel.prepare with pixels, prefill_batch); chunks: other positions."""
     pixels = [decode(d, sniff(d, LOC), LOC, clef.projector.geometry) for d in images]
-    prepared = clef.model.prepare(request, pixels)
+    prepared = prepare(clef.model, request, Media({IMAGE: tuple(pixels)}))
     enc = prepared.encoded
     if chunks is None and clef.projector is clef.model.projector:
         [item] = clef.model.prefill_batch([prepared])
@@ -175,9 +177,9 @@ def test_reference_systemone_counts_image_tokens(oracle, clef):
     assert expected["usage"] == {"input_tokens": len(ours.input_ids), "output_tokens": 0}
     # 256x256: 8x8 tokens; 640x96 scaled up to 672x128: 21x4; 333x500 rounded to 320x512: 10x16;
     # <|vision_start|> and <|vision_end|> per image, one "\n" after them all
-    assert len(ours.input_ids) - len(clef.model.prepare(REQUEST).encoded.input_ids) == 64 + 84 + 160 + 3 * 2 + 1
+    assert len(ours.input_ids) - len(prepare(clef.model, REQUEST).encoded.input_ids) == 64 + 84 + 160 + 3 * 2 + 1
     assert abs(expected["answers"]["legible"]["noul"] - probs[0][0]) <= TOLERANCE + 5e-5  # + its rounding
-    got = clef.model.respond(with_images(REQUEST, images))  # the served path: every field of every answer
+    got = respond(clef.model, with_images(REQUEST, images))  # the served path: every field of every answer
     assert got["usage"] == expected["usage"]
     assert_same_answers(got["answers"], expected["answers"], TOLERANCE)
 

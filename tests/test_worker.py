@@ -6,8 +6,10 @@ import asyncio
 
 import pytest
 from clef_bridge.bridge.model.worker import InferenceWorker, WorkerStopped
+from clef_bridge.head.schema import parse_request
 
 from .corpus import varied_requests
+from .deciding import respond
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +22,7 @@ def run_worker(model, requests: list, overlap: bool) -> list:
     worker.start()
     try:
         async def main():
-            jobs = [worker.submit(r) for r in requests]
+            jobs = [worker.submit(parse_request(r, model.limits)) for r in requests]
             return await asyncio.gather(*(j.future for j in jobs))
 
         return asyncio.run(main())
@@ -32,7 +34,7 @@ def run_worker(model, requests: list, overlap: bool) -> list:
 @pytest.mark.parametrize("overlap", [False, True], ids=["inline-head", "pipelined-head"])
 def test_worker_answers_equal_decide(tiny_model, overlap):
     decisions = run_worker(tiny_model, REQUESTS, overlap)
-    assert [d.response for d in decisions] == [tiny_model.respond(r) for r in REQUESTS]
+    assert [d.response for d in decisions] == [respond(tiny_model, r) for r in REQUESTS]
     assert max(d.timings.batch_size for d in decisions) > 1  # queued together, decoded together
 
 
@@ -42,7 +44,7 @@ def test_a_stopped_worker_refuses_new_requests(tiny_model):
     worker.stop()
 
     async def submit():
-        worker.submit(REQUESTS[0])
+        worker.submit(parse_request(REQUESTS[0]))
 
     with pytest.raises(WorkerStopped, match="not accepting requests"):
         asyncio.run(submit())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -85,11 +85,11 @@ def calibrate_items(kind: str, items: list[Item], current: float = 1.0, splits: 
                        float(np.mean(nll_fitted)), _summary(items, current), _summary(items, t_median))
 
 
-def collect_items(model, examples: list[Example]) -> dict[str, list[Item]]:
-    """Raw logits of every labelled question, through a loaded ClefModel."""
+def collect_items(decide: Callable[[Any], Any], examples: list[Example]) -> dict[str, list[Item]]:
+    """Raw logits of every labelled question, through a decision service (a body in, its Decision out)."""
     items: dict[str, list[Item]] = {}
     for example in examples:
-        for question, logits in model.question_logits(example.request):
+        for question, logits in decide(example.request).logits:
             if question.id in example.labels:
                 order = tuple(oid for oid, _ in question.options)
                 items.setdefault(question.type, []).append(
@@ -115,7 +115,8 @@ class CalibrateResult:
                           for c in self.calibrations]}
 
 
-def calibrate(model, examples: list[Example], current: dict[str, float]) -> tuple[Calibration, ...]:
-    """One Calibration per question type present in the labelled examples."""
-    items = collect_items(model, examples)
+def calibrate(decide: Callable[[Any], Any], examples: list[Example], current: dict[str, float]
+              ) -> tuple[Calibration, ...]:
+    """One Calibration per question type present in the labelled examples (decide: a decision service's)."""
+    items = collect_items(decide, examples)
     return tuple(calibrate_items(kind, kind_items, current[kind]) for kind, kind_items in sorted(items.items()))

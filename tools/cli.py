@@ -51,11 +51,13 @@ class UsageError(ClefError):
 
 
 @contextmanager
-def checked_model(models: Path, name: str) -> Iterator[Any]:
-    """A models.toml entry loaded the one checked way (pins, pairing record, canaries), closed afterwards."""
+def checked_service(models: Path, name: str) -> Iterator[Any]:
+    """A models.toml entry loaded the one checked way (pins, pairing record, canaries) behind the decision service
+    (bridge.service.local.LocalService) with the entry's [server] limits, as the server runs it; closed afterwards."""
     from ..bridge.gguf.reader import read_gguf
     from ..bridge.model.loading import load_checked
     from ..bridge.config.registry import load_registry, name_table, resolve
+    from ..bridge.service.local import LocalService
 
     registry = load_registry(models)
     hidden, architectures = {}, {}
@@ -69,7 +71,8 @@ def checked_model(models: Path, name: str) -> Iterator[Any]:
     for warning in loaded.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     try:
-        yield loaded.model
+        with LocalService(loaded.model, registry.server) as service:
+            yield service
     finally:
         loaded.model.close()
 
@@ -83,8 +86,8 @@ def _read_json_file(path: str) -> Any:
 
 def _decide(args: argparse.Namespace) -> int:
     body = _read_json_file(args.request)
-    with checked_model(args.models, args.model) as model:
-        response = model.respond(body)
+    with checked_service(args.models, args.model) as service:
+        response = service.decide(body).response
     print(json.dumps(response, ensure_ascii=False, indent=None if args.compact else 2))
     return EXIT_OK
 
@@ -159,8 +162,8 @@ def _eval(args: argparse.Namespace) -> int:
     if args.url:
         outcomes = run_http(args.url, examples, args.concurrency, args.api_key)
     else:
-        with checked_model(args.models, args.model) as model:
-            outcomes = run_local(model.respond, examples)
+        with checked_service(args.models, args.model) as service:
+            outcomes = run_local(lambda body: service.decide(body).response, examples)
     report = build_report(outcomes)
     if args.out:
         for note in write_report(report, args.out):
@@ -175,10 +178,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     from .evaldata import load_examples
 
     examples = load_examples(args.data)
-    with checked_model(args.models, args.model) as model:
-        current = {kind: model.answer_options.temperature.get(kind, 1.0) for kind in QUESTION_TYPES}
-        calibrations = calibrate(model, examples, current)
-        name = model.name
+    with checked_service(args.models, args.model) as service:
+        current = {kind: service.model.answer_options.temperature.get(kind, 1.0) for kind in QUESTION_TYPES}
+        calibrations = calibrate(service.decide, examples, current)
+        name = service.model.name
     temperatures = dict(current) | {c.kind: c.temperature for c in calibrations}
     if args.write:
         set_model_keys(args.models, name, {"temperature": temperatures})
@@ -188,6 +191,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _drift(args: argparse.Namespace) -> int:
     from ..bridge.model.loading import load_checked
     from ..bridge.config.registry import model_spec
+    from ..bridge.service.local import LocalService
     from .drift import DriftResult, drift, probe_requests
     from .evaldata import load_examples
 
@@ -197,7 +201,8 @@ def _drift(args: argparse.Namespace) -> int:
     try:
         b = load_checked(model_spec("b", args.gguf_b, args.head, **keys)).model
         try:
-            by_type = drift(a, b, requests)
+            with LocalService(a) as service_a, LocalService(b) as service_b:
+                by_type = drift(service_a.decide, service_b.decide, requests)
         finally:
             b.close()
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -57,11 +57,13 @@ class DriftResult:
         return {"a": self.a, "b": self.b, "requests": self.requests, "source": self.source, **self.by_type}
 
 
-def drift(model_a, model_b, requests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per question type (and "all"): max and mean |dp|, argmax flips, flips among confident decisions."""
+def drift(decide_a: Callable[[Any], Any], decide_b: Callable[[Any], Any], requests: list[dict[str, Any]]
+          ) -> dict[str, dict[str, Any]]:
+    """Per question type (and "all"): max and mean |dp|, argmax flips, flips among confident decisions; decide_a and
+    decide_b: each backbone's decision service (a body in, its bridge.service Decision out)."""
     stats: dict[str, DriftStats] = {"all": DriftStats()}
     for request in requests:
-        for (q, za), (_, zb) in zip(model_a.question_logits(request), model_b.question_logits(request)):
+        for (q, za), (_, zb) in zip(decide_a(request).logits, decide_b(request).logits):
             a, b = softmax64(za), softmax64(zb)
             stats["all"].add(a, b)
             stats.setdefault(q.type, DriftStats()).add(a, b)

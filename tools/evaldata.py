@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ..bridge.media.images import ImageLimits
+from ..bridge.media.request import extract
 from ..head.errors import Category, ClefError, RequestInvalid
 from ..head.schema import Question, parse_request
 from .scoring import Decision
@@ -70,8 +72,8 @@ def load_examples(path: str | Path) -> list[Example]:
             problems.append(f"line {number}: expected {{\"request\": {{...}}, \"labels\": {{question_id: gold}}}} "
                             "(labels may be left out)")
             continue
-        try:
-            request = parse_request(obj["request"])
+        try:  # its media taken out first, as the decision service does: a request with images or audio is data too
+            request = parse_request(extract(obj["request"], None, ImageLimits()).body)
         except RequestInvalid as exc:
             problems.append(f"line {number}: invalid request: {exc}")
             continue

@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from ...head.answer import softmax64
+from ...head.schema import parse_request
 from ..gguf.reader import GGUFInfo, read_gguf
 from ..host.paths import cache_dir
 from ..host.progress import Progress
 from ..llama.embedding import OutputEmbedding
+from ..media.request import IMAGE, Media
 
 PAIR_VERSION = 2  # 2 adds the canaries' hidden states (version 1 records are still read)
 FINGERPRINT_ROWS = 16
@@ -134,7 +136,7 @@ def canary_probabilities(model: Any) -> list[dict[str, list[float]]]:
     out = []
     for request in CANARY_REQUESTS:
         probs = {}
-        for question, logits in model.question_logits(request):
+        for question, logits in model.uncached_logits(model.prepare(parse_request(request, model.limits))):
             probs[question.id] = np.round(softmax64(logits), 6).tolist()
         out.append(probs)
     return out
@@ -150,7 +152,8 @@ def _sampled(hidden: np.ndarray) -> dict[str, Any]:
 
 def canary_states(model: Any) -> list[dict[str, Any]]:
     """The canary requests' last-layer hidden states at sampled tokens and dims, through a loaded ClefModel."""
-    return [_sampled(model.backbone.prefill(model.prepare(request).encoded.input_ids)) for request in CANARY_REQUESTS]
+    return [_sampled(model.backbone.prefill(model.prepare(parse_request(request, model.limits)).encoded.input_ids))
+            for request in CANARY_REQUESTS]
 
 
 def canary_picture(factor: int) -> np.ndarray:
@@ -164,7 +167,8 @@ def image_canary(model: Any) -> dict[str, Any] | None:
     every token (the image's included); None for a model without a projector."""
     if model.projector is None:
         return None
-    prepared = model.prepare(CANARY_REQUESTS[0], [canary_picture(model.projector.geometry.factor)])
+    picture = Media({IMAGE: (canary_picture(model.projector.geometry.factor),)})
+    prepared = model.prepare(parse_request(CANARY_REQUESTS[0], model.limits), picture)
     [item] = model.prefill_batch([prepared])
     return _sampled(item.hidden)
 

@@ -17,7 +17,7 @@ import base64
 import binascii
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -41,7 +41,9 @@ from .images import (
 
 FORM = "multipart/form-data"
 
-IMAGE, AUDIO = "image", "audio"  # an asset's `type`, and the word of its marker
+IMAGE, AUDIO = "image", "audio"  # an asset's `type`, the word of its marker, a kind of Media
+KINDS = (IMAGE, AUDIO)  # the prompt's order of kinds: all images, then all audio clips (the reference's)
+FIELDS = {IMAGE: "images", AUDIO: "audio"}  # each kind's list field in a body, and its decode stage's name
 MARKER = "[image {}]"
 MARKERS = {IMAGE: MARKER, AUDIO: "[audio {}]"}
 FORMATS = ("png", "jpeg", "jpg", "webp")  # what an image's `format` may declare; the bytes decide
@@ -66,19 +68,56 @@ class ImageInput:
 
 @dataclass(frozen=True)
 class Media:
-    """A request body without its media fields (placeholders replaced by markers), and its images and audio
-    clips, each in prompt order."""
+    """A request's media, ONE value from the body to the model: its items by kind (KINDS order), each kind in
+    prompt order, and the sha256 of every medium's bytes (the answer cache's key). Found and checked from
+    their headers (ImageInput, AudioInput) by extract(), or decoded (pixels, samples) by decode_kind()."""
 
-    body: Any
-    images: tuple[ImageInput, ...]
-    inline_chars: int = 0  # characters of base64 taken out of the JSON (its text is what max_body_bytes caps)
-    audio: tuple[AudioInput, ...] = ()
+    items: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    digests: tuple[bytes, ...] = ()
+
+    def of(self, kind: str) -> tuple[Any, ...]:
+        return self.items.get(kind, ())
 
     @property
-    def digests(self) -> tuple[bytes, ...]:
-        """The sha256 of every medium, images then audio (a marker between: an image's bytes never key as audio)."""
-        return tuple(i.digest for i in self.images) + ((b"audio",) + tuple(a.digest for a in self.audio)
-                                                       if self.audio else ())
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds this request holds, in prompt order."""
+        return tuple(kind for kind in KINDS if self.of(kind))
+
+    @property
+    def images(self) -> tuple[Any, ...]:
+        return self.of(IMAGE)
+
+    @property
+    def audio(self) -> tuple[Any, ...]:
+        return self.of(AUDIO)
+
+    def __bool__(self) -> bool:
+        return bool(self.kinds)
+
+    def decoded(self, items: dict[str, tuple[Any, ...]]) -> "Media":
+        """The same media, decoded: the digests stay those of the bytes."""
+        return Media(items, self.digests)
+
+
+NO_MEDIA = Media()
+
+
+def found_media(items: dict[str, tuple[Any, ...]]) -> Media:
+    """Media whose items carry their own digests: every medium's, in KINDS order, a kind's name between kinds (an
+    image's bytes never key as audio)."""
+    digests: list[bytes] = []
+    for kind in (k for k in KINDS if items.get(k)):
+        digests += ([kind.encode()] if kind != KINDS[0] else []) + [m.digest for m in items[kind]]
+    return Media({kind: tuple(items[kind]) for kind in KINDS if items.get(kind)}, tuple(digests))
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """A request body without its media fields (placeholders replaced by markers), and its media."""
+
+    body: Any
+    media: Media
+    inline_chars: int = 0  # characters of base64 taken out of the JSON (its text is what max_body_bytes caps)
 
 
 class UnsupportedMediaType(ClefError):
@@ -104,6 +143,31 @@ def no_audio(model: str) -> RequestInvalid:
                                    "to a Clef-omni model, or leave it out", "audio_not_supported")])
 
 
+REFUSALS = {IMAGE: no_projector, AUDIO: no_audio}  # a kind's 422 for a model that cannot take it
+
+
+def refuse_unsupported(media: Media, takes: Sequence[str], model: str) -> None:
+    """A 422 for the first kind of media this model cannot take (takes: ClefModel.media)."""
+    for kind in media.kinds:
+        if kind not in takes:
+            raise REFUSALS[kind](model)
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What decoding needs beside the bytes: the projector's image geometry, the audio limits."""
+
+    geometry: ImageGeometry | None
+    audio: AudioLimits = AudioLimits()
+
+
+def decode_kind(kind: str, inputs: Sequence[Any], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
+    """One kind's media decoded (Pillow, PyAV: run it off the event loop): pixels or samples, all failures at once."""
+    if kind == IMAGE:
+        return decode_all(inputs, settings.geometry)
+    return audio_files.decode_audio_all(inputs, settings.audio)
+
+
 @dataclass(frozen=True)
 class _Medium:
     """What differs between images and audio clips while finding them in a body."""
@@ -126,9 +190,9 @@ class _Medium:
 
 
 def _media(limits: ImageLimits, audio_limits: AudioLimits) -> dict[str, _Medium]:
-    return {IMAGE: _Medium(IMAGE, "images", "image", FORMATS, limits.max_images, "max_images", limits.max_bytes,
+    return {IMAGE: _Medium(IMAGE, FIELDS[IMAGE], "image", FORMATS, limits.max_images, "max_images", limits.max_bytes,
                            "max_image_bytes", ImageRejected, ImageTooLarge, "image/png"),
-            AUDIO: _Medium(AUDIO, "audio", "audio clip", audio_files.FORMATS, audio_limits.max_clips,
+            AUDIO: _Medium(AUDIO, FIELDS[AUDIO], "audio clip", audio_files.FORMATS, audio_limits.max_clips,
                            "max_audio_clips", audio_limits.max_bytes, "max_audio_bytes", AudioRejected,
                            AudioTooLarge, "audio/wav")}
 
@@ -327,11 +391,11 @@ def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
 
 
 def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, text_limits: Limits = Limits(),
-            audio_limits: AudioLimits = AudioLimits()) -> Media:
-    """The body's images and audio clips, each in prompt order, checked from their headers; parts: a multipart
-    body's media parts."""
+            audio_limits: AudioLimits = AudioLimits()) -> Extracted:
+    """The body's media, each kind in prompt order, checked from their headers; parts: a multipart body's media
+    parts."""
     if not isinstance(body, dict):
-        return Media(body, ())
+        return Extracted(body, NO_MEDIA)
     media = _media(limits, audio_limits)
     problems = _shape(body, media)
     if problems:
@@ -377,7 +441,7 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
     if parts is not None and not images and not clips:
         raise UnsupportedMediaType(f"a {FORM} body carries images or audio; send a request without them as "
                                    "application/json")
-    return Media(text, images, inline, clips)
+    return Extracted(text, found_media({IMAGE: images, AUDIO: clips}), inline)
 
 
 def _images(sources: list[tuple[tuple[str | int, ...], bytes]], limits: ImageLimits, errors: list[MediaRejected],

@@ -1,4 +1,4 @@
-"""One served model: parse -> encode -> prefill -> head -> answer.
+"""One served model: encode -> prefill -> head -> answer (bridge/service validates and decodes first).
 
 A ClefModel is put together from loaded parts by bridge/model/loading.py (the one checked way in);
 it owns them and closes the backbone.
@@ -18,16 +18,15 @@ from ...head.config import HeadConfig
 from ...head.encoder import Encoded, EncodeOptions, encode
 from ...head.errors import Problem, RequestInvalid
 from ...head.model import Layout, hidden_memory, option_logits
-from ...head.schema import DecisionRequest, Limits, Question, parse_request
+from ...head.schema import DecisionRequest, Limits, Question
 from ..host.gpu import device_out_of_memory, to_device
 from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
 from ..llama.prefix_cache import PrefillRequest
 from ..llama.vision import EncodedAudio, Projector
-from ..media.audio import AudioLimits, decode_audio_all
 from ..media.audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE, AudioTower, audio_tokens
-from ..media.images import ImageGeometry, ImageLimits
-from ..media.request import decode_all, extract, no_audio, no_projector
+from ..media.images import ImageGeometry
+from ..media.request import AUDIO, IMAGE, NO_MEDIA, Media
 
 MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; option_logits the rest
 
@@ -65,10 +64,14 @@ class Timings:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Scored:
+    """One request through the head: its response body, and each question's unrounded option logits (prompt order,
+    before any temperature) for the tools that fit or compare them."""
+
     response: dict[str, Any]
     input_tokens: int
     timings: Timings = field(compare=False)
+    logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -78,13 +81,12 @@ class Prepared:
     request: DecisionRequest
     encoded: Encoded
     tokenize_s: float
-    images: tuple[np.ndarray, ...] = ()  # uint8 [h, w, 3] pixels at the projector's size, in prompt order
-    audio: tuple[np.ndarray, ...] = ()  # float32 16 kHz mono samples, in prompt order
+    media: Media = NO_MEDIA  # decoded: uint8 [h, w, 3] pixels, float32 16 kHz mono samples, each in prompt order
 
     @property
     def has_media(self) -> bool:
         """A request with media decodes alone (llama.cpp takes token ids or embeddings in a batch, not both)."""
-        return bool(self.images or self.audio)
+        return bool(self.media)
 
 
 @dataclass(frozen=True)
@@ -154,26 +156,21 @@ class ClefModel:
     @property
     def media(self) -> tuple[str, ...]:
         """What it reads besides text, as /v1/models' x_media lists it."""
-        return (("image",) if self.projector is not None else ()) + (("audio",) if self.takes_audio else ())
+        return ((IMAGE,) if self.projector is not None else ()) + ((AUDIO,) if self.takes_audio else ())
 
     def close(self) -> None:
         if self.projector is not None:
             self.projector.close()
         self.backbone.close()
 
-    def prepare(self, body: Any, images: Sequence[np.ndarray] = (), audio: Sequence[np.ndarray] = ()) -> Prepared:
-        """Validate and encode a text body (bridge.media.request.extract's) with its decoded images and audio clips
-        (float32 16 kHz mono samples, bridge.media.audio's), no llama.cpp decode: raises RequestInvalid or
-        ContextLengthExceeded."""
+    def prepare(self, request: DecisionRequest, media: Media = NO_MEDIA) -> Prepared:
+        """Encode a validated request (head.schema.parse_request's) with its decoded media, whose kinds the caller
+        has checked against self.media (the decision service does both), no llama.cpp decode: raises
+        RequestInvalid (an audio clip too short to frame) or ContextLengthExceeded."""
         t0 = time.perf_counter()
-        request = parse_request(body, self.limits)
-        if images and self.projector is None:
-            raise no_projector(self.name)
-        if len(audio) and not self.takes_audio:
-            raise no_audio(self.name)
-        factor = self.projector.geometry.factor if images else 1
-        counts = [(p.shape[0] // factor) * (p.shape[1] // factor) for p in images]
-        clips = tuple(np.asarray(a, dtype=np.float32).reshape(-1) for a in audio)
+        factor = self.projector.geometry.factor if media.images else 1
+        counts = [(p.shape[0] // factor) * (p.shape[1] // factor) for p in media.images]
+        clips = tuple(np.asarray(a, dtype=np.float32).reshape(-1) for a in media.audio)
         short = [i for i, c in enumerate(clips) if len(c) < MIN_AUDIO_SAMPLES]
         if short:
             raise RequestInvalid([Problem(("body", "audio", i), f"audio clip {i} holds {len(clips[i])} samples; at "
@@ -184,7 +181,8 @@ class ClefModel:
         audio_counts = audio_tokens([len(c) for c in clips])
         encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts,
                          audio_counts)
-        return Prepared(request, encoded, time.perf_counter() - t0, tuple(images), clips)
+        decoded = media.decoded({**media.items, AUDIO: clips}) if clips else media
+        return Prepared(request, encoded, time.perf_counter() - t0, decoded)
 
     @_device_memory_errors
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
@@ -236,47 +234,42 @@ class ClefModel:
         """The vision tower over each image and the audio tower over the clips, then the prompt chunk by chunk
         (text, media embeddings, text)."""
         t0 = time.perf_counter()
-        images = [self.projector.encode(pixels) for pixels in prepared.images]
+        media = prepared.media
+        images = [self.projector.encode(pixels) for pixels in media.images]
         t1 = time.perf_counter()
-        audio = [EncodedAudio(rows) for rows in self.audio_tower.encode(prepared.audio)] if prepared.audio else []
+        audio = [EncodedAudio(rows) for rows in self.audio_tower.encode(media.audio)] if media.audio else []
         t2 = time.perf_counter()
         hidden = self.projector.prefill(prepared.encoded.input_ids, images, audio)
         return [Prefilled(prepared, hidden, time.perf_counter() - t2, 1, vision_s=t1 - t0, audio_s=t2 - t1)]
 
-    def decide(self, item: Prefilled) -> Decision:
+    def score(self, item: Prefilled) -> Scored:
         """The head and the answers for one prefilled request."""
         t0 = time.perf_counter()
         prepared = item.prepared
         logits = self.cached_logits(item)
+        offsets = prepared.encoded.layout.option_offsets
         body = {
             "model": prepared.request.model,
-            "answers": answers(prepared.request, logits, prepared.encoded.layout.option_offsets, self.answer_options),
+            "answers": answers(prepared.request, logits, offsets, self.answer_options),
             "usage": {"input_tokens": int(len(prepared.encoded.input_ids)), "output_tokens": 0},
         }
         timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused,
                           item.vision_s, item.audio_s)
-        return Decision(body, len(prepared.encoded.input_ids), timings)
+        return Scored(body, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets))
 
-    def decide_batch(self, batch: list[Prepared]) -> list[Decision]:
+    def score_batch(self, batch: list[Prepared]) -> list[Scored]:
         """One batched prefill, then the head per request."""
-        return [self.decide(item) for item in self.prefill_batch(batch)]
+        return [self.score(item) for item in self.prefill_batch(batch)]
 
-    def respond(self, body: Any, image_limits: ImageLimits = ImageLimits(),
-                audio_limits: AudioLimits = AudioLimits()) -> dict[str, Any]:
-        """A System One request body in (images and audio in `images`/`audio` or `assets`, as JSON), the response
-        body out."""
-        media = extract(body, None, image_limits, self.limits, audio_limits)
-        if media.images and self.projector is None:
-            raise no_projector(self.name)
-        if media.audio and not self.takes_audio:
-            raise no_audio(self.name)
-        pixels = decode_all(media.images, self.geometry) if media.images else ()
-        samples = decode_audio_all(media.audio, audio_limits) if media.audio else ()
-        return self.decide_batch([self.prepare(media.body, pixels, samples)])[0].response
-
-    def question_logits(self, body: Any) -> list[tuple[Question, np.ndarray]]:
-        """Unrounded option logits per question (prompt order, before any temperature)."""
-        prepared = self.prepare(body)
+    def uncached_logits(self, prepared: Prepared) -> tuple[tuple[Question, np.ndarray], ...]:
+        """Per-question logits of a text request prefilled in full, the prefix cache untouched (the load-time
+        canaries: a model's own check must leave no trace in what it serves)."""
         logits = self.logits(prepared.encoded, self.backbone.prefill(prepared.encoded.input_ids))
-        bounds = list(prepared.encoded.layout.option_offsets) + [len(logits)]
-        return [(q, logits[s:e]) for q, s, e in zip(prepared.request.questions, bounds, bounds[1:])]
+        return per_question(prepared.request, logits, prepared.encoded.layout.option_offsets)
+
+
+def per_question(request: DecisionRequest, logits: np.ndarray, offsets: Sequence[int]
+                 ) -> tuple[tuple[Question, np.ndarray], ...]:
+    """Flat option logits split by question, in prompt order."""
+    bounds = list(offsets) + [len(logits)]
+    return tuple((q, logits[s:e]) for q, s, e in zip(request.questions, bounds, bounds[1:]))

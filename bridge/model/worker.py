@@ -9,16 +9,18 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from ...head.errors import Category, ClefError
-from .clef_model import ClefModel, Decision, Prefilled, Prepared
+from ...head.schema import DecisionRequest
+from ..media.request import NO_MEDIA, Media
+from .clef_model import ClefModel, Prefilled, Prepared, Scored
 
 log = logging.getLogger("clef_bridge.worker")
 
 # Media requests wait with their decoded pixels (up to 4 x 48 MiB at the default limits) and audio samples
 # (4 x 3.7 MiB): this many per model bounds that memory; more get 429 before their media are decoded.
-MAX_IMAGE_JOBS = 8
+MAX_MEDIA_JOBS = 8
 
 
 class Overloaded(ClefError):
@@ -51,11 +53,10 @@ class WorkerStopped(ClefError):
 
 @dataclass(eq=False)
 class Job:
-    body: Any
+    request: DecisionRequest
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    images: tuple[Any, ...] = ()  # decoded pixels (bridge.media.request.decode_all), in prompt order
-    audio: tuple[Any, ...] = ()  # decoded samples (bridge.media.audio.decode_audio_all), in prompt order
+    media: Media = NO_MEDIA  # decoded (bridge.media.request.decode_kind), each kind in prompt order
     enqueued: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set from the event loop when the client is gone or the deadline passed
     queue_s: float = 0.0
@@ -77,9 +78,9 @@ class InferenceWorker:
     """
 
     def __init__(self, model: ClefModel, max_queue: int, on_batch: Callable[[BatchStats], None] = lambda s: None,
-                 overlap: bool | None = None, max_image_jobs: int = MAX_IMAGE_JOBS):
+                 overlap: bool | None = None, max_media_jobs: int = MAX_MEDIA_JOBS):
         self.model = model
-        self.max_image_jobs = max_image_jobs
+        self.max_media_jobs = max_media_jobs
         self.overlap = model.backbone.on_gpu if overlap is None else overlap
         self.name = model.name
         self.max_queue = max_queue
@@ -113,18 +114,17 @@ class InferenceWorker:
     def depth(self) -> int:
         return len(self._queue)
 
-    def check_image_room(self, has_media: bool) -> None:
-        """Refuse (429) a request with images or audio while max_image_jobs of them wait: their pixels and samples
-        are held in memory."""
-        if has_media and sum(1 for job in tuple(self._queue) if job.images or job.audio) >= self.max_image_jobs:
-            raise Overloaded(self.name, self.max_image_jobs, "image or audio requests")
+    def check_media_room(self, has_media: bool) -> None:
+        """Refuse (429) a request with media while max_media_jobs of them wait: their pixels and samples are held
+        in memory."""
+        if has_media and sum(1 for job in tuple(self._queue) if job.media) >= self.max_media_jobs:
+            raise Overloaded(self.name, self.max_media_jobs, "image or audio requests")
 
-    def submit(self, body: Any, images: tuple[Any, ...] = (), audio: tuple[Any, ...] = (),
-               reject_if_busy: bool = False) -> Job:
-        """Queue one request body and its decoded images and audio (call from the event loop); reject_if_busy:
-        refuse (429) instead of waiting behind other requests."""
+    def submit(self, request: DecisionRequest, media: Media = NO_MEDIA, reject_if_busy: bool = False) -> Job:
+        """Queue one validated request and its decoded media (call from the event loop); reject_if_busy: refuse
+        (429) instead of waiting behind other requests."""
         loop = asyncio.get_running_loop()
-        job = Job(body, loop.create_future(), loop, images, audio)
+        job = Job(request, loop.create_future(), loop, media)
         with self._cv:
             if self._stopping or not self._thread.is_alive():
                 raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
@@ -133,7 +133,7 @@ class InferenceWorker:
                 raise Busy(self.name, len(self._queue))
             if len(self._queue) >= self.max_queue:
                 raise Overloaded(self.name, len(self._queue))
-            self.check_image_room(bool(images) or bool(audio))
+            self.check_media_room(bool(media))
             self._queue.append(job)
             self._cv.notify()
         return job
@@ -161,11 +161,11 @@ class InferenceWorker:
                     continue
                 job.queue_s = now - job.enqueued
                 try:
-                    ready.append((job, self.model.prepare(job.body, job.images, job.audio)))
+                    ready.append((job, self.model.prepare(job.request, job.media)))
                 except Exception as exc:  # noqa: BLE001 - every failure goes back to its own request
                     self._deliver(job, exc)
             for batch in self._batches(ready):
-                self._decide(batch)
+                self._prefill(batch)
 
     def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
         """Greedy packing of text requests under the decode's token budget (n_ctx); a request with media
@@ -184,7 +184,8 @@ class InferenceWorker:
             batches.append(current)
         return batches
 
-    def _decide(self, batch: list[tuple[Job, Prepared]]) -> None:
+    def _prefill(self, batch: list[tuple[Job, Prepared]]) -> None:
+        """One batch through the backbone; its heads run next (here, or on the head thread)."""
         try:
             items = self.model.prefill_batch([p for _, p in batch])
         except Exception as exc:  # noqa: BLE001 - MemoryError and the unexpected too: one request must not sink others
@@ -195,7 +196,7 @@ class InferenceWorker:
                 return
             log.warning("batch of %d failed (%r); retrying one request at a time", len(batch), exc)
             for item in batch:
-                self._decide([item])
+                self._prefill([item])
             return
         self._on_batch(BatchStats(len(batch), sum(len(p.encoded.input_ids) for _, p in batch)))
         work = [(job, item) for (job, _), item in zip(batch, items)]
@@ -211,12 +212,12 @@ class InferenceWorker:
     def _finish(self, work: list[tuple[Job, Prefilled]]) -> None:
         for job, item in work:
             try:
-                self._deliver(job, self.model.decide(item))
+                self._deliver(job, self.model.score(item))
             except Exception as exc:  # noqa: BLE001 - a fault in one head answers that request only
                 self._deliver(job, exc)
 
     @staticmethod
-    def _deliver(job: Job, outcome: Decision | BaseException) -> None:
+    def _deliver(job: Job, outcome: Scored | BaseException) -> None:
         def resolve() -> None:
             if job.future.done():
                 return

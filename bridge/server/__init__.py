@@ -1,4 +1,4 @@
 """The HTTP server (aiohttp): the app, routes, bodies, auth, middleware, metrics, OpenAPI.
 
-May import: head, catalogue, host, gguf, demo, media, llama, config, model.
+May import: head, catalogue, host, gguf, demo, media, llama, config, model, service.
 """

@@ -1,190 +1,38 @@
 """The Jev / TypeSafe System One API over aiohttp.
 
 App factory, state in typed web.AppKeys (appstate.py), models opened and closed in cleanup_ctx,
-routes in one place, short handlers; errors become HTTP in one middleware (middleware.py), keys are
-checked by auth.py, and identical requests share one computation (coalesce.py).
+routes in one place, short handlers; the decision routes are thin adapters (systemone.py, workers_ai.py)
+over the decision service (bridge/service); errors become HTTP in one middleware (middleware.py), keys
+are checked by auth.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import time
 from datetime import date
 from typing import Any, AsyncIterator
 
-from aiohttp import hdrs, web
+from aiohttp import web
 
-from ...head.errors import Category, ClefError
-from ...head.schema import is_unicode, parse_request
-from ..model.clef_model import Decision
+from ..config.registry import ModelSpec, Registry, name_table
 from ..demo.builtins import REAL_RELEASES
-from ..config.integrity import ModelRefused
-from ..model.loading import Loaded, load_checked
-from ..config.registry import ModelSpec, Registry, name_table, resolve
 from ..model.worker import BatchStats, InferenceWorker
-from . import workers_ai
-from .appstate import COALESCER, KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, Loader, Served
-from .assets import body_limit, check_media, decode_audio_for, decode_for, find_images
+from ..service.coalesce import Coalescer
+from ..service.decision import DecisionService
+from ..service.models import load_models
+from .appstate import KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, SERVICE, Loader, Served
 from .auth import ApiKeys, auth_middleware, install_sighup
-from .body import INLINE_BYTES, BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
-from .coalesce import Coalescer
-from .middleware import (
-    INFO,
-    BodyTimeout,
-    DeadlineExceeded,
-    ProtocolLog,
-    context_middleware,
-    json_response,
-    workers_ai_envelope,
-)
-from .multipart import RequestBody, is_form, parse_body
+from .middleware import ProtocolLog, context_middleware, json_response
 from .openapi import openapi_spec
 from .pages import FILES as PLAYGROUND_FILES
 from .pages import PAGE_HEADERS, load_playground
 from .prometheus import Metrics, PrefixCacheCollector, create_metrics
 from .routes import ROUTES, UNMATCHED
-from .workers_ai import HostedOptions
+from .systemone import systemone_handler
+from .workers_ai import workers_ai_handler
 
 log = logging.getLogger("clef_bridge.server")
-
-
-# --- the decision path -------------------------------------------------------------------------
-
-async def read_json(request: web.Request, cap: int | None = None) -> RequestBody:
-    """The body: JSON, or multipart/form-data (a `request` part and media parts), capped for text and media;
-    cap: a route's own lower ceiling (Workers AI's 13 MiB)."""
-    server = request.app[REGISTRY].server
-    models = [served.worker.model for served in request.app[SERVED].values()]
-    takes_images = any(model.projector is not None for model in models)
-    takes_audio = any(model.takes_audio for model in models)
-    limit = body_limit(server.max_body_bytes, server.images, takes_images, server.audio if takes_audio else None)
-    capped = cap is not None and cap < limit
-    content_type = media_type(request) if request.body_exists else ""
-    form = (header(request, hdrs.CONTENT_TYPE) or "") if is_form(content_type) else ""
-    if not form:
-        check_content_type(content_type)
-    try:
-        return await _read(request, cap if capped else limit, form)
-    except BodyTooLarge:
-        if not capped:
-            raise
-        raise BodyTooLarge(f"the request body exceeds {cap} bytes, the most Workers AI takes; POST /v1/systemone "
-                           f"takes up to {limit} bytes here") from None
-
-
-async def _read(request: web.Request, limit: int, form: str) -> RequestBody:
-    server = request.app[REGISTRY].server
-    try:  # a client trickling its body is cut off; it never reaches a worker
-        raw = await asyncio.wait_for(read_capped(request, limit), server.body_timeout_s)
-    except asyncio.TimeoutError:
-        raise BodyTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
-                          "(body_timeout_s)") from None
-    encoding = header(request, hdrs.CONTENT_ENCODING) or ""
-    if not form and len(raw) <= INLINE_BYTES and encoding in ("", "identity"):
-        return RequestBody(parse_json(raw), None, len(raw))
-    return await asyncio.get_running_loop().run_in_executor(None, lambda: parse_body(decode(raw, encoding, limit),
-                                                                                      form))
-
-
-async def decide(request: web.Request, body: RequestBody, model_name: Any, hosted: HostedOptions | None = None
-                 ) -> Decision:
-    """Queue a body on its model's worker (media decoded first) and wait, within the deadline, for the decision;
-    hosted: a Workers AI request's options, its body held to the hosted limits."""
-    info = request[INFO]
-    server = request.app[REGISTRY].server
-    media = await find_images(body, server.max_body_bytes, server.images, server.limits, server.audio)
-    if hosted is not None:
-        workers_ai.check(media.body, server.limits)
-    if not isinstance(media.body, dict) or not isinstance(model_name, str) or not is_unicode(model_name):
-        parse_request(media.body)  # reports every problem of the body at once
-    served = request.app[SERVED][resolve(request.app[NAMES], model_name)]
-    info.model = served.spec.name
-    check_media(served.worker.model, media)  # media the model cannot take: 422 before any work
-    served.worker.check_image_room(bool(media.images or media.audio))  # a full queue refuses before decoding
-    t0 = time.perf_counter()
-    pixels = await decode_for(served.worker.model, media)
-    t1 = time.perf_counter()
-    samples = await decode_audio_for(served.worker.model, media, server.audio)
-    images_s, audio_s = t1 - t0, time.perf_counter() - t1
-    shared = request.app[COALESCER].submit(served.worker, media.body, pixels, media.digests, audio=samples,
-                                           reject_if_busy=hosted is not None and hosted.reject_if_busy)
-    metrics = request.app[METRICS]
-    metrics.queue_depth.labels(served.spec.name).set(served.worker.depth)
-    timeout = request.app[REGISTRY].server.request_timeout_s
-    try:
-        decision: Decision = await asyncio.wait_for(asyncio.shield(shared.future), timeout)
-    except asyncio.TimeoutError:
-        raise DeadlineExceeded(f"no answer within {timeout:g} s (request_timeout_s); the server is busy, "
-                               "retry later") from None
-    finally:
-        shared.leave()
-    t = decision.timings
-    info.input_tokens, info.batch_size = decision.input_tokens, t.batch_size
-    stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
-    if media.images:
-        stages.update(images=images_s, vision=t.vision)  # Pillow decoding here, the vision tower in the worker
-    if media.audio:
-        stages.update(audio=audio_s)  # PyAV decoding and resampling here
-    info.timings = {f"{stage}_ms": round(seconds * 1e3, 3) for stage, seconds in stages.items()}
-    info.timings["reused_tokens"] = t.reused_tokens  # prompt tokens restored from the prefix cache
-    for stage, seconds in stages.items():
-        metrics.latency.labels(served.spec.name, stage).observe(seconds)
-    metrics.tokens.labels(served.spec.name).inc(decision.input_tokens)
-    return decision
-
-
-def no_model_warning(default: str) -> str:
-    return (f"request.no_model: the request names no model, so the default model {default!r} answered (models.toml "
-            "`default`); send \"model\" to choose one")
-
-
-# every answer of the built-in demo says what the banner says: its weights are random
-DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
-DEMO_WARNING = ("demo: the built-in demo model has RANDOM weights, this answer is meaningless; serve a real model "
-                "(clef-bridge pull {release} writes its models.toml entry)")
-
-
-async def answer(request: web.Request, path_model: str | None) -> tuple[dict[str, Any], dict[str, str]]:
-    """Both decision routes: read, decide; the response with its x_ extensions, and its extra headers."""
-    start = time.perf_counter()
-    hosted = path_model is not None
-    body = await read_json(request, workers_ai.MAX_BODY_BYTES if hosted else None)
-    data, options, warnings = body.data, HostedOptions() if hosted else None, []
-    if hosted and isinstance(data, dict):  # Workers AI: the route names the model, options say how to wait
-        options, data = workers_ai.take_options(data)
-        data["model"] = path_model
-    elif isinstance(data, dict) and data.get("model") is None:  # clients that leave it out get the default
-        data = {**data, "model": request.app[REGISTRY].default}
-        warnings.append(no_model_warning(data["model"]))
-    body = dataclasses.replace(body, data=data)
-    model = data.get("model") if isinstance(data, dict) else None
-    decision = await decide(request, body, model, options)
-    info = request[INFO]
-    total_ms = round((time.perf_counter() - start) * 1e3, 3)
-    info.timings["total_ms"] = total_ms
-    request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
-    extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
-    headers = {}
-    builtin = request.app[SERVED][info.model].spec.builtin
-    if builtin:
-        warnings.append(DEMO_WARNING.format(release=REAL_RELEASES[builtin]))
-        headers[DEMO_HEADER] = DEMO_HEADER_VALUE
-    if warnings:
-        extensions["x_warnings"] = warnings
-    return {**decision.response, **extensions}, headers
-
-
-async def systemone_handler(request: web.Request) -> web.Response:
-    response, headers = await answer(request, None)
-    return json_response(response, headers=headers)
-
-
-async def workers_ai_handler(request: web.Request) -> web.Response:
-    """Cloudflare's Workers AI routes: the model comes from the path, the answer in its envelope."""
-    response, headers = await answer(request, request.match_info["model"])
-    return json_response(workers_ai_envelope(response), headers=headers)
 
 
 # --- the rest of the API ----------------------------------------------------------------------
@@ -272,37 +120,6 @@ def setup_routes(app: web.Application) -> None:
 
 # --- resources ---------------------------------------------------------------------------------
 
-class ModelLoadError(ClefError):
-    category = Category.CONFIG
-    error_type = "model_load_error"
-
-    def __init__(self, name: str, cause: ClefError):
-        self.name, self.cause = name, cause
-        super().__init__(f"model {name!r} failed to load: {cause}", fix=cause.fix)
-
-
-def load_models(registry: Registry) -> dict[str, Loaded]:
-    """Every model of the registry, each checked (loading.load_checked), or an error naming the one that failed."""
-    models: dict[str, Loaded] = {}
-    try:
-        for name, spec in registry.models.items():
-            # the head is named once checked (the banner): a clef GGUF embeds it, a qwen35 one has it beside it
-            log.info("loading model %s: %s%s", name, spec.gguf, f" + {spec.head_path}" if spec.head_path else "")
-            try:
-                models[name] = load_checked(spec, registry.server.limits)
-            except ModelRefused:
-                raise
-            except ClefError as exc:
-                raise ModelLoadError(name, exc) from exc
-            for warning in models[name].warnings:
-                log.warning("model %s is served with a warning: %s", name, warning)
-    except BaseException:
-        for loaded in models.values():
-            loaded.model.close()
-        raise
-    return models
-
-
 def _release_date(spec: ModelSpec) -> str:
     return spec.release_date or date.fromtimestamp(spec.gguf.stat().st_mtime).isoformat()
 
@@ -322,6 +139,7 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         spec = registry.models[name]
         worker = InferenceWorker(item.model, registry.server.max_queue, on_batch(name))
         worker.start()
+        app[SERVICE].workers[name] = worker
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
                                    _release_date(spec), item.report.facts, item.report.head_path)
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()},
@@ -346,7 +164,7 @@ def handler_args(registry: Registry, metrics: Metrics) -> dict[str, Any]:
         # aiohttp closes a connection that has not completed a request within keepalive_timeout: that is
         # what cuts off a client trickling its headers, and idle keep-alive connections after as long
         "keepalive_timeout": registry.server.body_timeout_s,
-        "auto_decompress": False,  # read_json decodes bodies itself, with the size cap
+        "auto_decompress": False,  # decisions.read_body decodes bodies itself, with the size cap
         "access_log": None,  # the middleware writes one line per request
         "logger": ProtocolLog(metrics),  # parser errors: one line each, counted
     }
@@ -396,8 +214,10 @@ def create_app(registry: Registry, loader: Loader = load_models) -> web.Applicat
     app[PLAYGROUND] = load_playground()
     app[SERVED] = {}
     app[NAMES] = {}
-    app[COALESCER] = Coalescer(registry.server.cache_size,
-                               lambda model, source: metrics.coalesced.labels(model, source).inc())
+    coalescer = Coalescer(registry.server.cache_size,
+                          lambda model, source: metrics.coalesced.labels(model, source).inc())
+    app[SERVICE] = DecisionService(registry.server, coalescer, registry.server.request_timeout_s, names=app[NAMES],
+                                   on_queued=lambda model, depth: metrics.queue_depth.labels(model).set(depth))
     app.cleanup_ctx.append(models_ctx)
     setup_routes(app)
     return app

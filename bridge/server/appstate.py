@@ -11,8 +11,8 @@ from ..config.integrity import Facts
 from ..model.loading import Loaded
 from ..config.registry import ModelSpec, Registry
 from ..model.worker import InferenceWorker
+from ..service.decision import DecisionService
 from .auth import ApiKeys
-from .coalesce import Coalescer
 from .pages import Page
 from .prometheus import Metrics
 
@@ -38,5 +38,5 @@ KEYS = web.AppKey("keys", ApiKeys)
 LOADER = web.AppKey("loader", Loader)  # type: ignore[type-abstract]
 SERVED = web.AppKey("served", dict[str, Served])
 NAMES = web.AppKey("names", dict[str, str])  # every accepted model name -> the served model it means
-COALESCER = web.AppKey("coalescer", Coalescer)
+SERVICE = web.AppKey("service", DecisionService)  # the one path from a request to its Decision
 PLAYGROUND = web.AppKey("playground", dict[str, Page])  # the playground's files by route name

@@ -12,20 +12,12 @@ from aiohttp import hdrs, web
 
 from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ..media.request import UnsupportedMediaType
+from ..service.errors import BodyTooLarge  # the service refuses a too large text as well
 
 try:
     from compression import zstd  # Python >= 3.14
 except ImportError:
     from backports import zstd
-
-
-# a JSON body up to this size is decompressed, parsed and searched for media on the event loop; bigger ones off it
-INLINE_BYTES = 64 * 1024
-
-
-class BodyTooLarge(ClefError):
-    category = Category.TOO_LARGE
-    error_type = "request_too_large"
 
 
 class BadEncoding(ClefError):

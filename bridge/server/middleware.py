@@ -31,11 +31,6 @@ SERVER_NAME = "clef-bridge"  # the Server header: no Python or aiohttp version f
 CLIENT_CLOSED = 499  # nginx's status for a client gone before its answer: counted apart from 5xx
 
 
-class DeadlineExceeded(ClefError):
-    category = Category.UNAVAILABLE
-    error_type = "timeout"
-
-
 class BodyTimeout(ClefError):
     category = Category.SLOW_CLIENT
     error_type = "request_timeout"

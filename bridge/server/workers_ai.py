@@ -6,11 +6,17 @@ wider contract (any question id, models.toml's limits)."""
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
 from ...head.errors import Problem, RequestInvalid
-from ...head.schema import MAX_TEXT_PROBLEMS, Limits, parse_request
+from ...head.schema import MAX_TEXT_PROBLEMS, Limits
+from ..service.decision import Contract
+from .decisions import decide, decision_input, read_body, reply
+from .middleware import json_response, workers_ai_envelope
 
 MAX_QUESTIONS = 64
 MAX_BODY_BYTES = 13 * 2**20
@@ -54,13 +60,19 @@ def hosted_problems(body: Any, limits: Limits) -> list[Problem]:
             for qid in bad]
 
 
-def check(body: Any, limits: Limits) -> None:
-    """Refuse (422) a body beyond the hosted limits, with every other problem of the body in the same answer."""
-    problems = hosted_problems(body, limits)
-    if not problems:
-        return
-    try:
-        parse_request(body, limits)
-    except RequestInvalid as exc:  # the hosted count replaces the server's own, which says the same
-        problems = [p for p in exc.problems if p.type != "too_many_questions"] + problems
-    raise RequestInvalid(problems)
+CONTRACT = Contract(hosted_problems, frozenset({"too_many_questions"}))  # the hosted count replaces the server's
+
+
+async def workers_ai_handler(request: web.Request) -> web.Response:
+    """Cloudflare's Workers AI routes: the model comes from the path, options say how to wait, the answer comes in
+    its envelope."""
+    start = time.perf_counter()
+    body = await read_body(request, MAX_BODY_BYTES)
+    data, options, model = body.data, HostedOptions(), request.match_info["model"]
+    if isinstance(data, dict):
+        options, data = take_options(data)
+        data["model"] = model
+    decision = await decide(request, decision_input(body, data, model if isinstance(body.data, dict) else None,
+                                                    reject_if_busy=options.reject_if_busy, contract=CONTRACT))
+    response, headers = reply(request, decision, start, [])
+    return json_response(workers_ai_envelope(response), headers=headers)

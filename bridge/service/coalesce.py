@@ -13,7 +13,9 @@ from typing import Any, Callable
 
 import orjson
 
-from ..model.clef_model import Decision
+from ...head.schema import DecisionRequest
+from ..media.request import NO_MEDIA, Media
+from ..model.clef_model import Scored
 from ..model.worker import InferenceWorker, Job
 
 Key = tuple[str, bytes]
@@ -38,10 +40,10 @@ class Shared:
             self.job.cancelled = True
 
 
-def request_key(model: str, body: Any, digests: tuple[bytes, ...] = ()) -> Key | None:
+def request_key(model: str, body: Any, media: Media = NO_MEDIA) -> Key | None:
     """(model, canonical body + the sha256 of each medium, in prompt order: bridge.media.request.Media.digests)."""
     try:
-        return model, orjson.dumps(body, option=orjson.OPT_SORT_KEYS) + b"".join(digests)
+        return model, orjson.dumps(body, option=orjson.OPT_SORT_KEYS) + b"".join(media.digests)
     except (orjson.JSONEncodeError, TypeError):
         return None
 
@@ -53,14 +55,14 @@ class Coalescer:
         self.cache_size = cache_size
         self._on_shared = on_shared
         self._inflight: dict[Key, Shared] = {}
-        self._cache: OrderedDict[Key, Decision] = OrderedDict()
+        self._cache: OrderedDict[Key, Scored] = OrderedDict()
 
-    def submit(self, worker: InferenceWorker, body: Any, images: tuple[Any, ...] = (),
-               digests: tuple[bytes, ...] = (), audio: tuple[Any, ...] = (), reject_if_busy: bool = False) -> Shared:
-        """The computation for this body and its media (decoded pixels and samples, and their bytes' sha256
+    def submit(self, worker: InferenceWorker, body: Any, request: DecisionRequest, media: Media = NO_MEDIA,
+               reject_if_busy: bool = False) -> Shared:
+        """The computation for this body (request: it parsed) and its decoded media (keyed by their bytes' sha256
         digests): a cached answer, one in flight, or a new job on the worker (refused while it is busy with
         reject_if_busy: joining an answer that exists or is under way waits behind nothing)."""
-        key = request_key(worker.name, body, digests)
+        key = request_key(worker.name, body, media)
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)
             self._on_shared(worker.name, "cache")
@@ -70,7 +72,7 @@ class Coalescer:
         if key is not None and key in self._inflight:
             self._on_shared(worker.name, "in_flight")
             return self._join(self._inflight[key])
-        job = worker.submit(body, images, audio=audio, reject_if_busy=reject_if_busy)
+        job = worker.submit(request, media, reject_if_busy=reject_if_busy)
         shared = Shared(job.future, job)
         if key is not None:
             self._inflight[key] = shared

@@ -1,0 +1,97 @@
+"""What the decision routes share: reading a body (JSON or multipart, capped), handing it to the decision
+service with the request's context, and the answer's x_ extensions, timings and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiohttp import hdrs, web
+
+from ..demo.builtins import REAL_RELEASES
+from ..service.decision import INLINE_BYTES, Decision, DecisionInput
+from .appstate import METRICS, REGISTRY, SERVED, SERVICE
+from .assets import body_limit
+from .body import BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
+from .middleware import INFO, BodyTimeout
+from .multipart import RequestBody, is_form, parse_body
+
+# every answer of the built-in demo says what the banner says: its weights are random
+DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
+DEMO_WARNING = ("demo: the built-in demo model has RANDOM weights, this answer is meaningless; serve a real model "
+                "(clef-bridge pull {release} writes its models.toml entry)")
+
+
+async def read_body(request: web.Request, cap: int | None = None) -> RequestBody:
+    """The body: JSON, or multipart/form-data (a `request` part and media parts), capped for text and media;
+    cap: a route's own lower ceiling (Workers AI's 13 MiB)."""
+    server = request.app[REGISTRY].server
+    limit = body_limit(server, {kind for served in request.app[SERVED].values() for kind in served.worker.model.media})
+    capped = cap is not None and cap < limit
+    content_type = media_type(request) if request.body_exists else ""
+    form = (header(request, hdrs.CONTENT_TYPE) or "") if is_form(content_type) else ""
+    if not form:
+        check_content_type(content_type)
+    try:
+        return await _read(request, cap if capped else limit, form)
+    except BodyTooLarge:
+        if not capped:
+            raise
+        raise BodyTooLarge(f"the request body exceeds {cap} bytes, the most Workers AI takes; POST /v1/systemone "
+                           f"takes up to {limit} bytes here") from None
+
+
+async def _read(request: web.Request, limit: int, form: str) -> RequestBody:
+    server = request.app[REGISTRY].server
+    try:  # a client trickling its body is cut off; it never reaches a worker
+        raw = await asyncio.wait_for(read_capped(request, limit), server.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise BodyTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
+                          "(body_timeout_s)") from None
+    encoding = header(request, hdrs.CONTENT_ENCODING) or ""
+    if not form and len(raw) <= INLINE_BYTES and encoding in ("", "identity"):
+        return RequestBody(parse_json(raw), None, len(raw))
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: parse_body(decode(raw, encoding, limit),
+                                                                                      form))
+
+
+def decision_input(body: RequestBody, data: Any, model: Any, **options: Any) -> DecisionInput:
+    """A read body (its JSON replaced by data) as the service takes it; options: DecisionInput's."""
+    return DecisionInput(data, model, body.parts, body.json_bytes, **options)
+
+
+async def decide(request: web.Request, call: DecisionInput) -> Decision:
+    """The service's Decision, its model, tokens and timings in the request's context and metrics."""
+    info = request[INFO]
+
+    def resolved(name: str) -> None:
+        info.model = name
+
+    decision = await request.app[SERVICE].decide(call, resolved)
+    info.input_tokens, info.batch_size = decision.input_tokens, decision.batch_size
+    info.timings = {f"{stage}_ms": round(seconds * 1e3, 3) for stage, seconds in decision.timings.items()}
+    info.timings["reused_tokens"] = decision.reused_tokens  # prompt tokens restored from the prefix cache
+    metrics = request.app[METRICS]
+    for stage, seconds in decision.timings.items():
+        metrics.latency.labels(decision.model, stage).observe(seconds)
+    metrics.tokens.labels(decision.model).inc(decision.input_tokens)
+    return decision
+
+
+def reply(request: web.Request, decision: Decision, start: float, warnings: list[str]
+          ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The response with its x_ extensions (latency, timings, warnings), and its extra headers."""
+    info = request[INFO]
+    total_ms = round((time.perf_counter() - start) * 1e3, 3)
+    info.timings["total_ms"] = total_ms
+    request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
+    extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+    headers = {}
+    builtin = request.app[SERVED][info.model].spec.builtin
+    if builtin:
+        warnings = warnings + [DEMO_WARNING.format(release=REAL_RELEASES[builtin])]
+        headers[DEMO_HEADER] = DEMO_HEADER_VALUE
+    if warnings:
+        extensions["x_warnings"] = warnings
+    return {**decision.response, **extensions}, headers

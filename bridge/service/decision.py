@@ -1,0 +1,164 @@
+"""The one decision service: a typed request in, a typed Decision out.
+
+Every front door (POST /v1/systemone, the Workers AI routes, the CLI, Ray replicas) translates its wire
+format to a DecisionInput and the Decision back. The service validates the body once, checks its media
+against the model once, refuses on a full media queue before decoding, decodes off the event loop,
+coalesces identical requests and waits for the model's worker within the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ...head.errors import Problem, RequestInvalid
+from ...head.schema import DecisionRequest, Limits, Question, is_unicode, parse_request
+from ..config.registry import ServerSpec, resolve
+from ..media.request import (
+    FIELDS,
+    IMAGE,
+    DecodeSettings,
+    Extracted,
+    FormPart,
+    Media,
+    decode_kind,
+    extract,
+    refuse_unsupported,
+)
+from ..model.worker import InferenceWorker
+from .coalesce import Coalescer
+from .errors import BodyTooLarge, DeadlineExceeded
+
+# a JSON body up to this size is decompressed, parsed, searched for media and validated on the event loop; bigger
+# ones off it
+INLINE_BYTES = 64 * 1024
+TOWER_STAGES = {IMAGE: "vision"}  # a kind whose tower's time x_timings reports, under this stage
+
+@dataclass(frozen=True)
+class Contract:
+    """A front door's own limits on a body (Workers AI's hosted ones), beyond the server's."""
+
+    problems: Callable[[Any, Limits], list[Problem]]  # what it refuses in a body that the server's limits may take
+    replaces: frozenset[str] = frozenset()  # the server's problem types that say the same, left out beside its own
+
+
+@dataclass(frozen=True)
+class DecisionInput:
+    """What a front door hands the service: a body as sent (its media fields in), the model it names, and how to
+    wait."""
+
+    body: Any  # the decoded JSON (a multipart body's `request` part)
+    model: Any  # the model named (the body's `model`, or a route's), as sent: the service checks it
+    parts: dict[str, FormPart] | None = None  # a multipart body's media parts
+    json_bytes: int = 0  # the JSON text's size, media inlined (max_body_bytes caps it without them); 0: no cap
+    reject_if_busy: bool = False  # answer 429 at once rather than wait behind other requests
+    contract: Contract | None = None  # a front door's own limits (Workers AI's), in the same 422 as the body's
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A request decided: the response body, and what its front door and the tools report about it."""
+
+    model: str  # the served model that answered
+    response: dict[str, Any]
+    input_tokens: int
+    timings: dict[str, float]  # seconds per stage: queue, tokenize, backbone, head, then each medium's
+    reused_tokens: int  # prompt tokens restored from the prefix cache
+    batch_size: int
+    logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)  # unrounded, per question
+
+
+def validate(body: Any, limits: Limits = Limits(), contract: Contract | None = None) -> DecisionRequest:
+    """head.schema.parse_request, its one call on the request path; a front door's contract's problems come in the
+    same 422 as the body's other ones."""
+    extra = contract.problems(body, limits) if contract is not None else []
+    if not extra:
+        return parse_request(body, limits)
+    try:
+        parse_request(body, limits)
+    except RequestInvalid as exc:
+        extra = [p for p in exc.problems if p.type not in contract.replaces] + extra
+    raise RequestInvalid(extra)
+
+
+async def off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a thread where the input is big, else here (a thread hop costs more than a small body)."""
+    if not big:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def find_media(call: DecisionInput, server: ServerSpec) -> Extracted:
+    """The body's media found and checked from their headers; its text (the JSON without inlined media) must fit
+    max_body_bytes."""
+    found = extract(call.body, call.parts, server.images, server.limits, server.audio)
+    if call.json_bytes - found.inline_chars > server.max_body_bytes:
+        raise BodyTooLarge(f"the request's JSON exceeds {server.max_body_bytes} bytes"
+                           f"{' without its images and audio' if found.inline_chars else ''} (max_body_bytes "
+                           "in models.toml [server])")
+    return found
+
+
+class DecisionService:
+    """The models served (workers by name, and every name a request may use) and the path from a request to its
+    Decision."""
+
+    def __init__(self, server: ServerSpec, coalescer: Coalescer, timeout_s: float | None,
+                 workers: dict[str, InferenceWorker] | None = None, names: dict[str, str] | None = None,
+                 on_queued: Callable[[str, int], None] = lambda model, depth: None):
+        self.server = server
+        self.coalescer = coalescer
+        self.timeout_s = timeout_s  # the deadline once queued (request_timeout_s); None: as long as it takes
+        self.workers = {} if workers is None else workers  # the app fills both as its models load
+        self.names = {} if names is None else names
+        self._on_queued = on_queued
+
+    async def decide(self, call: DecisionInput, resolved: Callable[[str], None] = lambda model: None) -> Decision:
+        """The request's Decision; resolved: told the served model's name as soon as it is known."""
+        big = call.parts is not None or call.json_bytes > INLINE_BYTES
+        found = await off_loop(big, find_media, call, self.server)
+        body = found.body
+        if call.contract is not None and call.contract.problems(body, self.server.limits):
+            validate(body, self.server.limits, call.contract)  # raises, with the body's other problems
+        if not isinstance(body, dict) or not isinstance(call.model, str) or not is_unicode(call.model):
+            validate(body)  # every problem of the body at once, the model's among them
+        name = resolve(self.names, call.model)
+        worker = self.workers[name]
+        resolved(name)
+        model = worker.model
+        refuse_unsupported(found.media, model.media, name)  # media the model cannot take: 422 before any work
+        worker.check_media_room(bool(found.media))  # a full queue refuses before decoding
+        media, decode_s = await self._decode(found.media, DecodeSettings(model.geometry, self.server.audio))
+        request = await off_loop(big, validate, body, model.limits)
+        shared = self.coalescer.submit(worker, body, request, media, reject_if_busy=call.reject_if_busy)
+        self._on_queued(name, worker.depth)
+        try:
+            scored = await asyncio.wait_for(asyncio.shield(shared.future), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded(f"no answer within {self.timeout_s:g} s (request_timeout_s); the server is busy, "
+                                   "retry later") from None
+        finally:
+            shared.leave()
+        t = scored.timings
+        stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
+        for kind in media.kinds:  # decoding here (Pillow, PyAV), a tower's time in the worker
+            stages[FIELDS[kind]] = decode_s[kind]
+            if kind in TOWER_STAGES:
+                stages[TOWER_STAGES[kind]] = getattr(t, TOWER_STAGES[kind])
+        return Decision(name, scored.response, scored.input_tokens, stages, t.reused_tokens, t.batch_size,
+                        scored.logits)
+
+    @staticmethod
+    async def _decode(media: Media, settings: DecodeSettings) -> tuple[Media, dict[str, float]]:
+        """Each kind decoded in a thread, and the seconds it took."""
+        items, seconds = {}, {}
+        for kind in media.kinds:
+            t0 = time.perf_counter()
+            items[kind] = await asyncio.get_running_loop().run_in_executor(None, decode_kind, kind, media.of(kind),
+                                                                           settings)
+            seconds[kind] = time.perf_counter() - t0
+        return media.decoded(items), seconds

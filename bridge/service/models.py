@@ -1,0 +1,43 @@
+"""Loading the models a service serves: every entry of a registry, each the one checked way."""
+
+from __future__ import annotations
+
+import logging
+
+from ...head.errors import Category, ClefError
+from ..config.integrity import ModelRefused
+from ..config.registry import Registry
+from ..model.loading import Loaded, load_checked
+
+log = logging.getLogger("clef_bridge.server")
+
+
+class ModelLoadError(ClefError):
+    category = Category.CONFIG
+    error_type = "model_load_error"
+
+    def __init__(self, name: str, cause: ClefError):
+        self.name, self.cause = name, cause
+        super().__init__(f"model {name!r} failed to load: {cause}", fix=cause.fix)
+
+
+def load_models(registry: Registry) -> dict[str, Loaded]:
+    """Every model of the registry, each checked (loading.load_checked), or an error naming the one that failed."""
+    models: dict[str, Loaded] = {}
+    try:
+        for name, spec in registry.models.items():
+            # the head is named once checked (the banner): a clef GGUF embeds it, a qwen35 one has it beside it
+            log.info("loading model %s: %s%s", name, spec.gguf, f" + {spec.head_path}" if spec.head_path else "")
+            try:
+                models[name] = load_checked(spec, registry.server.limits)
+            except ModelRefused:
+                raise
+            except ClefError as exc:
+                raise ModelLoadError(name, exc) from exc
+            for warning in models[name].warnings:
+                log.warning("model %s is served with a warning: %s", name, warning)
+    except BaseException:
+        for loaded in models.values():
+            loaded.model.close()
+        raise
+    return models

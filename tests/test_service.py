@@ -1,0 +1,275 @@
+"""The decision service (bridge/service) with fake models: no socket, no llama.cpp; the real worker and coalescer.
+
+Validation once, media refused before decoding (unsupported kind, full media queue), coalescing in flight and
+from the cache, reject_if_busy, a front door's contract in the same 422, the Decision's fields and timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from clef_bridge.bridge.config.registry import ServerSpec, UnknownModel
+from clef_bridge.bridge.media.images import ImageGeometry
+from clef_bridge.bridge.media.request import AUDIO, IMAGE, FormPart, Media
+from clef_bridge.bridge.model.clef_model import Scored, Timings
+from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded
+from clef_bridge.bridge.server.decisions import decision_input
+from clef_bridge.bridge.server.multipart import RequestBody
+from clef_bridge.bridge.server.systemone import no_model_warning
+from clef_bridge.bridge.service import decision as service_module
+from clef_bridge.bridge.service.coalesce import Coalescer, request_key
+from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService
+from clef_bridge.bridge.service.errors import DeadlineExceeded
+from clef_bridge.bridge.service.local import LocalService
+from clef_bridge.head.errors import Problem, RequestInvalid
+from clef_bridge.head.schema import DecisionRequest, Limits
+from clef_bridge.tools.drift import drift
+
+from .fixturegen_vision import encoded, picture
+from .omni_cases import wav
+
+pytestmark = pytest.mark.unit
+
+PNG = encoded(picture(64, 64, seed=3), "PNG")
+WAV = wav(np.zeros(1600, np.float32))
+BODY = {"model": "fake", "state": "a message", "questions": {"urgent": {"type": "noul", "instructions": "Urgent?"}}}
+
+
+def with_media(body: dict, **media: bytes) -> dict:
+    return {**body, **{field: [base64.b64encode(data).decode()] for field, data in media.items()}}
+
+
+class FakeModel:
+    """What the worker and the service ask of a ClefModel; records what reaches it."""
+
+    def __init__(self, name: str = "fake", media: tuple[str, ...] = (), gate: threading.Event | None = None):
+        self.name, self.media, self.gate = name, media, gate
+        self.limits = Limits()
+        self.backbone = SimpleNamespace(on_gpu=False, decode_budget=4096)
+        self.n_seq_max = 4
+        self.geometry = ImageGeometry(min_pixels=64 * 64, max_pixels=64 * 64) if IMAGE in media else None
+        self.prepared: list[tuple[object, Media]] = []
+        self.started = threading.Event()
+
+    def prepare(self, request, media):
+        self.prepared.append((request, media))
+        ids = [0] * (3 + len(request.questions))
+        return SimpleNamespace(request=request, media=media, has_media=bool(media), encoded=SimpleNamespace(
+            input_ids=ids))
+
+    def prefill_batch(self, batch):
+        self.started.set()
+        if self.gate is not None:
+            self.gate.wait(5)
+        return [SimpleNamespace(prepared=p, batch_size=len(batch)) for p in batch]
+
+    def score(self, item):
+        request = item.prepared.request
+        logits = tuple((q, np.array([0.5, -0.5])) for q in request.questions)
+        timings = Timings(0.001, 0.002, 0.003, item.batch_size, 2, vision=0.004 if item.prepared.media.images else 0)
+        return Scored({"model": request.model, "answers": {q.id: {"noul": 0.73} for q in request.questions}},
+                      len(item.prepared.encoded.input_ids), timings, logits)
+
+
+def service_for(*models: FakeModel, cache_size: int = 0, shared: list | None = None, max_media_jobs: int = 8,
+                timeout_s: float | None = 5.0) -> tuple[DecisionService, dict[str, InferenceWorker]]:
+    workers = {m.name: InferenceWorker(m, 8, overlap=False, max_media_jobs=max_media_jobs) for m in models}
+    names = {**{m.name: m.name for m in models}, "alias": models[0].name}
+    on_shared = (lambda model, source: shared.append(source)) if shared is not None else (lambda model, source: None)
+    return DecisionService(ServerSpec(), Coalescer(cache_size, on_shared), timeout_s, workers, names), workers
+
+
+def run(workers: dict[str, InferenceWorker], coro_fn):
+    """coro_fn() on a fresh event loop with the workers started, stopped afterwards."""
+    for worker in workers.values():
+        worker.start()
+    try:
+        return asyncio.run(coro_fn())
+    finally:
+        for worker in workers.values():
+            worker.stop()
+
+
+def test_a_decision_carries_its_model_answer_tokens_timings_and_logits():
+    model = FakeModel()
+    service, workers = service_for(model)
+    resolved = []
+    decision = run(workers, lambda: service.decide(DecisionInput(BODY, "alias"), resolved.append))
+    assert decision.model == "fake" and resolved == ["fake"]  # an alias resolves to the served name
+    assert decision.response == {"model": "fake", "answers": {"urgent": {"noul": 0.73}}}
+    assert decision.input_tokens == 4 and decision.reused_tokens == 2 and decision.batch_size == 1
+    assert list(decision.timings) == ["queue", "tokenize", "backbone", "head"]  # text: no media stage
+    assert [(q.id, z.tolist()) for q, z in decision.logits] == [("urgent", [0.5, -0.5])]
+
+
+def test_the_body_is_validated_once_and_the_model_gets_the_parsed_request(monkeypatch):
+    calls = []
+    real = service_module.parse_request
+    monkeypatch.setattr(service_module, "parse_request", lambda *a: calls.append(a) or real(*a))
+    model = FakeModel()
+    service, workers = service_for(model)
+    run(workers, lambda: service.decide(DecisionInput(BODY, "fake")))
+    assert len(calls) == 1 and isinstance(model.prepared[0][0], DecisionRequest)
+
+
+def test_an_invalid_body_is_one_422_and_never_reaches_the_model():
+    model = FakeModel()
+    service, workers = service_for(model)
+    bad = {"model": "fake", "state": 3, "questions": {"q": {"type": "maybe"}}}
+    with pytest.raises(RequestInvalid) as info:
+        run(workers, lambda: service.decide(DecisionInput(bad, "fake")))
+    assert len(info.value.problems) >= 2 and model.prepared == []
+
+
+def test_an_unknown_model_is_refused_by_name():
+    service, workers = service_for(FakeModel())
+    with pytest.raises(UnknownModel):
+        run(workers, lambda: service.decide(DecisionInput({**BODY, "model": "nope"}, "nope")))
+
+
+@pytest.mark.parametrize("field, data, kind", [("images", PNG, "images_not_supported"),
+                                               ("audio", WAV, "audio_not_supported")])
+def test_media_the_model_cannot_take_are_refused_before_decoding(monkeypatch, field, data, kind):
+    decoded = []
+    monkeypatch.setattr(service_module, "decode_kind", lambda *a: decoded.append(a))
+    model = FakeModel()
+    service, workers = service_for(model)
+    with pytest.raises(RequestInvalid) as info:
+        run(workers, lambda: service.decide(DecisionInput(with_media(BODY, **{field: data}), "fake")))
+    assert [p.type for p in info.value.problems] == [kind] and decoded == [] and model.prepared == []
+
+
+def test_a_full_media_queue_refuses_before_decoding(monkeypatch):
+    decoded = []
+    monkeypatch.setattr(service_module, "decode_kind", lambda *a: decoded.append(a))
+    service, workers = service_for(FakeModel(media=(IMAGE,)), max_media_jobs=0)
+    with pytest.raises(Overloaded, match="image or audio requests"):
+        run(workers, lambda: service.decide(DecisionInput(with_media(BODY, images=PNG), "fake")))
+    assert decoded == []
+
+
+def test_media_are_decoded_into_one_value_with_their_digests_and_timed():
+    model = FakeModel(media=(IMAGE,))
+    service, workers = service_for(model)
+    decision = run(workers, lambda: service.decide(DecisionInput(with_media(BODY, images=PNG), "fake")))
+    [(_, media)] = model.prepared
+    assert media.kinds == (IMAGE,) and media.images[0].shape == (64, 64, 3) and media.images[0].dtype == np.uint8
+    assert len(media.digests) == 1 and media.digests[0] != b""
+    assert list(decision.timings) == ["queue", "tokenize", "backbone", "head", "images", "vision"]
+    assert decision.timings["vision"] == 0.004
+
+
+def test_identical_requests_in_flight_share_one_computation():
+    gate = threading.Event()
+    model = FakeModel(gate=gate)
+    shared: list[str] = []
+    service, workers = service_for(model, shared=shared)
+
+    async def main():
+        first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
+        await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
+        second = asyncio.ensure_future(service.decide(DecisionInput(dict(BODY), "fake")))
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await asyncio.gather(first, second)
+
+    a, b = run(workers, main)
+    assert a.response == b.response and len(model.prepared) == 1 and shared == ["in_flight"]
+
+
+def test_a_repeat_is_answered_from_the_cache_and_media_key_it():
+    model = FakeModel(media=(IMAGE,))
+    shared: list[str] = []
+    service, workers = service_for(model, cache_size=4, shared=shared)
+
+    async def main():
+        for body in (BODY, BODY, with_media(BODY, images=PNG), with_media(BODY, images=PNG)):
+            await service.decide(DecisionInput(body, "fake"))
+
+    run(workers, main)
+    assert len(model.prepared) == 2 and shared == ["cache", "cache"]  # the image request is another key
+
+
+def test_the_key_holds_the_media_digests_in_order():
+    one, two = Media({IMAGE: ("i",), AUDIO: ("a",)}, (b"1", b"audio", b"2")), Media({IMAGE: ("i",)}, (b"1",))
+    assert request_key("m", BODY, one) != request_key("m", BODY, two) != request_key("m", BODY)
+    assert request_key("m", {"x": {1, 2}}) is None  # not JSON: never shared
+
+
+def test_reject_if_busy_refuses_while_the_model_works_but_joins_an_answer_under_way():
+    gate = threading.Event()
+    model = FakeModel(gate=gate)
+    service, workers = service_for(model)
+
+    async def main():
+        first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
+        await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
+        other = {**BODY, "state": "another message"}
+        with pytest.raises(Busy):
+            await service.decide(DecisionInput(other, "fake", reject_if_busy=True))
+        joined = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake", reject_if_busy=True)))
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await asyncio.gather(first, joined)
+
+    a, b = run(workers, main)
+    assert a.response == b.response and len(model.prepared) == 1
+
+
+def test_a_front_doors_contract_is_reported_with_the_bodys_other_problems():
+    def no_x(body, limits):
+        return [Problem(("body", "questions"), "too many for this door", "too_many_questions")] if "x" in body else []
+
+    model = FakeModel()
+    service, workers = service_for(model)
+    bad = {**BODY, "x": 1, "state": 3}
+    with pytest.raises(RequestInvalid) as info:
+        run(workers, lambda: service.decide(DecisionInput(bad, "fake", contract=Contract(no_x))))
+    assert {p.type for p in info.value.problems} >= {"too_many_questions"} and len(info.value.problems) >= 2
+    assert model.prepared == []
+
+
+def test_the_local_service_runs_the_same_path_for_the_tools():
+    with LocalService(FakeModel()) as service:
+        decision = service.decide({**BODY, "model": "whatever the file says"})
+    assert decision.model == "fake" and decision.response["model"] == "whatever the file says"
+
+
+def test_drift_refuses_audio_for_a_model_without_audio_as_the_server_does():
+    """A drift fix: drift used to answer a request with audio as if it were text."""
+    body = with_media(BODY, audio=WAV)
+    with LocalService(FakeModel("a")) as a, LocalService(FakeModel("b")) as b:
+        with pytest.raises(RequestInvalid) as info:
+            drift(a.decide, b.decide, [body])
+    assert [p.type for p in info.value.problems] == ["audio_not_supported"]
+
+
+def test_past_the_deadline_the_request_is_refused_and_its_queued_job_dropped():
+    gate = threading.Event()
+    model = FakeModel(gate=gate)
+    service, workers = service_for(model, timeout_s=0.05)
+
+    async def main():
+        first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
+        await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
+        with pytest.raises(DeadlineExceeded, match="request_timeout_s"):
+            await service.decide(DecisionInput({**BODY, "state": "queued behind"}, "fake"))
+        gate.set()
+        with pytest.raises(DeadlineExceeded):
+            await first  # its own deadline passed while the gate held it
+
+    run(workers, main)
+    assert len(model.prepared) == 1  # the queued request, its waiter gone, never reached the model
+
+
+def test_the_http_adapters_hand_the_read_body_over_as_it_came():
+    body = RequestBody({"state": "s"}, {"p": FormPart("p", "image/png", PNG)}, 1234)
+    call = decision_input(body, {"state": "s", "model": "m"}, "m", reject_if_busy=True)
+    assert (call.body, call.model, call.parts, call.json_bytes, call.reject_if_busy) == (
+        {"state": "s", "model": "m"}, "m", body.parts, 1234, True)
+    assert "'jev-latest'" in no_model_warning("jev-latest")
