@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from clef_bridge.bridge.model.clef_model import ClefModel, Timings
-from clef_bridge.head.schema import parse_request
-from clef_bridge.bridge.model.loading import load_checked
 from clef_bridge.bridge.config.registry import model_spec
+from clef_bridge.bridge.model.clef_model import ClefModel, Timings
+from clef_bridge.bridge.model.loading import load_checked
+from clef_bridge.head.schema import parse_request
 from clef_bridge.tools.bench import ROUTER_QUESTIONS
 
 WORDS = ("the build failed again after the dependency update so I pinned the version and reran the tests "

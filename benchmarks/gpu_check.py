@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from clef_bridge.bridge.demo.builtins import random_head
 from clef_bridge.bridge.host.gpu import read_gpu, release_cached, to_device
 from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
-from clef_bridge.bridge.demo.builtins import random_head
 from clef_bridge.head.answer import softmax64
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.model import Layout, joint_schema_head

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from aiohttp import web
-from clef_bridge.bridge.host.gpu import nvml_handle, read_gpu, visible_device
-from clef_bridge.bridge.model.loading import backbone_file
 from clef_bridge.bridge.config.memory_plan import head_gpu_bytes, serving_plan
 from clef_bridge.bridge.config.registry import ModelSpec, Registry, ServerSpec, model_spec
+from clef_bridge.bridge.host.gpu import nvml_handle, read_gpu, visible_device
+from clef_bridge.bridge.model.loading import backbone_file
 from clef_bridge.bridge.server.app import RUNNER_OPTIONS, create_app
 from clef_bridge.head.config import config_path_for, load_config
 from clef_bridge.head.encoder import encode

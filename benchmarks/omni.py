@@ -160,11 +160,11 @@ def audio_tower(mmproj: Path, seconds: tuple[float, ...], real: bool, repeats: i
 
 
 def latency(repeats: int, threads: int) -> list[dict[str, Any]]:
-    from clef_bridge.bridge.media.request import AUDIO, IMAGE, Media
+    from clef_bridge.bridge.config.registry import model_spec
     from clef_bridge.bridge.media.images import decode, sniff
+    from clef_bridge.bridge.media.request import AUDIO, IMAGE, Media
     from clef_bridge.bridge.model.loading import load_checked
     from clef_bridge.head.schema import parse_request
-    from clef_bridge.bridge.config.registry import model_spec
 
     from tests import fixturegen, fixturegen_omni
     from tests.fixturegen_vision import encoded, picture

@@ -211,8 +211,9 @@ def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
                                 "(max_state_bytes)", "state_too_large"))
     for field, error_type in MEDIA_FIELDS.items():  # the server takes media out of the body before parsing it
         if body.get(field):
-            problems.append(Problem(("body", field), "this path reads text only: send media through the server "
-                                    "or ClefModel.respond, which take them out of the body first", error_type))
+            problems.append(Problem(("body", field), "this path reads text only: send media through the server or "
+                                    "the decision service (bridge/service), which take them out of the body first",
+                                    error_type))
     raw_questions = body.get("questions")
     questions: list[Question] = []
     if not isinstance(raw_questions, dict) or not raw_questions:

@@ -28,10 +28,10 @@ MATRIX = (12288, 4096)  # numpy shape of one F16 matrix: 100.7 MB
 
 
 def _build(folder: Path, gib: float) -> None:
+    from clef_bridge.bridge.demo.builtins import make_demo
     from clef_bridge.bridge.gguf.clef_split import join
     from clef_bridge.bridge.gguf.reader import read_gguf, read_raw
     from clef_bridge.bridge.gguf.writer import CopyFrom, OutTensor, encode_value, write_gguf
-    from clef_bridge.bridge.demo.builtins import make_demo
     from clef_bridge.head.config import CONFIG_NAME
     from clef_bridge.head.weights import save_state_dict
 

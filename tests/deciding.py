@@ -4,6 +4,7 @@ the CLI share), and a body encoded the way the worker encodes it."""
 from __future__ import annotations
 
 from typing import Any
+
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.media.request import NO_MEDIA, Media
 from clef_bridge.bridge.model.clef_model import Prepared

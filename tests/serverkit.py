@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
-from clef_bridge.bridge.model.loading import Loaded
 from clef_bridge.bridge.config.registry import ModelSpec, Registry, ServerSpec
+from clef_bridge.bridge.model.loading import Loaded
 from clef_bridge.bridge.server.app import RUNNER_OPTIONS, create_app
-from clef_bridge.bridge.service.models import load_models
 from clef_bridge.bridge.server.appstate import Loader
+from clef_bridge.bridge.service.models import load_models
 from clef_bridge.head.schema import Limits
 
 LIMIT_KEYS = {f.name for f in fields(Limits)}

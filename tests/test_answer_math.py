@@ -12,10 +12,10 @@ import math
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.config.registry import RegistryError, load_registry
 from clef_bridge.bridge.gguf.clef_format import temperature_key
 from clef_bridge.bridge.gguf.clef_head import read_embedded_head
 from clef_bridge.bridge.model.loading import answer_options
-from clef_bridge.bridge.config.registry import RegistryError, load_registry
 from clef_bridge.head.answer import AnswerOptions, answer, answers, probabilities, softmax64
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.schema import parse_request

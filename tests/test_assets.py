@@ -8,9 +8,9 @@ import base64
 import tomllib
 
 import pytest
+from clef_bridge.bridge.config.registry import RegistryError, parse_registry
 from clef_bridge.bridge.media.images import ImageLimits, ImageRejected, ImageTooLarge
 from clef_bridge.bridge.media.request import MARKER, FormPart, UnsupportedMediaType, extract
-from clef_bridge.bridge.config.registry import RegistryError, parse_registry
 from clef_bridge.bridge.server.assets import body_limit
 from clef_bridge.bridge.server.multipart import is_form, parse_body, parse_form
 from clef_bridge.head.errors import RequestInvalid

@@ -14,6 +14,7 @@ import tomllib
 import av
 import numpy as np
 import pytest
+from clef_bridge.bridge.config.registry import RegistryError, parse_registry
 from clef_bridge.bridge.media.audio import (
     SAMPLE_RATE,
     AudioLimits,
@@ -26,7 +27,6 @@ from clef_bridge.bridge.media.audio import (
 )
 from clef_bridge.bridge.media.images import ImageLimits
 from clef_bridge.bridge.media.request import NO_VIDEO, FormPart, extract
-from clef_bridge.bridge.config.registry import RegistryError, parse_registry
 from clef_bridge.bridge.server.assets import body_limit
 from clef_bridge.head.errors import RequestInvalid
 

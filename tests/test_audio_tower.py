@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.media.audio_tower import HOP, SAMPLE_RATE, mel_filters, request_features, request_frames
+from clef_bridge.bridge.media.audio_tower import SAMPLE_RATE, mel_filters, request_features, request_frames
 
 from . import fixturegen_omni
 

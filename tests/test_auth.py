@@ -35,7 +35,8 @@ def test_a_known_key_passes_whatever_the_schemes_case(key_file, authorization):
 @pytest.mark.parametrize("authorization, message", [
     (None, "missing API key"), ("", "missing API key"), ("Bearer", "missing API key"), ("Bearer   ", "missing API key"),
     ("Basic a2V5LW9uZQ==", "missing API key"), ("key-one", "missing API key"),
-    ("Bearer key-three", "invalid API key"), ("Bearer key-on", "invalid API key"), ("Bearer key-one2", "invalid API key"),
+    ("Bearer key-three", "invalid API key"), ("Bearer key-on", "invalid API key"),
+    ("Bearer key-one2", "invalid API key"),
 ])
 def test_anything_else_is_unauthorized(key_file, authorization, message):
     with pytest.raises(Unauthorized, match=message):

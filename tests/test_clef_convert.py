@@ -15,13 +15,13 @@ from collections import namedtuple
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.demo.builtins import make_demo
 from clef_bridge.bridge.gguf import writer as gguf_write
 from clef_bridge.bridge.gguf.clef_head import read_embedded_head
 from clef_bridge.bridge.gguf.clef_split import ConvertError, ensure_backbone, join, split
 from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.bridge.gguf.writer import NotEnoughDisk, remove_stale
 from clef_bridge.bridge.llama.backbone import Backbone, BackboneError, BackboneOptions
-from clef_bridge.bridge.demo.builtins import make_demo
 from clef_bridge.head.config import HeadConfig, config_path_for
 from clef_bridge.head.weights import load_state_dict
 from gguf import GGUFReader, GGUFValueType, GGUFWriter

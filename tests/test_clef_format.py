@@ -8,11 +8,11 @@ import json
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.config.integrity import CheckReport
+from clef_bridge.bridge.demo.builtins import make_demo
 from clef_bridge.bridge.gguf.clef_head import ClefHeadError, read_embedded_head, validate_embedded_head
 from clef_bridge.bridge.gguf.clef_split import join
 from clef_bridge.bridge.gguf.reader import GGUFError, StringArray, read_gguf, read_strings
-from clef_bridge.bridge.demo.builtins import make_demo
-from clef_bridge.bridge.config.integrity import CheckReport
 from clef_bridge.head.config import HeadConfig, config_path_for
 from clef_bridge.head.encoder import encode
 from clef_bridge.head.model import joint_schema_head

@@ -9,8 +9,8 @@ import shutil
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.gguf.clef_head import read_embedded_head
 from clef_bridge.bridge.config.registry import load_registry
+from clef_bridge.bridge.gguf.clef_head import read_embedded_head
 from clef_bridge.head.config import HeadConfig, config_path_for
 from clef_bridge.head.schema import parse_request
 from clef_bridge.head.weights import load_state_dict

@@ -84,8 +84,8 @@ def test_the_demo_is_built_once(tmp_path):
 
 def test_the_demo_takes_a_64_question_request(tmp_path, monkeypatch):
     """Clients batch up to 64 questions; the demo's byte-level vocabulary needs ~19k tokens for that."""
-    from clef_bridge.bridge.model.loading import load_checked
     from clef_bridge.bridge.config.registry import demo_registry
+    from clef_bridge.bridge.model.loading import load_checked
 
     monkeypatch.setenv("CLEF_BRIDGE_CACHE", str(tmp_path / "cache"))
     model = load_checked(demo_registry(tmp_path / "models.toml").models["demo"]).model

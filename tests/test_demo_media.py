@@ -10,12 +10,12 @@ import io
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.gguf.projector import find_projector
-from clef_bridge.bridge.media.images import ImageGeometry
+from clef_bridge.bridge.config.registry import demo_registry
 from clef_bridge.bridge.demo.builtins import DEMO_DIMS, DEMO_VISION, make_demo
 from clef_bridge.bridge.demo.mmproj import VisionDims, write_projector
+from clef_bridge.bridge.gguf.projector import find_projector
+from clef_bridge.bridge.media.images import ImageGeometry
 from clef_bridge.bridge.model.loading import load_checked
-from clef_bridge.bridge.config.registry import demo_registry
 from gguf import GGUFReader
 
 from . import fixturegen_vision

@@ -13,14 +13,14 @@ import math
 import llama_cpp as lc
 import numpy as np
 import pytest
+from clef_bridge.bridge.config.registry import demo_registry, parse_registry
+from clef_bridge.bridge.demo.builtins import OMNI_AUDIO, OMNI_DEMO, OMNI_DIMS, make_demo
+from clef_bridge.bridge.demo.mmproj import AudioDims, VisionDims, write_projector
 from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.bridge.llama import log as llama_log
 from clef_bridge.bridge.llama.media_batch import MediaBatch, MediaChunk
 from clef_bridge.bridge.llama.vision import image_positions
 from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
-from clef_bridge.bridge.demo.builtins import OMNI_AUDIO, OMNI_DEMO, OMNI_DIMS, make_demo
-from clef_bridge.bridge.demo.mmproj import AudioDims, VisionDims, write_projector
-from clef_bridge.bridge.config.registry import demo_registry, parse_registry
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from llama_cpp import mtmd_cpp as mt
 

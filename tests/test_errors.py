@@ -83,7 +83,8 @@ def test_each_error_says_its_category(cls):
 
 @pytest.mark.parametrize("cls", CLASSES, ids=IDS)
 def test_each_error_has_a_type_of_its_own(cls):
-    assert "error_type" in vars(cls), f"{cls.__qualname__} needs `error_type = \"...\"`: its parent's names another error"
+    assert "error_type" in vars(cls), \
+        f"{cls.__qualname__} needs `error_type = \"...\"`: its parent's names another error"
     assert cls.error_type.isidentifier() and cls.error_type.islower()
 
 

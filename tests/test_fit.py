@@ -7,10 +7,6 @@ import re
 from dataclasses import replace
 
 import pytest
-from clef_bridge.bridge.gguf.reader import read_gguf
-from clef_bridge.bridge.llama import log as llama_log
-from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
-from clef_bridge.bridge.demo.builtins import make_demo
 from clef_bridge.bridge.config.memory_plan import (
     GIB,
     MIB,
@@ -22,6 +18,10 @@ from clef_bridge.bridge.config.memory_plan import (
     recurrent_bytes,
 )
 from clef_bridge.bridge.config.presets import arch_preset, head_params
+from clef_bridge.bridge.demo.builtins import make_demo
+from clef_bridge.bridge.gguf.reader import read_gguf
+from clef_bridge.bridge.llama import log as llama_log
+from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
 from clef_bridge.tools.cli import main
 
 pytestmark = pytest.mark.integration
@@ -117,8 +117,8 @@ def test_parse_size():
 
 def test_auto_layers_and_the_context_warning(fx, monkeypatch):
     import llama_cpp
-    from clef_bridge.bridge.host.gpu import GpuMemory
     from clef_bridge.bridge.config import memory_plan as fit
+    from clef_bridge.bridge.host.gpu import GpuMemory
 
     auto = BackboneOptions(n_ctx=4096, n_seq_max=1, n_gpu_layers="auto")
     every = replace(auto, n_gpu_layers=-1)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import llama_cpp as lc
 import pytest
+from clef_bridge.bridge.config.memory_plan import GIB, MIB, arch_from_gguf, compute_bytes, kv_cache_bytes, plan
+from clef_bridge.bridge.config.presets import arch_preset, omni_projector, type_bytes
+from clef_bridge.bridge.config.registry import RegistryError, model_spec
+from clef_bridge.bridge.demo.moe import MoeDims, write_qwen3vlmoe_gguf
 from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.bridge.llama import log as llama_log
 from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
 from clef_bridge.bridge.llama.buffers import cpu_experts, is_expert_tensor, overridden
-from clef_bridge.bridge.demo.moe import MoeDims, write_qwen3vlmoe_gguf
-from clef_bridge.bridge.config.memory_plan import GIB, MIB, arch_from_gguf, compute_bytes, kv_cache_bytes, plan
-from clef_bridge.bridge.config.presets import arch_preset, omni_projector, type_bytes
-from clef_bridge.bridge.config.registry import RegistryError, model_spec
 from clef_bridge.tools.cli import main
 
 pytestmark = pytest.mark.integration
@@ -233,8 +233,8 @@ def test_clef_omni_sized_by_llama_cpp(omni_sized, ctx, ubatch, flash, every_toke
 
 def test_the_loader_resolves_auto(moe, monkeypatch):
     """placement_for, which load_checked calls before the backbone loads: "auto" becomes the plan's number."""
-    from clef_bridge.bridge.host.gpu import GpuMemory
     from clef_bridge.bridge.config.memory_plan import placement_for, serving_plan
+    from clef_bridge.bridge.host.gpu import GpuMemory
 
     auto = BackboneOptions(n_ctx=4096, n_seq_max=1, n_ubatch=512, n_cpu_moe="auto")
     free = lambda n: lambda: GpuMemory("GPU 0 (test)", n, 16 * GIB, 16 * GIB - n)  # noqa: E731
@@ -256,8 +256,8 @@ def test_the_loader_resolves_auto(moe, monkeypatch):
 def test_fit_counts_an_omni_projector_as_serve_does(tmp_path):
     """fit GGUF and serve plan the same image compute: Clef-omni's reference sizes images to 1,024 tokens at most,
     not Qwen3.5's 16,384 (what fit counted before, 16x the buffer)."""
-    from clef_bridge.bridge.gguf.projector import MAX_IMAGE_TOKENS, compute_bytes, max_image_tokens, projector_info
     from clef_bridge.bridge.demo.builtins import make_demo
+    from clef_bridge.bridge.gguf.projector import MAX_IMAGE_TOKENS, compute_bytes, max_image_tokens, projector_info
     from clef_bridge.tools.fit import fit
 
     make_demo(tmp_path / "demo")
@@ -272,8 +272,8 @@ def test_fit_counts_an_omni_projector_as_serve_does(tmp_path):
 def test_the_audio_tower_is_planned_on_the_gpu_with_the_head(tmp_path):
     """Qwen3-Omni's audio tower runs where the head runs, in float32: fit GGUF --head-on-gpu counts it (as the
     loader does for head_device = "cuda"), and a head on the CPU leaves it out of the GPU plan."""
-    from clef_bridge.bridge.gguf.projector import projector_info
     from clef_bridge.bridge.demo.builtins import make_demo
+    from clef_bridge.bridge.gguf.projector import projector_info
     from clef_bridge.tools.fit import fit
 
     make_demo(tmp_path / "demo")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.gguf.reader import read_gguf
-from clef_bridge.bridge.demo.builtins import Qwen35Dims, matrix_type, write_qwen35_gguf
 from clef_bridge.bridge.config.memory_plan import head_gpu_bytes
+from clef_bridge.bridge.demo.builtins import Qwen35Dims, matrix_type, write_qwen35_gguf
+from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.head.config import config_path_for, load_config
 from gguf import GGMLQuantizationType as Q
 

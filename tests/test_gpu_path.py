@@ -12,10 +12,10 @@ import types
 import llama_cpp
 import numpy as np
 import pytest
-from clef_bridge.bridge.host.gpu import host_rows_for, read_gpu, visible_device
-from clef_bridge.bridge.llama import backbone as backbone_module
 from clef_bridge.bridge.config import memory_plan as fit
 from clef_bridge.bridge.config.registry import RegistryError
+from clef_bridge.bridge.host.gpu import host_rows_for, read_gpu, visible_device
+from clef_bridge.bridge.llama import backbone as backbone_module
 from clef_bridge.head.config import config_path_for, load_config
 from clef_bridge.head.weights import stored_bytes
 from clef_bridge.tools.cli import main

@@ -17,8 +17,8 @@ import aiohttp
 import numpy as np
 import pytest
 from clef_bridge.bridge.model.clef_model import ClefModel
-from clef_bridge.bridge.service.models import load_models
 from clef_bridge.bridge.server.appstate import SERVED
+from clef_bridge.bridge.service.models import load_models
 from clef_bridge.head.encoder import PREFIX
 from clef_bridge.head.errors import HeadConfigError
 

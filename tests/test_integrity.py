@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clef_bridge.bridge.config.integrity import ModelRefused
-from clef_bridge.bridge.model.loading import load_checked
 from clef_bridge.bridge.config.provenance import (
     MAX_CANARY_DIFF,
     MAX_STATE_DRIFT,
@@ -24,6 +23,7 @@ from clef_bridge.bridge.config.provenance import (
     state_drift,
 )
 from clef_bridge.bridge.config.registry import model_spec
+from clef_bridge.bridge.model.loading import load_checked
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.weights import load_state_dict, save_state_dict
 from clef_bridge.tools.cli import main

@@ -13,8 +13,13 @@ from aiohttp.http_exceptions import BadStatusLine
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.server.appstate import METRICS
 from clef_bridge.bridge.server.errors import ANSWERS
-from clef_bridge.bridge.server.middleware import (REQUEST_ID_HEADER, SERVER_NAME, WORKERS_AI_CODES, ProtocolLog,
-                                                  error_body)
+from clef_bridge.bridge.server.middleware import (
+    REQUEST_ID_HEADER,
+    SERVER_NAME,
+    WORKERS_AI_CODES,
+    ProtocolLog,
+    error_body,
+)
 from clef_bridge.bridge.server.prometheus import create_metrics
 from clef_bridge.head.errors import Category, ClefError, Problem, RequestInvalid
 

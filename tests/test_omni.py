@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.config.registry import model_spec
 from clef_bridge.bridge.gguf.projector import ensure_vision_projector, pairing_problems, projector_info
 from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.bridge.llama.backbone import BackboneOptions
@@ -25,7 +26,6 @@ from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
 from clef_bridge.bridge.media.images import decode, sniff
 from clef_bridge.bridge.media.request import AUDIO, IMAGE, Media, refuse_unsupported
 from clef_bridge.bridge.model.loading import load_checked, reference_spec
-from clef_bridge.bridge.config.registry import model_spec
 from clef_bridge.head.errors import RequestInvalid
 
 from . import fixturegen_omni, fixturegen_vision

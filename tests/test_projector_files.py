@@ -9,14 +9,14 @@ import sys
 
 import numpy as np
 import pytest
-from clef_bridge.bridge.gguf.projector import compute_bytes, projector_info
-from clef_bridge.bridge.llama import log as llama_log
-from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
 from clef_bridge.bridge.config.integrity import ModelRefused
-from clef_bridge.bridge.model.loading import load_checked
 from clef_bridge.bridge.config.memory_plan import MIB
 from clef_bridge.bridge.config.provenance import MAX_STATE_DRIFT
 from clef_bridge.bridge.config.registry import model_spec
+from clef_bridge.bridge.gguf.projector import compute_bytes, projector_info
+from clef_bridge.bridge.llama import log as llama_log
+from clef_bridge.bridge.llama.backbone import Backbone, BackboneOptions
+from clef_bridge.bridge.model.loading import load_checked
 from clef_bridge.head.errors import RequestInvalid
 from clef_bridge.tools.cli import main
 

@@ -10,8 +10,8 @@ import sys
 import tomllib
 
 import pytest
-from clef_bridge.bridge.demo.moe import MoeDims, write_qwen3vlmoe_gguf
 from clef_bridge.bridge.config.integrity import CLEF_ARCHITECTURES
+from clef_bridge.bridge.demo.moe import MoeDims, write_qwen3vlmoe_gguf
 
 from .fakehub import Hub, RunningHub
 from .fixturegen import build_head

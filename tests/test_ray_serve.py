@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from clef_bridge.bridge.model.loading import materialize
 from clef_bridge.bridge.config.registry import RaySpec, demo_registry, load_registry, with_keys
+from clef_bridge.bridge.model.loading import materialize
 from clef_bridge.bridge.scale.ray_plan import plan_replicas
 
 from .serverkit import metric_sum

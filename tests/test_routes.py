@@ -8,8 +8,15 @@ import re
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
-from clef_bridge.bridge.server.routes import (PATHS, PUBLIC, ROUTES, UNMATCHED, WORKERS_AI_PREFIXES, WORKERS_AI_ROUTES,
-                                              WORKERS_AI_RUN)
+from clef_bridge.bridge.server.routes import (
+    PATHS,
+    PUBLIC,
+    ROUTES,
+    UNMATCHED,
+    WORKERS_AI_PREFIXES,
+    WORKERS_AI_ROUTES,
+    WORKERS_AI_RUN,
+)
 
 from .servertiny import tiny_app
 

@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.config.registry import Registry, ServerSpec
 from clef_bridge.bridge.media.audio import AudioLimits, decode, sniff
 from clef_bridge.bridge.media.request import IMAGE, NO_MEDIA, NO_VIDEO, Media
-from clef_bridge.bridge.config.registry import Registry, ServerSpec
 from clef_bridge.bridge.service.models import load_models
 
 from .conftest import tiny_spec

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bridge.config.integrity import CheckReport, ModelRefused, check_pair, check_projector
-from ..bridge.model.loading import inspect_spec, load_checked, open_model
-from ..bridge.config.provenance import default_pair_path, pair_record
 from ..bridge.catalogue.releases import CLOUDFLARE_NAMES, RELEASES
+from ..bridge.config.integrity import CheckReport, ModelRefused, check_pair, check_projector
+from ..bridge.config.provenance import default_pair_path, pair_record
 from ..bridge.config.registry import ModelSpec, Registry, model_spec
+from ..bridge.model.loading import inspect_spec, load_checked, open_model
 from .verify import MIN_RELEASE_COSINE, Verification, VerifyError, verify_against
 
 RELEASE_BY_WIDTH = {width: RELEASES[name].repo for width, name in CLOUDFLARE_NAMES.items()}

@@ -54,9 +54,9 @@ class UsageError(ClefError):
 def checked_service(models: Path, name: str) -> Iterator[Any]:
     """A models.toml entry loaded the one checked way (pins, pairing record, canaries) behind the decision service
     (bridge.service.local.LocalService) with the entry's [server] limits, as the server runs it; closed afterwards."""
+    from ..bridge.config.registry import load_registry, name_table, resolve
     from ..bridge.gguf.reader import read_gguf
     from ..bridge.model.loading import load_checked
-    from ..bridge.config.registry import load_registry, name_table, resolve
     from ..bridge.service.local import LocalService
 
     registry = load_registry(models)
@@ -115,8 +115,8 @@ def _pair(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from ..bridge.host.gpu import read_gpu
     from ..bridge.config.memory_plan import parse_size
+    from ..bridge.host.gpu import read_gpu
     from .fit import fit
 
     try:
@@ -189,8 +189,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _drift(args: argparse.Namespace) -> int:
-    from ..bridge.model.loading import load_checked
     from ..bridge.config.registry import model_spec
+    from ..bridge.model.loading import load_checked
     from ..bridge.service.local import LocalService
     from .drift import DriftResult, drift, probe_requests
     from .evaldata import load_examples
@@ -225,8 +225,8 @@ def _join(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..bridge.model.loading import materialize
     from ..bridge.config.registry import demo_registry, load_registry
+    from ..bridge.model.loading import materialize
     from ..bridge.server.app import serve
 
     if (args.ray_address or args.ray_dashboard) and not args.ray:

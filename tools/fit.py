@@ -6,12 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..bridge.gguf.clef_format import CLEF_ARCH
 from ..bridge.catalogue.releases import CLEF_OMNI, RELEASES
-from ..bridge.gguf.projector import projector_for, projector_info
-from ..bridge.gguf.reader import GGUFInfo, read_gguf
-from ..bridge.llama.backbone import BackboneOptions
-from ..bridge.llama.prefix_cache import PrefixCacheOptions
 from ..bridge.config.integrity import find_head
 from ..bridge.config.memory_plan import (
     Arch,
@@ -24,6 +19,11 @@ from ..bridge.config.memory_plan import (
 )
 from ..bridge.config.presets import ARCHES, arch_preset, omni_projector
 from ..bridge.config.registry import model_spec
+from ..bridge.gguf.clef_format import CLEF_ARCH
+from ..bridge.gguf.projector import projector_for, projector_info
+from ..bridge.gguf.reader import GGUFInfo, read_gguf
+from ..bridge.llama.backbone import BackboneOptions
+from ..bridge.llama.prefix_cache import PrefixCacheOptions
 from ..head.config import CLEF_FLASH_HEAD, HeadConfig, config_path_for, load_config
 from ..head.errors import Category, ClefError
 from ..head.weights import stored_bytes

@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bridge.gguf.clef_format import CLEF_ARCH
-from ..bridge.gguf.reader import read_gguf
 from ..bridge.catalogue.releases import RELEASES
 from ..bridge.config.integrity import check_pair
 from ..bridge.config.provenance import sha256_file
 from ..bridge.config.registry_file import add_model, has_model
+from ..bridge.gguf.clef_format import CLEF_ARCH
+from ..bridge.gguf.reader import read_gguf
 from ..head.config import CONFIG_NAME
 from ..head.errors import Category, ClefError
 from .checks import pair_files

@@ -5,10 +5,10 @@ from __future__ import annotations
 from functools import singledispatch
 from typing import Any
 
-from ..bridge.gguf.clef_split import JoinResult
-from ..bridge.demo.builtins import DemoFiles
 from ..bridge.config.integrity import CheckReport
 from ..bridge.config.memory_plan import GIB, MIB
+from ..bridge.demo.builtins import DemoFiles
+from ..bridge.gguf.clef_split import JoinResult
 from .bench import BenchResult
 from .calibrate import SPLITS, CalibrateResult
 from .checks import CheckResult, PairResult

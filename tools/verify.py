@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from ..bridge.config.provenance import FINGERPRINT_ROWS
 from ..bridge.gguf.reader import GGUFInfo, read_gguf, tensor_rows
 from ..bridge.llama.embedding import OutputEmbedding
-from ..bridge.config.provenance import FINGERPRINT_ROWS
 from ..head.errors import Category, ClefError
 
 # Measured on the test backbones against their transformers checkpoint (tests/test_verify.py prints it):

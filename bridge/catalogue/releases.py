@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .architectures import CLEF_ARCHITECTURES, QWEN35, QWEN3VLMOE
+from .architectures import CLEF_ARCHITECTURES, QWEN3VLMOE, QWEN35
 
 HUB_OWNER = "Cloudflare"
 

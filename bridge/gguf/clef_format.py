@@ -20,7 +20,7 @@ from ...head.answer import BUCKETS as OPTION_BUCKETS
 from ...head.config import HeadConfig
 from ...head.schema import QUESTION_TYPES
 from ...head.weights import expected_shapes
-from ..catalogue.architectures import CLEF, QWEN35
+from ..catalogue.architectures import CLEF
 from ..catalogue.dtypes import DTYPES, JOIN_DTYPES
 
 CLEF_ARCH = CLEF.name

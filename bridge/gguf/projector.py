@@ -22,7 +22,6 @@ from ...head.errors import Category, ClefError
 from ..catalogue.architectures import (
     AUDIO_ARCHITECTURES,
     DEEPSTACK_ARCHITECTURES,
-    OMNI_IMAGE_TOKENS,
     QWEN35,
     QWEN35_IMAGE_TOKENS,
     image_tokens,

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...head import media as media_kinds
 from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ...head.schema import MEDIA_FIELDS, Limits, json_depth, option_order
 from ..gguf.projector import PROJECTOR_HOME
@@ -41,11 +42,11 @@ from .images import (
 
 FORM = "multipart/form-data"
 
-IMAGE, AUDIO = "image", "audio"  # an asset's `type`, the word of its marker, a kind of Media
+IMAGE, AUDIO = media_kinds.IMAGE.name, media_kinds.AUDIO.name  # an asset's `type`, its marker's word, a Media kind
 KINDS = (IMAGE, AUDIO)  # the prompt's order of kinds: all images, then all audio clips (the reference's)
-FIELDS = {IMAGE: "images", AUDIO: "audio"}  # each kind's list field in a body, and its decode stage's name
-MARKER = "[image {}]"
-MARKERS = {IMAGE: MARKER, AUDIO: "[audio {}]"}
+FIELDS = {kind: media_kinds.MEDIA_KINDS[kind].field for kind in KINDS}  # each kind's body field and decode stage
+MARKERS = {kind: f"[{kind} {{}}]" for kind in KINDS}
+MARKER = MARKERS[IMAGE]
 FORMATS = ("png", "jpeg", "jpg", "webp")  # what an image's `format` may declare; the bytes decide
 NO_VIDEO = ("videos are not supported by any model here: the reference's video processor needs torchvision, "
             "which has no CPU build beside the CPU torch our tests run the reference with, so its frame sizing "

@@ -21,6 +21,10 @@ from ...head.errors import HeadConfigError
 from ...head.schema import Limits
 from ...head.weights import load_state_dict, params_from
 from ..catalogue.architectures import architecture, image_tokens
+from ..config.integrity import CheckReport, ModelRefused, check_all, check_canaries, check_image_canary, check_projector
+from ..config.memory_plan import placement_for, plan_inputs, projector_sizes
+from ..config.provenance import canary_probabilities, canary_states, image_canary
+from ..config.registry import ModelSpec
 from ..gguf.clef_split import ensure_backbone
 from ..gguf.projector import ensure_vision_projector, projector_info
 from ..gguf.reader import read_gguf
@@ -32,10 +36,6 @@ from ..llama.omni import OmniBackbone
 from ..llama.vision import Projector, ProjectorOptions
 from ..media.audio_tower import AudioTower
 from .clef_model import ClefModel, Head
-from ..config.integrity import CheckReport, ModelRefused, check_all, check_canaries, check_image_canary, check_projector
-from ..config.memory_plan import placement_for, plan_inputs, projector_sizes
-from ..config.provenance import canary_probabilities, canary_states, image_canary
-from ..config.registry import ModelSpec
 
 log = logging.getLogger("clef_bridge.loading")
 

@@ -15,8 +15,8 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
+from ..catalogue.releases import REAL_RELEASES
 from ..config.registry import ModelSpec, Registry, name_table
-from ..demo.builtins import REAL_RELEASES
 from ..model.worker import BatchStats, InferenceWorker
 from ..service.coalesce import Coalescer
 from ..service.decision import DecisionService

@@ -8,8 +8,8 @@ from typing import Callable
 from aiohttp import web
 
 from ..config.integrity import Facts
-from ..model.loading import Loaded
 from ..config.registry import ModelSpec, Registry
+from ..model.loading import Loaded
 from ..model.worker import InferenceWorker
 from ..service.decision import DecisionService
 from .auth import ApiKeys

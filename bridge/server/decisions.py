@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from ..demo.builtins import REAL_RELEASES
+from ..catalogue.releases import REAL_RELEASES
 from ..service.decision import INLINE_BYTES, Decision, DecisionInput
 from .appstate import METRICS, REGISTRY, SERVED, SERVICE
 from .assets import body_limit

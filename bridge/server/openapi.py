@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...head.schema import QUESTION_TYPES
-from ..media.audio import FORMATS as AUDIO_FORMATS
-from ..media.request import FORMATS as IMAGE_FORMATS
 from ..catalogue.media import AUDIO, IMAGE, READABLE, VIDEO
 from ..config.registry import LATEST, Registry, ServerSpec
+from ..media.audio import FORMATS as AUDIO_FORMATS
+from ..media.request import FORMATS as IMAGE_FORMATS
 from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
 

@@ -38,6 +38,7 @@ from .errors import BodyTooLarge, DeadlineExceeded
 INLINE_BYTES = 64 * 1024
 TOWER_STAGES = {IMAGE: "vision"}  # a kind whose tower's time x_timings reports, under this stage
 
+
 @dataclass(frozen=True)
 class Contract:
     """A front door's own limits on a body (Workers AI's hosted ones), beyond the server's."""
