@@ -236,3 +236,18 @@ def test_loading_and_fit_call_the_one_function():
         called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         assert {"plan_inputs", "projector_sizes"} <= called, module
         assert not called & {"compute_bytes", "head_gpu_bytes", "max_image_tokens"}, module
+
+
+def test_every_supported_medium_has_its_limits_and_body_room():
+    """A medium a model may take is capped in the body and in decoding by its own limits (ServerSpec.media_limits)."""
+    from clef_bridge.bridge.config.registry import ServerSpec
+    from clef_bridge.bridge.media.audio import AudioLimits
+    from clef_bridge.bridge.media.images import ImageLimits
+    from clef_bridge.bridge.server.assets import body_limit
+
+    spec = ServerSpec(max_body_bytes=100, images=ImageLimits(max_images=2, max_total_bytes=3000),
+                      audio=AudioLimits(max_clips=1, max_bytes=300))
+    supported = {kind.name for kind in head_media.MEDIA_KINDS.values() if kind.supported}
+    assert set(spec.media_limits) == supported
+    assert body_limit(spec, ["image"]) == 100 + 4000 + 2 * 4096
+    assert body_limit(spec, ["audio", "image", "audio"]) == 100 + 4000 + 2 * 4096 + 400 + 4096

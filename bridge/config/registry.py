@@ -16,6 +16,7 @@ from typing import Any
 from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
 from ...head.errors import Category, ClefError, did_you_mean
+from ...head.media import AUDIO, IMAGE
 from ...head.schema import Limits
 from ..catalogue.releases import CLOUDFLARE_NAMES, NAMED_BY_ARCHITECTURE
 from ..llama.backbone import BackboneOptions
@@ -78,6 +79,11 @@ class ServerSpec:
     limits: Limits = Limits()
     images: ImageLimits = ImageLimits()
     audio: AudioLimits = AudioLimits()
+
+    @property
+    def media_limits(self) -> dict[str, Any]:
+        """Each medium's limits by its kind's name: what its decoding and the body's size cap read."""
+        return {IMAGE.name: self.images, AUDIO.name: self.audio}
 
 
 @dataclass(frozen=True)

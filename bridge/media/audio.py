@@ -60,6 +60,11 @@ class AudioLimits:
     def max_samples(self) -> int:
         return round(self.max_seconds * SAMPLE_RATE)
 
+    @property
+    def body_bytes(self) -> int:
+        """The most a request's audio clips take in its body: base64-inflated, with room for the JSON around each."""
+        return -(-self.max_clips * self.max_bytes * 4 // 3) + 4096 * self.max_clips
+
 
 @dataclass(frozen=True)
 class AudioHeader:

@@ -60,6 +60,11 @@ class ImageLimits:
     max_total_bytes: int = 8 * 2**20  # all images of a request, encoded (after base64)
     max_pixels: int = 16 * 2**20  # per image: 4096 x 4096, Qwen3.5's own largest input
 
+    @property
+    def body_bytes(self) -> int:
+        """The most a request's images take in its body: base64-inflated, with room for the JSON around each."""
+        return -(-self.max_total_bytes * 4 // 3) + 4096 * self.max_images
+
 
 @dataclass(frozen=True)
 class ImageGeometry:

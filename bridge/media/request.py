@@ -18,7 +18,7 @@ import binascii
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -156,17 +156,17 @@ def refuse_unsupported(media: Media, takes: Sequence[str], model: str) -> None:
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """What decoding needs beside the bytes: the projector's image geometry, the audio limits."""
+    """What decoding needs beside the bytes: the projector's image geometry, each medium's limits by kind."""
 
     geometry: ImageGeometry | None
-    audio: AudioLimits = AudioLimits()
+    limits: Mapping[str, Any] = field(default_factory=lambda: {AUDIO: AudioLimits()})  # ServerSpec.media_limits
 
 
 def decode_kind(kind: str, inputs: Sequence[Any], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
     """One kind's media decoded (Pillow, PyAV: run it off the event loop): pixels or samples, all failures at once."""
     if kind == IMAGE:
         return decode_all(inputs, settings.geometry)
-    return audio_files.decode_audio_all(inputs, settings.audio)
+    return audio_files.decode_audio_all(inputs, settings.limits[AUDIO])
 
 
 @dataclass(frozen=True)

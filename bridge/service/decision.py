@@ -133,7 +133,7 @@ class DecisionService:
         model = worker.model
         refuse_unsupported(found.media, model.media, name)  # media the model cannot take: 422 before any work
         worker.check_media_room(bool(found.media))  # a full queue refuses before decoding
-        media, decode_s = await self._decode(found.media, DecodeSettings(model.geometry, self.server.audio))
+        media, decode_s = await self._decode(found.media, DecodeSettings(model.geometry, self.server.media_limits))
         request = await off_loop(big, validate, body, model.limits)
         shared = self.coalescer.submit(worker, body, request, media, reject_if_busy=call.reject_if_busy)
         self._on_queued(name, worker.depth)
