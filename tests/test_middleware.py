@@ -13,14 +13,9 @@ from aiohttp.http_exceptions import BadStatusLine
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.server.appstate import METRICS
 from clef_bridge.bridge.server.errors import ANSWERS
-from clef_bridge.bridge.server.middleware import (
-    REQUEST_ID_HEADER,
-    SERVER_NAME,
-    WORKERS_AI_CODES,
-    ProtocolLog,
-    error_body,
-)
+from clef_bridge.bridge.server.middleware import REQUEST_ID_HEADER, SERVER_NAME, ProtocolLog, error_body
 from clef_bridge.bridge.server.prometheus import create_metrics
+from clef_bridge.bridge.server.workers_ai import WORKERS_AI_CODES
 from clef_bridge.head.errors import Category, ClefError, Problem, RequestInvalid
 
 from .servertiny import access_lines, body, call, capture_access, tiny_app
@@ -130,7 +125,7 @@ def test_error_body_makes_a_foreign_message_printable():
 
     exc = Odd("x")
     exc.args = ("lone \ud800 surrogate",)
-    assert error_body(exc, 400, False)["detail"]["message"] == "lone \\ud800 surrogate"
+    assert error_body(exc, 400)["detail"]["message"] == "lone \\ud800 surrogate"
 
 
 def test_aiohttps_own_errors_take_our_shapes():

@@ -60,9 +60,9 @@ def test_public_routes_are_reads_that_name_no_model():
 
 
 def test_cloudflares_routes_live_under_its_prefixes_and_nothing_else_does():
-    assert WORKERS_AI_ROUTES == {r.name for r in ROUTES if r.workers_ai} and len(WORKERS_AI_ROUTES) == 2
+    assert WORKERS_AI_ROUTES == {r.name for r in ROUTES if r.shape == "workers_ai"} and len(WORKERS_AI_ROUTES) == 2
     for route in ROUTES:
         under = route.path.startswith(WORKERS_AI_PREFIXES)
-        assert under == route.workers_ai, route
-        if route.workers_ai:
+        assert under == (route.shape == "workers_ai"), route
+        if route.shape == "workers_ai":
             assert route.method == "POST" and route.path.endswith(WORKERS_AI_RUN) and not route.public

@@ -23,14 +23,14 @@ from ..service.decision import DecisionService
 from ..service.models import load_models
 from .appstate import KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, SERVICE, Loader, Served
 from .auth import ApiKeys, auth_middleware, install_sighup
-from .middleware import ProtocolLog, context_middleware, json_response
+from .context import json_response
+from .doors import HANDLERS as DOOR_HANDLERS
+from .middleware import ProtocolLog, context_middleware
 from .openapi import openapi_spec
 from .pages import FILES as PLAYGROUND_FILES
 from .pages import PAGE_HEADERS, load_playground
 from .prometheus import Metrics, PrefixCacheCollector, create_metrics
 from .routes import ROUTES, UNMATCHED
-from .systemone import systemone_handler
-from .workers_ai import workers_ai_handler
 
 log = logging.getLogger("clef_bridge.server")
 
@@ -103,8 +103,7 @@ async def defer_expect(request: web.Request) -> None:
     client announcing 10 MB gets its 413 (or 401) at once instead of an invitation to send them."""
 
 
-HANDLERS = {"systemone": systemone_handler, "models": models_handler, "workers_ai": workers_ai_handler,
-            "workers_ai_v4": workers_ai_handler, "health": health_handler, "ready": ready_handler,
+HANDLERS = {**DOOR_HANDLERS, "models": models_handler, "health": health_handler, "ready": ready_handler,
             "metrics": metrics_handler, "openapi": openapi_handler, UNMATCHED: unmatched_handler,
             **{name: playground_handler for name in PLAYGROUND_FILES}}
 

@@ -14,7 +14,7 @@ from ..service.decision import INLINE_BYTES, Decision, DecisionInput
 from .appstate import METRICS, REGISTRY, SERVED, SERVICE
 from .assets import body_limit
 from .body import BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
-from .middleware import INFO, BodyTimeout
+from .context import INFO, BodyTimeout
 from .multipart import RequestBody, is_form, parse_body
 
 # every answer of the built-in demo says what the banner says: its weights are random

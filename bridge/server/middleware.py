@@ -7,21 +7,22 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import orjson
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ...head.errors import Category, ClefError, RequestInvalid, printable
+from ...head.errors import ClefError, printable
 from ..config.registry import ServerSpec
 from .appstate import METRICS, REGISTRY
 from .auth import CHALLENGE
 from .body import header
+from .context import INFO, RequestLog, json_response
+from .doors import ERROR_SHAPES
 from .errors import answer_for, error_type_of
 from .prometheus import Metrics
-from .routes import UNMATCHED, WORKERS_AI_PREFIXES, WORKERS_AI_ROUTES
+from .routes import JEV_SHAPE, SHAPE_PREFIXES, SHAPES, UNMATCHED
 
 log = logging.getLogger("clef_bridge.server")
 access_log = logging.getLogger("clef_bridge.access")
@@ -31,14 +32,6 @@ SERVER_NAME = "clef-bridge"  # the Server header: no Python or aiohttp version f
 CLIENT_CLOSED = 499  # nginx's status for a client gone before its answer: counted apart from 5xx
 
 
-class BodyTimeout(ClefError):
-    category = Category.SLOW_CLIENT
-    error_type = "request_timeout"
-
-
-# Status -> Cloudflare's own error code where its Workers AI error table has one for that status (out of
-# capacity, request too large, timeout); the Workers AI envelope carries it, any other error carries its status.
-WORKERS_AI_CODES: dict[int, int] = {429: 3040, 413: 3006, 408: 3007}
 # Status -> the headers HTTP wants with it (Allow comes with aiohttp's own 405).
 ERROR_HEADERS: dict[int, Callable[[ServerSpec], dict[str, str]]] = {
     401: lambda server: {hdrs.WWW_AUTHENTICATE: CHALLENGE},
@@ -47,39 +40,13 @@ ERROR_HEADERS: dict[int, Callable[[ServerSpec], dict[str, str]]] = {
 }
 
 
-@dataclass
-class RequestLog:
-    """What the access log line and the metrics say about one request."""
-
-    id: str
-    route: str = ""
-    model: str = "-"
-    status: int = 0
-    input_tokens: int = 0
-    batch_size: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
-    error_type: str | None = None
-
-
-INFO = web.RequestKey("clef_info", RequestLog)
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
-
-
-def is_workers_ai(request: web.Request) -> bool:
-    """Cloudflare's routes answer in the Workers AI envelope, unmatched ones included."""
-    return request.match_info.route.name in WORKERS_AI_ROUTES or request.path.startswith(WORKERS_AI_PREFIXES)
-
-
-def workers_ai_envelope(result: Any = None, errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Cloudflare's API envelope: {result, success, errors, messages}."""
-    return {"result": result, "success": not errors, "errors": errors or [], "messages": []}
-
-
-def workers_ai_error(message: str, status: int) -> dict[str, Any]:
-    return workers_ai_envelope(errors=[{"code": WORKERS_AI_CODES.get(status, status), "message": message}])
+def shape_of(request: web.Request) -> str:
+    """The API shape a request's errors take: its route's, or for a path no route serves, the shape of the API
+    whose base it is under (a Workers AI client's typo still gets Cloudflare's envelope)."""
+    shape = SHAPES.get(request.match_info.route.name, JEV_SHAPE)
+    if shape == JEV_SHAPE:
+        return next((s for s, prefixes in SHAPE_PREFIXES.items() if request.path.startswith(prefixes)), shape)
+    return shape
 
 
 def client_gone(request: web.BaseRequest) -> bool:
@@ -87,33 +54,22 @@ def client_gone(request: web.BaseRequest) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-def error_body(exc: BaseException, status: int, workers_ai: bool) -> Any:
-    """The error in the Jev (or Workers AI) shape; ClefError and Problem texts are printable by construction."""
-    error_type = error_type_of(exc)
-    if isinstance(exc, RequestInvalid) and status == 422:  # media too large (413) answer like other 413s
-        detail: Any = [{"loc": list(p.loc), "msg": p.msg, "type": p.type} for p in exc.problems]
-        message = str(exc)
-    else:
-        message = str(exc) if status < 500 or isinstance(exc, ClefError) else "internal server error"
-        detail = {"error_type": error_type, "message": printable(message)}
-    if workers_ai:
-        return workers_ai_error(printable(message), status)
-    return {"detail": detail}
+def error_body(exc: BaseException, status: int, shape: str = JEV_SHAPE) -> Any:
+    """The error in its API's shape (doors.ERROR_SHAPES); a bug's message stays hidden. ClefError and Problem texts
+    are printable by construction, any other message is made so."""
+    message = str(exc) if status < 500 or isinstance(exc, ClefError) else "internal server error"
+    return ERROR_SHAPES[shape](exc, status, error_type_of(exc), printable(message))
 
 
-def _http_error(exc: web.HTTPException, info: RequestLog, workers_ai: bool) -> web.Response:
+def _http_error(exc: web.HTTPException, info: RequestLog, shape: str) -> web.Response:
     """aiohttp's own errors (404 unknown route, 405 method) in our body shapes, keeping their headers (Allow)."""
     info.error_type = exc.reason.lower().replace(" ", "_")
-    message = exc.text or exc.reason
-    if workers_ai:
-        body: Any = workers_ai_error(message, exc.status)
-    else:
-        body = {"detail": {"error_type": info.error_type, "message": message}}
+    body = ERROR_SHAPES[shape](None, exc.status, info.error_type, printable(exc.text or exc.reason))
     kept = {k: v for k, v in exc.headers.items() if k not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}
     return json_response(body, exc.status, kept)
 
 
-def _error_response(request: web.Request, exc: Exception, info: RequestLog, workers_ai: bool) -> web.Response:
+def _error_response(request: web.Request, exc: Exception, info: RequestLog, shape: str) -> web.Response:
     if client_gone(request):  # a hang-up mid-body surfaces as a read error: the client's doing, not a 5xx
         info.error_type = "client_closed_request"
         return json_response({"detail": {"error_type": info.error_type, "message": "client closed"}}, CLIENT_CLOSED)
@@ -122,7 +78,7 @@ def _error_response(request: web.Request, exc: Exception, info: RequestLog, work
     if status >= 500 and not isinstance(exc, ClefError):
         log.exception("request %s failed", info.id)
     headers = ERROR_HEADERS[status](request.app[REGISTRY].server) if status in ERROR_HEADERS else None
-    return json_response(error_body(exc, status, workers_ai), status, headers)
+    return json_response(error_body(exc, status, shape), status, headers)
 
 
 def _forget(exc: BaseException | None) -> None:
@@ -172,16 +128,16 @@ async def context_middleware(request: web.Request, handler: Callable[[web.Reques
     request[INFO] = info
     route = request.match_info.route
     info.route = route.resource.canonical if route.resource is not None and route.name != UNMATCHED else UNMATCHED
-    workers_ai = is_workers_ai(request)
+    shape = shape_of(request)
     start = time.perf_counter()
     try:
         try:
             info.id = header(request, REQUEST_ID_HEADER) or info.id
             response = await handler(request)
         except web.HTTPException as exc:
-            response = _http_error(exc, info, workers_ai)
+            response = _http_error(exc, info, shape)
         except Exception as exc:  # noqa: BLE001 - the one place errors become HTTP
-            response = _error_response(request, exc, info, workers_ai)
+            response = _error_response(request, exc, info, shape)
             _forget(exc)  # logged (if it is a bug) by now
         response.headers[REQUEST_ID_HEADER] = info.id
         response.headers[hdrs.SERVER] = SERVER_NAME

@@ -9,6 +9,7 @@ from ..catalogue.media import AUDIO, IMAGE, READABLE, VIDEO
 from ..config.registry import LATEST, Registry, ServerSpec
 from ..media.audio import FORMATS as AUDIO_FORMATS
 from ..media.request import FORMATS as IMAGE_FORMATS
+from .doors import openapi_paths as door_paths
 from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
 
@@ -143,44 +144,19 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return out
 
 
-def _workers_ai(name: str, security: list[dict[str, Any]]) -> dict[str, Any]:
-    """Cloudflare's route (the bare one or under the REST API's /client/v4 base): the model from the path."""
-    envelope = "Workers AI envelope {result, success, errors: [{code, message}], messages}"
-    return {"post": {
-        "operationId": name, "security": security,
-        "parameters": [{"name": "account_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                       {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-        "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}},
-        "responses": {"200": {"description": envelope},
-                      **{k: {"description": f"{envelope}; code 3040 with 429, 3006 with 413, 3007 with 408, else "
-                                            "the status"}
-                         for k in ("400", "401", "404", "408", "413", "415", "422", "429", "503")}}}}
-
-
 def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
     """The API description; with auth on it is public, so it names no served model (GET /v1/models does,
     with a key), and the routes that need one carry `security`."""
-    decision_errors = _errors(400, 401, 404, 413, 415, 422, 429, 503)
-    json_body = {"required": True, "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/SystemOneRequest"}},
-        "multipart/form-data": {"schema": {"type": "object", "required": ["request"], "properties": {
-            "request": {"$ref": "#/components/schemas/SystemOneRequest"}},
-            "additionalProperties": {"type": "string", "format": "binary"}}}}}
-    ok = {"description": "the decision", "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/SystemOneResponse"}}}}
     security = [{"bearer": []}] if registry.server.api_keys_file else []
     return {
         "openapi": "3.1.0",
         "info": {"title": "clef-bridge", "version": "0.1.0",
                  "description": "Jev / TypeSafe System One API for self-hosted Clef decision models"},
         "paths": {
-            PATHS["systemone"]: {"post": {"operationId": "systemone", "requestBody": json_body, "security": security,
-                                       "responses": {"200": ok, **decision_errors}}},
+            **door_paths(security, _errors),
             PATHS["models"]: {"get": {"operationId": "models", "security": security, "responses": {
                 "200": {"description": "served models", "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/ModelList"}}}}, **_errors(401)}}},
-            **{PATHS[name]: _workers_ai(name, security) for name in ("workers_ai", "workers_ai_v4")},
             PATHS["health"]: {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
             PATHS["ready"]: {"get": {"operationId": "ready", "responses": {"200": {"description": "every model loaded"},
                                                                      "503": {"description": "not ready"}}}},

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 UNMATCHED = "unmatched"
+JEV_SHAPE, WORKERS_AI_SHAPE = "jev", "workers_ai"  # the API shape a route's answers and errors take
 # Cloudflare's paths, matched or not, answer in the Workers AI envelope: its clients call either the bare
 # route or the REST API's, whose base is https://api.cloudflare.com/client/v4 (they change only the host)
 WORKERS_AI_PREFIXES = ("/accounts/", "/client/v4/")
@@ -18,14 +19,14 @@ class Route:
     path: str
     name: str
     public: bool = False  # answered without an API key when auth is on (names no model)
-    workers_ai: bool = False  # Cloudflare's route: the model from the path, the answer in its envelope
+    shape: str = JEV_SHAPE  # its door's shape (bridge/server/doors.py): Cloudflare's routes answer in its envelope
 
 
 ROUTES = (
     Route("POST", "/v1/systemone", "systemone"),
     Route("GET", "/v1/models", "models"),
-    Route("POST", "/" + WORKERS_AI_RUN, "workers_ai", workers_ai=True),
-    Route("POST", "/client/v4/" + WORKERS_AI_RUN, "workers_ai_v4", workers_ai=True),
+    Route("POST", "/" + WORKERS_AI_RUN, "workers_ai", shape=WORKERS_AI_SHAPE),
+    Route("POST", "/client/v4/" + WORKERS_AI_RUN, "workers_ai_v4", shape=WORKERS_AI_SHAPE),
     Route("GET", "/health", "health", public=True),
     Route("GET", "/ready", "ready", public=True),
     Route("GET", "/metrics", "metrics"),  # labels carry model names, so it needs a key like /v1/models
@@ -40,4 +41,7 @@ ROUTES = (
 )
 PATHS = {r.name: r.path for r in ROUTES}
 PUBLIC = frozenset(r.path for r in ROUTES if r.public)
-WORKERS_AI_ROUTES = frozenset(r.name for r in ROUTES if r.workers_ai)
+SHAPES = {r.name: r.shape for r in ROUTES}
+WORKERS_AI_ROUTES = frozenset(r.name for r in ROUTES if r.shape == WORKERS_AI_SHAPE)
+# paths no route serves still answer in the shape of the API whose base they are under
+SHAPE_PREFIXES = {WORKERS_AI_SHAPE: WORKERS_AI_PREFIXES}

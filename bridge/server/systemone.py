@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 from aiohttp import web
 
 from .appstate import REGISTRY
+from .context import Door, jev_error, json_response
 from .decisions import decide, decision_input, read_body, reply
-from .middleware import json_response
+from .routes import JEV_SHAPE, PATHS
 
 
 def no_model_warning(default: str) -> str:
@@ -27,3 +29,19 @@ async def systemone_handler(request: web.Request) -> web.Response:
     decision = await decide(request, decision_input(body, data, model))
     response, headers = reply(request, decision, start, warnings)
     return json_response(response, headers=headers)
+
+
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """POST /v1/systemone in /openapi.json: a JSON body, or multipart with a `request` part and media parts."""
+    schema = {"$ref": "#/components/schemas/SystemOneRequest"}
+    body = {"required": True, "content": {
+        "application/json": {"schema": schema},
+        "multipart/form-data": {"schema": {"type": "object", "required": ["request"], "properties": {
+            "request": schema}, "additionalProperties": {"type": "string", "format": "binary"}}}}}
+    ok = {"description": "the decision", "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/SystemOneResponse"}}}}
+    return {PATHS["systemone"]: {"post": {"operationId": "systemone", "requestBody": body, "security": security,
+                                          "responses": {"200": ok, **errors(400, 401, 404, 413, 415, 422, 429, 503)}}}}
+
+
+DOOR = Door(JEV_SHAPE, {"systemone": systemone_handler}, jev_error, openapi_paths)

@@ -8,19 +8,33 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
 from ...head.errors import Problem, RequestInvalid
 from ...head.schema import MAX_TEXT_PROBLEMS, Limits
 from ..service.decision import Contract
+from .context import Door, json_response
 from .decisions import decide, decision_input, read_body, reply
-from .middleware import json_response, workers_ai_envelope
+from .routes import PATHS, WORKERS_AI_ROUTES, WORKERS_AI_SHAPE
 
 MAX_QUESTIONS = 64
 MAX_BODY_BYTES = 13 * 2**20
 QUESTION_ID = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
+# Status -> Cloudflare's own error code where its Workers AI error table has one for that status (out of
+# capacity, request too large, timeout); the Workers AI envelope carries it, any other error carries its status.
+WORKERS_AI_CODES: dict[int, int] = {429: 3040, 413: 3006, 408: 3007}
+
+
+def workers_ai_envelope(result: Any = None, errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Cloudflare's API envelope: {result, success, errors, messages}."""
+    return {"result": result, "success": not errors, "errors": errors or [], "messages": []}
+
+
+def workers_ai_error(exc: BaseException | None, status: int, error_type: str, message: str) -> dict[str, Any]:
+    """An error in the envelope: Cloudflare's code for the status where it has one, and the message."""
+    return workers_ai_envelope(errors=[{"code": WORKERS_AI_CODES.get(status, status), "message": message}])
 
 
 @dataclass(frozen=True)
@@ -76,3 +90,24 @@ async def workers_ai_handler(request: web.Request) -> web.Response:
                                                     reject_if_busy=options.reject_if_busy, contract=CONTRACT))
     response, headers = reply(request, decision, start, [])
     return json_response(workers_ai_envelope(response), headers=headers)
+
+
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """Cloudflare's routes (the bare one and the REST API's /client/v4 one) in /openapi.json: the model from the
+    path, every answer in the envelope."""
+    envelope = "Workers AI envelope {result, success, errors: [{code, message}], messages}"
+    return {PATHS[name]: {"post": {
+        "operationId": name, "security": security,
+        "parameters": [{"name": "account_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                       {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}},
+        "responses": {"200": {"description": envelope},
+                      **{k: {"description": f"{envelope}; code 3040 with 429, 3006 with 413, 3007 with 408, else "
+                                            "the status"}
+                         for k in ("400", "401", "404", "408", "413", "415", "422", "429", "503")}}}}
+        for name in sorted(WORKERS_AI_ROUTES)}
+
+
+DOOR = Door(WORKERS_AI_SHAPE, dict.fromkeys(sorted(WORKERS_AI_ROUTES), workers_ai_handler), workers_ai_error,
+            openapi_paths)

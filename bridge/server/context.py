@@ -1,0 +1,66 @@
+"""What a request carries through the server: its log record (INFO), the JSON response, the Jev error shape (every
+route's unless its door has another), what a front door is (Door), and the slow-body refusal. Below the middleware
+and the doors, so that both import it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from ...head.errors import Category, ClefError, RequestInvalid
+
+
+class BodyTimeout(ClefError):
+    category = Category.SLOW_CLIENT
+    error_type = "request_timeout"
+
+
+@dataclass
+class RequestLog:
+    """What the access log line and the metrics say about one request."""
+
+    id: str
+    route: str = ""
+    model: str = "-"
+    status: int = 0
+    input_tokens: int = 0
+    batch_size: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    error_type: str | None = None
+
+
+INFO = web.RequestKey("clef_info", RequestLog)
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
+
+
+# An error's body in one API's shape: (the error, or None for aiohttp's own 404/405; its status; its error type;
+# its message, printable) -> the JSON body
+ErrorShape = Callable[[BaseException | None, int, str, str], Any]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A door's paths in /openapi.json: (the security requirement of routes that need a key, the error responses by
+# status: errors(401, 422, ...)) -> {path: path item}
+OpenApiPaths = Callable[[list[dict[str, Any]], Callable[..., dict[str, Any]]], dict[str, Any]]
+
+
+def jev_error(exc: BaseException | None, status: int, error_type: str, message: str) -> Any:
+    """The Jev shape: an invalid request's problems, each with its location; any other error's type and message."""
+    if isinstance(exc, RequestInvalid) and status == 422:  # media too large (413) answer like other 413s
+        return {"detail": [{"loc": list(p.loc), "msg": p.msg, "type": p.type} for p in exc.problems]}
+    return {"detail": {"error_type": error_type, "message": message}}
+
+
+@dataclass(frozen=True)
+class Door:
+    """One API shape the server speaks over the decision service: its routes' handlers (by their names in
+    routes.py), the shape of its errors (routes.py's `shape` of its rows) and its paths in /openapi.json."""
+
+    shape: str
+    handlers: dict[str, Handler]
+    error_body: ErrorShape
+    openapi_paths: OpenApiPaths

@@ -1,0 +1,22 @@
+"""The API shapes this server speaks, each a front door over the one decision service: Jev's System One and
+Cloudflare's Workers AI. A new shape is a module beside these holding its Door (its handlers, the shape of its
+errors, its paths in /openapi.json), its rows in routes.py, and its line below: three files."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import systemone, workers_ai
+from .context import Door, ErrorShape, Handler, jev_error
+from .routes import JEV_SHAPE
+
+DOORS: tuple[Door, ...] = (systemone.DOOR, workers_ai.DOOR)
+
+HANDLERS: dict[str, Handler] = {name: handler for door in DOORS for name, handler in door.handlers.items()}
+# every route's errors take their door's shape; the routes of no door (models, health, ...) Jev's
+ERROR_SHAPES: dict[str, ErrorShape] = {JEV_SHAPE: jev_error, **{door.shape: door.error_body for door in DOORS}}
+
+
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """Every door's paths in /openapi.json."""
+    return {path: item for door in DOORS for path, item in door.openapi_paths(security, errors).items()}
