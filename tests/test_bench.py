@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from clef_bridge.tools import bench
@@ -33,4 +34,16 @@ def test_bench_fails_and_reports_no_floor_when_requests_fail(fx, tmp_path, capsy
     result = json.loads(capsys.readouterr().out)
     assert code == 1
     assert result["runs"][0]["errors"] == 2
+    [(cause, count)] = result["runs"][0]["error_causes"].items()
+    assert count == 2 and cause.startswith("HTTP 404: model 'nope' is not served here")
     assert "http_over_bare_prefill" not in result
+
+
+def test_bench_without_a_server_names_the_cause_and_the_url(capsys):
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    code = main(["bench", "--url", url, "--concurrency", "1", "--requests", "2"])
+    printed = capsys.readouterr()
+    assert code == 2 and printed.out == ""
+    assert f"cannot connect to {url}: connection refused" in printed.err and "fix: start the server" in printed.err

@@ -62,6 +62,21 @@ def test_commands_explain_their_failures(capsys, tmp_path, fx, argv, fragment):
     assert "pair.headless" not in err  # a missing or foreign file is not called headless
 
 
+def test_join_creates_its_folder_as_split_does_and_both_refusals_name_overwrite(capsys, tmp_path, fx):
+    joined = tmp_path / "new" / "deeper" / "joined.clef.gguf"
+    join = ["join", str(fx.gguf_f32), str(fx.head), "-o", str(joined)]
+    code, err = run(capsys, *join)
+    assert code == 0 and joined.is_file(), err
+    split = ["split", str(joined), "-o", str(tmp_path / "also" / "new")]
+    code, err = run(capsys, *split)
+    assert code == 0, err
+    for argv in (join, split):  # a second time: the files are there
+        code, err = run(capsys, *argv)
+        assert code == 2 and "already exist" in err and "--overwrite" in err and "Traceback" not in err, err
+        code, err = run(capsys, *argv, "--overwrite")
+        assert code == 0, err
+
+
 def test_soak_names_the_threshold_that_failed():
     from benchmarks.render import text
     from benchmarks.soak import judge

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from clef_bridge.bridge.config.registry import RaySpec, RegistryError, parse_registry
-from clef_bridge.bridge.scale.ray_plan import plan_replicas
+from clef_bridge.bridge.scale.ray_plan import RayPortsError, local_ports, plan_replicas
 from clef_bridge.tools.cli import main
 
 pytestmark = pytest.mark.unit
@@ -72,3 +72,17 @@ def test_serve_ray_flags_explain_themselves(tmp_path, monkeypatch, capsys):
     assert main(["serve", "--models", str(toml), "--ray"]) == 2
     err = capsys.readouterr().err
     assert "--ray needs Ray Serve" in err and "pip install 'clef-bridge[ray]'" in err
+
+
+def test_the_fixed_ports_of_a_local_ray_follow_the_port():
+    ports = local_ports(8792)
+    assert ports.ray == {"dashboard agent": 8793, "autoscaler metrics": 8794, "dashboard metrics": 8795}
+    assert ports.dashboard_agent == 8793
+    assert ports.environ() == {"AUTOSCALER_METRIC_PORT": "8794", "DASHBOARD_METRIC_PORT": "8795"}
+    assert ports.describe() == ("8792 (Serve's proxy), 8793 (dashboard agent), 8794 (autoscaler metrics), "
+                                "8795 (dashboard metrics)")
+    assert local_ports(9000).ray["dashboard metrics"] == 9003
+    assert local_ports(65532).ray["dashboard metrics"] == 65535
+    for port in (0, 65533):
+        with pytest.raises(RayPortsError, match=f"--port {port}: serve --ray holds it and the 3 ports after it"):
+            local_ports(port)

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from clef_bridge.bridge.config.registry import RaySpec, demo_registry, load_registry, with_keys
 from clef_bridge.bridge.model.loading import materialize
-from clef_bridge.bridge.scale.ray_plan import plan_replicas
+from clef_bridge.bridge.scale.ray_plan import local_ports, plan_replicas
 
 from .serverkit import metric_sum
 from .test_server_clients import _free_port
@@ -243,11 +243,14 @@ def test_one_command_serves_through_the_proxy_and_stops_on_sigterm(tmp_path):
             assert (port in {s[3] for s in sockets}) and len(sockets) > 5, sockets  # the proxy, and Ray's own
             assert not [s for s in sockets if not loopback(s[2])], sockets
             assert 8265 not in {s[3] for s in sockets}, sockets  # no dashboard unless --ray-dashboard
+            held = {s[3] for s in sockets}
+            assert set(local_ports(port).ray.values()) <= held and not held & {52365, 44217, 44227}, sockets
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
         assert "through Ray Serve's proxy: 1 replica(s), each 1 CPU" in out
         assert "started a Ray on this machine, listening on 127.0.0.1 only; its dashboard off" in out
+        assert f"fixed ports {port} (Serve's proxy), {port + 1} (dashboard agent)" in out
     finally:
         proc.kill()
 

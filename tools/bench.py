@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
 import numpy as np
+
+from ..head.errors import Category, ClefError
 
 ROUTER_QUESTIONS = {
     "needs_tools": {"type": "noul", "instructions": "Does answering need tools or live data?"},
@@ -31,6 +35,7 @@ ROUTER_QUESTIONS = {
                "criteria": {"creative": "writing and style", "tech": "technical work", "chat": "small talk",
                             "biz": "business", "sci": "science"}},
 }
+TIMEOUT_S = 600  # per request
 SENTENCE = ("The customer writes that the nightly export job has failed three times this week, that the "
             "dashboard shows stale numbers, and that the finance team needs the report before Friday. ")
 
@@ -39,6 +44,26 @@ def router_request(model: str = "jev-latest", sentences: int = 6, ticket: int = 
     """A router request of about 750 tokens with the Qwen3.5 vocabulary (4 questions, 19 options)."""
     return {"model": model, "state": {"ticket": ticket, "channel": "email", "message": SENTENCE * sentences},
             "questions": ROUTER_QUESTIONS}
+
+
+class ServerUnreachable(ClefError):
+    """No server answers at the URL (connection refused, unknown host): there is nothing to measure."""
+
+    category = Category.UNAVAILABLE
+    error_type = "server_unreachable"
+
+
+def _connect_failure(url: str, exc: aiohttp.ClientConnectorError) -> str:
+    err = exc.os_error
+    reason = os.strerror(err.errno).lower() if isinstance(err.errno, int) and err.errno > 0 else str(err)
+    return f"cannot connect to {url}: {reason}"
+
+
+def _http_failure(status: int, payload: Any) -> str:
+    """'HTTP 404: <the server's message>' from a Jev error body, else the status alone."""
+    detail = payload.get("detail") if isinstance(payload, dict) else None
+    message = detail.get("message") if isinstance(detail, dict) else None
+    return f"HTTP {status}: {message}" if isinstance(message, str) else f"HTTP {status}"
 
 
 @dataclass
@@ -50,6 +75,8 @@ class RunStats:
     latencies_ms: list[float] = field(repr=False)
     split_ms: dict[str, float]  # server-side medians from x_timings
     input_tokens: int
+    causes: dict[str, int] = field(default_factory=dict)  # why requests failed, with how many each
+    unreachable: int = 0  # requests that found no server (their causes say why)
 
     @property
     def throughput(self) -> float:
@@ -62,41 +89,47 @@ class RunStats:
         return {"concurrency": self.concurrency, "requests": self.requests, "errors": self.errors,
                 "p50_ms": round(self.percentile(50), 2), "p95_ms": round(self.percentile(95), 2),
                 "p99_ms": round(self.percentile(99), 2), "throughput_rps": round(self.throughput, 3),
-                "input_tokens": self.input_tokens, "server_split_ms": self.split_ms}
+                "input_tokens": self.input_tokens, "server_split_ms": self.split_ms, "error_causes": self.causes}
 
 
 async def _run(url: str, body: dict, concurrency: int, requests: int, headers: dict[str, str]) -> RunStats:
     latencies: list[float] = []
     timings: list[dict[str, float]] = []
-    errors = 0
-    tokens = 0
+    causes: Counter[str] = Counter()
+    unreachable = tokens = 0
     counter = iter(range(requests))
 
     async def client(session: aiohttp.ClientSession) -> None:
-        nonlocal errors, tokens
+        nonlocal tokens, unreachable
         for i in counter:
             t0 = time.perf_counter()
             unique = with_ticket(body, 1000 + i)
             try:
                 async with session.post(f"{url}/v1/systemone", json=unique, headers=headers) as resp:
                     payload = await resp.json(content_type=None)
-                    ok = resp.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
-                ok = False
-            if not ok:
-                errors += 1
+                    cause = None if resp.status == 200 else _http_failure(resp.status, payload)
+            except aiohttp.ClientConnectorError as exc:
+                cause = _connect_failure(url, exc)
+                unreachable += 1
+            except (aiohttp.ClientError, json.JSONDecodeError) as exc:
+                cause = f"{type(exc).__name__}: {exc}"
+            except asyncio.TimeoutError:
+                cause = f"no answer within {TIMEOUT_S} s"
+            if cause is not None:
+                causes[cause] += 1
                 continue
             latencies.append((time.perf_counter() - t0) * 1e3)
             timings.append(payload.get("x_timings", {}))
             tokens = payload["usage"]["input_tokens"]
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as session:
         t0 = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
         seconds = time.perf_counter() - t0
     split = {k: round(statistics.median(t[k] for t in timings if k in t), 2)
              for k in ("queue_ms", "tokenize_ms", "backbone_ms", "head_ms", "total_ms") if timings}
-    return RunStats(concurrency, requests, errors, seconds, latencies, split, tokens)
+    return RunStats(concurrency, requests, sum(causes.values()), seconds, latencies, split, tokens, dict(causes),
+                    unreachable)
 
 
 def with_ticket(body: dict, ticket: int) -> dict:
@@ -124,7 +157,7 @@ def median_ms(fn, repeats: int) -> float:
 async def _alternate(url: str, body: dict, headers: dict[str, str], prefill, repeats: int) -> tuple[list, list]:
     http: list[float] = []
     bare: list[float] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as session:
         for i in range(repeats + 1):  # the first pair warms both up
             t0 = time.perf_counter()
             async with session.post(f"{url}/v1/systemone", json=with_ticket(body, 5000 + i), headers=headers) as resp:
@@ -184,7 +217,10 @@ def run(url: str, concurrency: list[int], requests: int, api_key: str | None, gg
     (benchmarks/__main__.py passes it; it needs torch)."""
     body = body or router_request(model)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    asyncio.run(_run(url, body, 1, 3, headers))  # warm-up
+    warm = asyncio.run(_run(url, body, 1, 3, headers))
+    if warm.unreachable == warm.requests:
+        raise ServerUnreachable(next(iter(warm.causes)),
+                                fix="start the server (clef-bridge serve), or pass --url of a running one")
     runs = [asyncio.run(_run(url, body, c, requests, headers)) for c in concurrency]
     single = next((r for r in runs if r.concurrency == 1), runs[0])
     result: dict[str, Any] = {"url": url, "runs": [r.summary() for r in runs]}

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=Path, help="the model registry (default: ./models.toml; without one, the "
                                               "built-in demo model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8792, help="port to listen on (default: 8792)")
+    p.add_argument("--port", type=int, default=8792, help="port to listen on (default: 8792); with --ray, the Ray it "
+                                                          "starts holds the 3 ports after it too")
     p.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve's proxy, as models.toml [ray] "
                                                       "says (needs pip install 'clef-bridge[ray]')")
     p.add_argument("--ray-address", help="with --ray: the Ray cluster to join, e.g. auto or HEAD_IP:6379 "

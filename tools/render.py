@@ -140,6 +140,7 @@ def _(result: BenchResult) -> str:
                      f"{run['throughput_rps']:.2f} req/s ({run['input_tokens']} tokens each)")
         split = ", ".join(f"{k[:-3]} {v:.1f}" for k, v in run["server_split_ms"].items())
         lines.append(f"                   server split (median ms): {split}")
+        lines.extend(f"                   {n} failed: {cause}" for cause, n in run["error_causes"].items())
     if "bare_prefill_ms" in r:
         lines.append(f"  bare llama.cpp prefill of the same tokens: {r['bare_prefill_ms']:.1f} ms, alternated with "
                      f"single requests (p50 {r['alternated_http_p50_ms']:.1f} ms): "

@@ -174,7 +174,8 @@ SAFETENSORS_TYPES = {name: DTYPES[name].ggml for name in SPLIT_DTYPES}  # what s
 def _refuse_existing(paths: list[Path], overwrite: bool) -> None:
     existing = [str(p) for p in paths if p.exists()]
     if existing and not overwrite:
-        raise ConvertError(f"{', '.join(existing)} already exist(s); remove them or ask to overwrite")
+        raise ConvertError(f"{', '.join(existing)} already exist(s)",
+                           fix="add --overwrite to replace them (overwrite=True from Python), or remove them")
 
 
 def split(clef: str | Path, out_dir: str | Path, head_dtype: str | None = None, overwrite: bool = False,
@@ -295,6 +296,7 @@ def join(backbone: str | Path, head: str | Path, out: str | Path, head_dtype: st
         raise ConvertError(f"the head expects hidden_size {cfg.hidden_size} but {backbone.name} has embedding "
                            f"length {n_embd}: pair each backbone with its own head")
     _refuse_existing([out], overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)  # as split creates its folder
     kvs, names, dropped = _without_mtp(info)
     tensors = copied(info, names) + _head_plan(flat, cfg, cf.HEAD_TYPES[choice])
     result = write_gguf(out, kvs + _head_keys(cfg, temperatures or {}), tensors, info.alignment, progress)

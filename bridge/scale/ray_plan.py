@@ -23,6 +23,12 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # and binds several of its ports on every interface.
 LOCAL_ONLY_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 DASHBOARD_URL = "http://127.0.0.1:8265"  # ray.init's dashboard_host and dashboard_port defaults
+# The ports a Ray started by `serve --ray` would otherwise hold at fixed numbers (52365, 44217, 44227), each
+# moved to --port + its offset, so they follow the user's choice and two such servers on one machine, their
+# --port 4 or more apart, do not collide; Ray picks its other ports at random. Each: (offset, the environment
+# variable Ray's processes read it from at import, or None: the dashboard agent's is an argument of the node).
+RAY_PORTS = {"dashboard agent": (1, None), "autoscaler metrics": (2, "AUTOSCALER_METRIC_PORT"),
+             "dashboard metrics": (3, "DASHBOARD_METRIC_PORT")}
 
 
 class RayNotLocal(ClefError):
@@ -30,6 +36,41 @@ class RayNotLocal(ClefError):
 
     category = Category.USAGE
     error_type = "ray_not_local"
+
+
+class RayPortsError(ClefError):
+    """--port leaves no room for the ports the Ray that `serve --ray` starts holds after it."""
+
+    category = Category.USAGE
+    error_type = "ray_ports"
+
+
+@dataclass(frozen=True)
+class LocalPorts:
+    """Where the Ray that `serve --ray` starts listens at fixed numbers: Serve's proxy on --port, Ray's after it."""
+
+    proxy: int
+    ray: dict[str, int]  # RAY_PORTS' names -> ports
+
+    @property
+    def dashboard_agent(self) -> int:
+        return self.ray["dashboard agent"]
+
+    def environ(self) -> dict[str, str]:
+        """The ports Ray's processes read at their import: set before ray.init (the processes it starts inherit them)."""
+        return {env: str(self.ray[name]) for name, (_, env) in RAY_PORTS.items() if env}
+
+    def describe(self) -> str:
+        return ", ".join(f"{port} ({name})" for name, port in {"Serve's proxy": self.proxy, **self.ray}.items())
+
+
+def local_ports(port: int) -> LocalPorts:
+    """Serve's proxy on --port, Ray's fixed ports at their offsets after it (RAY_PORTS)."""
+    last = max(offset for offset, _ in RAY_PORTS.values())
+    if not 1 <= port <= 65535 - last:
+        raise RayPortsError(f"--port {port}: serve --ray holds it and the {last} ports after it for the Ray it starts",
+                            fix=f"pass a --port from 1 to {65535 - last}")
+    return LocalPorts(port, {name: port + offset for name, (offset, _) in RAY_PORTS.items()})
 
 
 def cluster_address(flag: str | None, environ: Mapping[str, str]) -> str | None:

@@ -9,13 +9,15 @@ Needs the `ray` extra (pip install 'clef-bridge[ray]'); bridge/scale/ray_plan.py
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import aiohttp
 import ray
@@ -30,6 +32,7 @@ from .ray_plan import (
     LOOPBACK,
     RayNotLocal,
     ReplicaPlan,
+    local_ports,
     local_ray_options,
     plan_replicas,
 )
@@ -179,12 +182,30 @@ def replica_states() -> dict[str, int]:
     return {str(state): n for d in application.deployments.values() for state, n in d.replica_states.items()}
 
 
-def start_ray(address: str | None, dashboard: bool) -> str:
-    """Join the cluster at address, or start a Ray on this machine that listens on loopback alone; says which."""
+@contextmanager
+def dashboard_agent_port(port: int) -> Iterator[None]:
+    """ray.init takes no port for the node's dashboard agent (Ray's RayParams fixes it at 52365): during this
+    block, the RayParams that ray.init builds its node from give it port. The name is Ray's, looked up at that call."""
+    from ray._private import parameter
+
+    params = parameter.RayParams
+    parameter.RayParams = functools.partial(params, dashboard_agent_listen_port=port)
+    try:
+        yield
+    finally:
+        parameter.RayParams = params
+
+
+def start_ray(address: str | None, dashboard: bool, port: int) -> str:
+    """Join the cluster at address, or start a Ray on this machine that listens on loopback alone, its fixed
+    ports after the proxy's port (local_ports); says which."""
     if address is not None:
         ray.init(address=address)
         return f"joined the Ray cluster at {address}"
-    ray.init(**local_ray_options(dashboard))
+    ports = local_ports(port)
+    os.environ.update(ports.environ())
+    with dashboard_agent_port(ports.dashboard_agent):
+        ray.init(**local_ray_options(dashboard))
     node = ray.util.get_node_ip_address()
     if node not in LOOPBACK:  # Ray was imported before LOCAL_ONLY_ENV was set: its ports would be there too
         ray.shutdown()
@@ -192,7 +213,8 @@ def start_ray(address: str | None, dashboard: bool) -> str:
                           fix=f"set {LOCAL_ONLY_ENV[0]}={LOCAL_ONLY_ENV[1]} before Ray is imported (clef-bridge "
                               "serve --ray does), or join a cluster you started on purpose: --ray-address")
     return (f"started a Ray on this machine, listening on 127.0.0.1 only; its dashboard "
-            f"{'on ' + DASHBOARD_URL if dashboard else 'off (--ray-dashboard starts it)'}")
+            f"{'on ' + DASHBOARD_URL if dashboard else 'off (--ray-dashboard starts it)'}; fixed ports "
+            f"{ports.describe()}, the others picked at random")
 
 
 def run(registry: Registry, host: str, port: int, address: str | None, dashboard: bool = False) -> None:
@@ -201,7 +223,7 @@ def run(registry: Registry, host: str, port: int, address: str | None, dashboard
     if host not in LOOPBACK and not registry.server.api_keys_file:
         log.warning("WARNING: Serve's proxy binds %s and models.toml [server] sets no api_keys_file: anyone who can "
                     "reach it can run decisions on your GPUs", host)
-    log.info("clef-bridge: %s", start_ray(address, dashboard))
+    log.info("clef-bridge: %s", start_ray(address, dashboard, port))
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
