@@ -251,3 +251,38 @@ def test_every_supported_medium_has_its_limits_and_body_room():
     assert set(spec.media_limits) == supported
     assert body_limit(spec, ["image"]) == 100 + 4000 + 2 * 4096
     assert body_limit(spec, ["audio", "image", "audio"]) == 100 + 4000 + 2 * 4096 + 400 + 4096
+
+
+
+def reaches_pull(command: str, monkeypatch) -> bool:
+    """Whether `clef-bridge pull ...`, as printed, parses and gets past the CLI's checks to the download."""
+    import shlex
+
+    from clef_bridge.tools import cli
+    from clef_bridge.tools import pull as pull_module
+    from clef_bridge.tools.cliargs import build_parser
+
+    class Reached(Exception):
+        pass
+
+    def fake_pull(*args, **kwargs):
+        raise Reached(args)
+
+    monkeypatch.setattr(pull_module, "pull", fake_pull)
+    words = shlex.split(command)
+    assert words[:2] == ["clef-bridge", "pull"], command
+    try:
+        cli._pull(build_parser().parse_args(words[1:]))
+    except Reached:
+        return True
+    except cli.UsageError:
+        return False
+    return False
+
+
+@pytest.mark.parametrize("release", list(releases.RELEASES))
+def test_the_printed_pull_command_is_taken_as_shown(monkeypatch, release):
+    """The banner and the demos' warnings print `pull_command`: `pull` must get that far, not refuse its flags."""
+    command = releases.RELEASES[release].pull_command
+    assert command.split()[2] == release and reaches_pull(command, monkeypatch)
+    assert not reaches_pull(f"clef-bridge pull {release}", monkeypatch)  # what the banner printed before

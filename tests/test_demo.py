@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from clef_bridge.bridge.demo.builtins import DEMO_DESCRIPTION, DEMO_VERSION, mak
 from clef_bridge.tools.cli import main
 
 from .deciding import prepare
+from .test_catalogue import reaches_pull
 from .test_server_clients import _free_port, _wait_ready
 
 pytestmark = pytest.mark.integration
@@ -36,7 +38,7 @@ def test_make_demo_is_deterministic_and_checked(tmp_path, capsys):
     assert "meaningless" in capsys.readouterr().out
 
 
-def test_serve_without_models_toml_serves_the_demo(tmp_path):
+def test_serve_without_models_toml_serves_the_demo(tmp_path, monkeypatch):
     port = _free_port()
     env = dict(os.environ, CLEF_BRIDGE_CACHE=str(tmp_path / "cache"))
     proc = subprocess.Popen([sys.executable, "-m", "clef_bridge.tools.cli", "serve", "--port", str(port)],
@@ -48,6 +50,7 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path):
         assert [m["name"] for m in models] == ["demo", "demo-omni"] and models[0]["description"] == DEMO_DESCRIPTION
         assert [m["x_media"] for m in models] == [["image"], ["image", "audio"]]
         assert "RANDOM weights" in models[0]["description"]
+        assert all(m["x_warnings"][0].startswith("demo: the built-in demo model has RANDOM weights") for m in models)
         body = json.dumps({"model": "jev-latest", "state": "The printer is on fire.",
                            "questions": {"urgent": {"type": "noul", "instructions": "Is it urgent?"}}}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/systemone", data=body,
@@ -72,6 +75,8 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path):
     assert "DEMO MODEL: RANDOM weights" in banner and "(qwen35, hidden 128, 4 layers)" in banner
     assert "model demo-omni (also answers to clef-omni)" in banner and "(qwen3vlmoe, hidden 128, 4 layers)" in banner
     assert "pull clef-omni" in banner[banner.index("model demo-omni"):]
+    pulls = re.findall(r"`(clef-bridge pull [^`]*)`", out)  # the banner's, and the no-models.toml line's
+    assert len(pulls) == 3 and all(reaches_pull(command, monkeypatch) for command in pulls), pulls
     assert "llama_" not in out and "load:" not in out  # llama.cpp's own chatter stays out of the way
 
 

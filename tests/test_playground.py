@@ -29,6 +29,7 @@ import pytest
 
 from . import fixturegen_vision
 from .fixturegen_vision import encoded, picture
+from .test_readme import blocks
 from .test_server_clients import _free_port
 
 pytestmark = pytest.mark.slow
@@ -373,6 +374,21 @@ def test_decide_bars_match_json_and_curl(browser, server: ClefServer, artifacts:
         assert p.errors == [], p.errors
 
 
+def test_the_demo_is_called_random_at_once_and_the_example_is_the_api_pages(browser, server: ClefServer, timed):
+    """Before any answer the page says the demo's weights are random (from /v1/models); "load an example" fills the
+    router request docs/api.md walks through, the model aside (the picker's)."""
+    [router] = [json.loads(body.split("<<'EOF'\n", 1)[1].split("\nEOF", 1)[0]) for _, tags, body in blocks()
+                if "runnable" in tags and "cat > router.json" in body]
+    with Page(browser, server.url) as p:
+        page = p.page
+        choose_model(page, "Model", "demo")
+        playwright_sync.expect(page.locator("#models-status")).to_contain_text("demo model has RANDOM weights")
+        assert page.get_by_role("meter").count() == 0  # nothing asked yet
+        page.get_by_role("button", name="load an example").click()
+        assert request_body(page) == {**router, "model": "demo"}
+        assert p.errors == [], p.errors
+
+
 def test_side_by_side_shows_differences(browser, server: ClefServer, timed):
     with Page(browser, server.url) as p:
         page = p.page
@@ -389,7 +405,7 @@ def test_side_by_side_shows_differences(browser, server: ClefServer, timed):
         assert request_body(page)["state"] == {"prompt": "Write a SQL query that finds duplicate invoices",
                                                "history": []}
         page.get_by_role("button", name="Decide").click()
-        playwright_sync.expect(page.locator("[role=meter][data-model=demo-seed1]")).to_have_count(2 + 3 + 5)
+        playwright_sync.expect(page.locator("[role=meter][data-model=demo-seed1]")).to_have_count(2 + 3 + 5 + 3)
         body = request_body(page)
         _, a = http("POST", server.url + "/v1/systemone", body)
         _, b = http("POST", server.url + "/v1/systemone", {**body, "model": "demo-seed1"})
@@ -398,7 +414,7 @@ def test_side_by_side_shows_differences(browser, server: ClefServer, timed):
         deltas = page.eval_on_selector_all(".delta", """els => els.map(e => ({
             q: e.closest('article').dataset.question, o: e.closest('.bar-row').dataset.option,
             d: e.dataset.delta, text: e.querySelector('.dvalue').textContent}))""")
-        assert len(deltas) == 10
+        assert len(deltas) == 13
         moved = 0
         for row in deltas:
             want = expected_rows(b["answers"][row["q"]])[row["o"]] - expected_rows(a["answers"][row["q"]])[row["o"]]
@@ -431,7 +447,7 @@ def test_media_inputs_follow_the_model(browser, server: ClefServer, timed):
         assert shown["assets"] == {"<image1>": {"type": "image", "format": "png", "data_base64": shortened(png)}}
         playwright_sync.expect(page.locator("#code-python")).to_contain_text('"<image1>": Image(Path("chart.png"))')
         page.get_by_role("button", name="Decide").click()
-        playwright_sync.expect(page.get_by_role("meter")).to_have_count(2 + 3 + 5)
+        playwright_sync.expect(page.get_by_role("meter")).to_have_count(2 + 3 + 5 + 3)
         full = {**shown, "assets": {"<image1>": {"type": "image", "format": "png",
                                                  "data_base64": base64.b64encode(png).decode()}}}
         status, direct = http("POST", server.url + "/v1/systemone", full)
@@ -475,7 +491,7 @@ def test_api_key_field_appears_on_401(browser, auth_server: ClefServer, timed):
         assert page.evaluate("localStorage.length") == 0
         page.get_by_role("button", name="load an example").click()
         page.get_by_role("button", name="Decide").click()
-        playwright_sync.expect(page.get_by_role("meter")).to_have_count(2 + 3 + 5)
+        playwright_sync.expect(page.get_by_role("meter")).to_have_count(2 + 3 + 5 + 3)
         # the key never lands in the copied code: it reads $CLEF_API_KEY
         page.get_by_role("button", name="Copy as curl").click()
         curl = page.evaluate("navigator.clipboard.readText()")

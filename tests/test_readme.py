@@ -52,13 +52,13 @@ def test_exactly_two_setup_commands():
 
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory):
-    """The first set-up command's `clef-bridge serve`, run where there is no models.toml; the blocks' own
-    temporary folder ($TMPDIR) is a folder of this run's."""
+    """The first set-up command's `clef-bridge serve`, run as a newcomer runs it: in the checkout, which reads the
+    checkout's models.toml; the demos' files and the blocks' own temporary folder ($TMPDIR) are this run's."""
     work = tmp_path_factory.mktemp("readme")
     port = _free_port()
     (work / "tmp").mkdir()
     env = dict(os.environ, CLEF_BRIDGE_CACHE=str(work / "cache"), TMPDIR=str(work / "tmp"))
-    proc = subprocess.Popen([sys.executable, "-m", "clef_bridge.tools.cli", "serve", "--port", str(port)], cwd=work,
+    proc = subprocess.Popen([sys.executable, "-m", "clef_bridge.tools.cli", "serve", "--port", str(port)], cwd=ROOT,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_ready(port, proc)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
-from clef_bridge.bridge.config.registry import RegistryError, load_registry
+from clef_bridge.bridge.config.registry import RegistryError, demo_registry, load_registry
 from clef_bridge.bridge.config.registry_file import add_model, has_model, set_model_keys
 
 pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parent.parent
 
 FILE = """# my models
 default = "a"  # the one clients get
@@ -76,3 +79,12 @@ def test_a_broken_file_is_reported_not_overwritten(toml):
     with pytest.raises(RegistryError, match="cannot parse"):
         add_model(toml, "b", {"gguf": "b.gguf"})
     assert toml.read_text() == "default = \n"
+
+
+def test_the_checkouts_models_toml_serves_what_serve_without_one_serves():
+    """The README's `clef-bridge serve`, run in the checkout, reads its models.toml: the front page promises the
+    demos' images and audio (demo-omni, answering to clef-omni), as `serve` gives them where there is none."""
+    checkout = load_registry(ROOT / "models.toml")
+    without = demo_registry(ROOT / "no-models.toml")
+    assert checkout.default == without.default
+    assert {n: s.builtin for n, s in checkout.models.items()} == {n: s.builtin for n, s in without.models.items()}

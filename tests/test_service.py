@@ -132,6 +132,25 @@ def test_an_unknown_model_is_refused_by_name():
         run(workers, lambda: service.decide(DecisionInput({**BODY, "model": "nope"}, "nope")))
 
 
+def test_a_misspelt_name_is_offered_only_a_model_that_takes_the_requests_media():
+    """An audio request for clef-omni where only the text model clef is served gets no 'did you mean clef?'."""
+    service, workers = service_for(FakeModel("clef"), FakeModel("clef-vision", media=(IMAGE,)))
+    bodies = {"text": BODY, "audio": with_media(BODY, audio=WAV), "image": with_media(BODY, images=PNG)}
+
+    async def main():
+        messages = {}
+        for label, body in bodies.items():
+            with pytest.raises(UnknownModel) as info:
+                await service.decide(DecisionInput({**body, "model": "clef-omni"}, "clef-omni"))
+            messages[label] = str(info.value)
+        return messages
+
+    messages = run(workers, main)
+    assert "did you mean clef?" in messages["text"]
+    assert "did you mean" not in messages["audio"] and "served: clef, " in messages["audio"]
+    assert "did you mean clef-vision?" in messages["image"]
+
+
 @pytest.mark.parametrize("field, data, kind", [("images", PNG, "images_not_supported"),
                                                ("audio", WAV, "audio_not_supported")])
 def test_media_the_model_cannot_take_are_refused_before_decoding(monkeypatch, field, data, kind):

@@ -225,6 +225,7 @@ def _join(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from ..bridge.catalogue.releases import CLEF_FLASH
     from ..bridge.config.registry import demo_registry, load_registry
     from ..bridge.model.loading import materialize
     from ..bridge.server.app import serve
@@ -237,7 +238,7 @@ def _serve(args: argparse.Namespace) -> int:
         materialize(registry.models["demo"])  # writes both demos, once
         print(f"clef-bridge: no models.toml in {Path.cwd()}: serving the built-in demo models (demo: text and images; "
               f"demo-omni: text, images and audio) from {registry.models['demo'].gguf.parent} (RANDOM weights: their "
-              "answers are meaningless). Configure a real model with `clef-bridge pull clef-flash` or a models.toml.",
+              f"answers are meaningless). Configure a real model with `{CLEF_FLASH.pull_command}` or a models.toml.",
               file=sys.stderr)
     else:
         registry = load_registry(path)

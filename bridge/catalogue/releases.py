@@ -24,6 +24,13 @@ class Release:
         """The Hugging Face repository of the release (its safetensors head and config)."""
         return f"{HUB_OWNER}/{self.name}"
 
+    @property
+    def pull_command(self) -> str:
+        """The `pull` that fetches it, as the banner and the demos' warnings print it: GGUFs come from community
+        repositories whose file names vary, so the repository and file are placeholders to fill in (docs/serving.md
+        names some); without them `pull` refuses."""
+        return f"clef-bridge pull {self.name} --gguf-repo OWNER/REPO --gguf-file NAME.gguf"
+
 
 # pull has always taken any Clef architecture for the Qwen3.5 releases (the head's width check refuses a wrong one)
 CLEF_FLASH = Release("clef-flash", 4096, QWEN35.name, CLEF_ARCHITECTURES, demo="demo")

@@ -11,7 +11,7 @@ import os
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
@@ -138,11 +138,13 @@ def name_table(registry: Registry, hidden_sizes: dict[str, int], architectures: 
     return table
 
 
-def resolve(table: dict[str, str], name: str) -> str:
-    """The model a request's `model` field names."""
+def resolve(table: dict[str, str], name: str, fits: Callable[[str], bool] = lambda model: True) -> str:
+    """The model a request's `model` field names; fits: whether a served model could answer the request (takes its
+    media), so that a misspelt name's did-you-mean never suggests one that would refuse it."""
     if name in table:
         return table[name]
-    raise UnknownModel(f"model {name!r} is not served here; {did_you_mean(name, table)}served: {', '.join(table)} (a "
+    near = did_you_mean(name, [n for n, model in table.items() if fits(model)])
+    raise UnknownModel(f"model {name!r} is not served here; {near}served: {', '.join(table)} (a "
                        "client that always sends its own name is served by adding it to a model's aliases in "
                        "models.toml)")
 

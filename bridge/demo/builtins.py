@@ -37,7 +37,7 @@ from .weights import (
 
 DEMO_VERSION = 2  # 2: the media placeholders in the vocabulary, the projectors, Clef-omni
 DEMO_DESCRIPTION = ("built-in demo: RANDOM weights, its answers are meaningless; configure a real Clef model in "
-                    "models.toml (clef-bridge pull clef-flash)")
+                    f"models.toml ({CLEF_FLASH.pull_command})")
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ OMNI_HEAD = HeadConfig(hidden_size=OMNI_DIMS.hidden, width=64, routing_layers=1,
 DEMO, OMNI_DEMO = CLEF_FLASH.demo, CLEF_OMNI.demo  # the builtin values of models.toml, the demo registry's names
 BUILTINS = tuple(REAL_RELEASES)
 OMNI_DESCRIPTION = ("built-in Clef-omni demo (text, images, audio): RANDOM weights, its answers are meaningless; "
-                    "configure a real Clef-omni in models.toml (clef-bridge pull clef-omni)")
+                    f"configure a real Clef-omni in models.toml ({CLEF_OMNI.pull_command})")
 DEMO_N_CTX = 32768  # a 64-question request through the byte-level demo vocabulary needs ~20k tokens
 
 

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from ..catalogue.releases import REAL_RELEASES
+from ..catalogue.releases import REAL_RELEASES, RELEASES
 from ..config.registry import ModelSpec, Registry, name_table
 from ..model.worker import BatchStats, InferenceWorker
 from ..service.coalesce import Coalescer
@@ -24,6 +24,7 @@ from ..service.models import load_models
 from .appstate import KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, SERVICE, Loader, Served
 from .auth import ApiKeys, auth_middleware, install_sighup
 from .context import json_response
+from .decisions import demo_warning
 from .doors import HANDLERS as DOOR_HANDLERS
 from .middleware import ProtocolLog, context_middleware
 from .openapi import openapi_spec
@@ -47,8 +48,10 @@ async def models_handler(request: web.Request) -> web.Response:
             "release_date": served.release_date, "x_aliases": [n for n, m in names.items() if m == name and n != name],
             "x_status": "ready" if served.worker.alive else "down",
             "x_media": list(served.worker.model.media)}  # what the model reads beside text (the playground asks)
-        if served.warnings:
-            entry["x_warnings"] = list(served.warnings)
+        # a demo says so here too: a client (the playground) warns before its first answer
+        warnings = ([demo_warning(spec.builtin)] if spec.builtin else []) + list(served.warnings)
+        if warnings:
+            entry["x_warnings"] = warnings
         models.append(entry)
     return json_response({"models": models})
 
@@ -182,7 +185,7 @@ def banner(app: web.Application, url: str) -> list[str]:
                   f"    head  {head}"]
         if spec.builtin:
             lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
-                         f"`clef-bridge pull {REAL_RELEASES[spec.builtin]}` and a models.toml")
+                         f"`{RELEASES[REAL_RELEASES[spec.builtin]].pull_command}` (docs/serving.md names GGUFs)")
         lines += [f"    warning: {w}" for w in served.warnings]
     return lines
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from ..catalogue.releases import REAL_RELEASES
+from ..catalogue.releases import REAL_RELEASES, RELEASES
 from ..service.decision import INLINE_BYTES, Decision, DecisionInput
 from .appstate import METRICS, REGISTRY, SERVED, SERVICE
 from .assets import body_limit
@@ -19,8 +19,10 @@ from .multipart import RequestBody, is_form, parse_body
 
 # every answer of the built-in demo says what the banner says: its weights are random
 DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
-DEMO_WARNING = ("demo: the built-in demo model has RANDOM weights, this answer is meaningless; serve a real model "
-                "(clef-bridge pull {release} writes its models.toml entry)")
+def demo_warning(builtin: str) -> str:
+    """What every answer of a built-in demo, and its /v1/models entry, says (builtin: models.toml's value)."""
+    return ("demo: the built-in demo model has RANDOM weights, its answers are meaningless; serve a real model "
+            f"(`{RELEASES[REAL_RELEASES[builtin]].pull_command}` writes its models.toml entry)")
 
 
 async def read_body(request: web.Request, cap: int | None = None) -> RequestBody:
@@ -90,7 +92,7 @@ def reply(request: web.Request, decision: Decision, start: float, warnings: list
     headers = {}
     builtin = request.app[SERVED][info.model].spec.builtin
     if builtin:
-        warnings = warnings + [DEMO_WARNING.format(release=REAL_RELEASES[builtin])]
+        warnings = warnings + [demo_warning(builtin)]
         headers[DEMO_HEADER] = DEMO_HEADER_VALUE
     if warnings:
         extensions["x_warnings"] = warnings

@@ -130,7 +130,10 @@ def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
                                "x_aliases": {"type": "array", "items": {"type": "string"}},
                                "x_status": {"enum": ["ready", "down"]},
                                "x_media": {"type": "array", "items": {"enum": list(READABLE)},
-                                           "description": "what the model reads beside text"}}}}},
+                                           "description": "what the model reads beside text"},
+                               "x_warnings": {"type": "array", "items": {"type": "string"},
+                                              "description": "what to know before any answer: the built-in "
+                                                             "demo's random weights, its load's warnings"}}}}},
         },
     }
 

@@ -127,7 +127,7 @@ class DecisionService:
             validate(body, self.server.limits, call.contract)  # raises, with the body's other problems
         if not isinstance(body, dict) or not isinstance(call.model, str) or not is_unicode(call.model):
             validate(body)  # every problem of the body at once, the model's among them
-        name = resolve(self.names, call.model)
+        name = resolve(self.names, call.model, lambda served: self._takes(served, found.media))
         worker = self.workers[name]
         resolved(name)
         model = worker.model
@@ -152,6 +152,10 @@ class DecisionService:
                 stages[TOWER_STAGES[kind]] = getattr(t, TOWER_STAGES[kind])
         return Decision(name, scored.response, scored.input_tokens, stages, t.reused_tokens, t.batch_size,
                         scored.logits)
+
+    def _takes(self, name: str, media: Media) -> bool:
+        """Whether the served model takes every kind of the request's media."""
+        return name in self.workers and all(kind in self.workers[name].model.media for kind in media.kinds)
 
     @staticmethod
     async def _decode(media: Media, settings: DecodeSettings) -> tuple[Media, dict[str, float]]:

@@ -7,7 +7,24 @@ import { bodyJSON, curlText, pythonText } from './playground-code.js';
 import { $, describeError, el, hideError, markStale, renderAnswers, showError } from './playground-view.js';
 
 const KEY_STORE = 'clef-bridge.playground.api-key';
-const DEMO_STATE = 'Write a SQL query that finds duplicate invoices';
+// The router request of the API page (docs/api.md, "A router request"), its model aside: the picker names that
+const ROUTER_EXAMPLE = {
+  state: { prompt: 'Write a SQL query that finds duplicate invoices', history: [] },
+  questions: {
+    needs_tools: { type: 'noul', instructions: 'Does answering need tools or live data?' },
+    model: {
+      type: 'choice', instructions: 'Which model should answer?',
+      criteria: { small: 'fast and cheap', large: 'strongest reasoning', code: 'programming' },
+    },
+    difficulty: {
+      type: 'score', instructions: 'How hard is it?', criteria: ['trivial', 'easy', 'medium', 'hard', 'expert'],
+    },
+    domain: {
+      type: 'choice', instructions: 'Which domain?',
+      criteria: { tech: 'technical work', biz: 'business', chat: 'small talk' },
+    },
+  },
+};
 const MEDIA_TYPES = { image: 'image', audio: 'audio' };
 
 // --- state ------------------------------------------------------------------------------------
@@ -520,21 +537,15 @@ async function send() {
 // --- example ----------------------------------------------------------------------------------
 
 function loadExample() {
-  $('state').value = DEMO_STATE;
-  document.querySelector('input[name=state-format][value=text]').checked = true;
+  $('state').value = JSON.stringify(ROUTER_EXAMPLE.state);
+  document.querySelector('input[name=state-format][value=json]').checked = true;
   ui.questions = [];
-  ui.questions.push(newQuestion('noul', { instructions: 'Does answering need tools or live data?' }));
-  ui.questions.push(newQuestion('choice', {
-    instructions: 'Which model should answer?',
-    criteria: [{ name: 'small', desc: 'fast and cheap' }, { name: 'large', desc: 'strongest reasoning' },
-      { name: 'code', desc: 'programming' }],
-  }));
-  ui.questions.push(newQuestion('score', {
-    instructions: 'How hard is it?', criteria: ['trivial', 'easy', 'medium', 'hard', 'expert'],
-  }));
-  ui.questions[0].id = 'needs_tools';
-  ui.questions[1].id = 'model';
-  ui.questions[2].id = 'difficulty';
+  for (const [id, q] of Object.entries(ROUTER_EXAMPLE.questions)) {
+    const init = { instructions: q.instructions };
+    if (q.type === 'choice') init.criteria = Object.entries(q.criteria).map(([name, desc]) => ({ name, desc }));
+    if (q.type === 'score') init.criteria = [...q.criteria];
+    ui.questions.push({ ...newQuestion(q.type, init), id });
+  }
   renderQuestions();
   renderCode();
 }
