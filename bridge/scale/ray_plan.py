@@ -57,7 +57,7 @@ class LocalPorts:
         return self.ray["dashboard agent"]
 
     def environ(self) -> dict[str, str]:
-        """The ports Ray's processes read at their import: set before ray.init (the processes it starts inherit them)."""
+        """The ports Ray's processes read at their import: set before ray.init (the processes it starts inherit)."""
         return {env: str(self.ray[name]) for name, (_, env) in RAY_PORTS.items() if env}
 
     def describe(self) -> str:
