@@ -61,6 +61,11 @@ class AudioLimits:
         return round(self.max_seconds * SAMPLE_RATE)
 
     @property
+    def max_count(self) -> int:
+        """Clips per request (what every medium's limits name max_count)."""
+        return self.max_clips
+
+    @property
     def body_bytes(self) -> int:
         """The most a request's audio clips take in its body: base64-inflated, with room for the JSON around each."""
         return -(-self.max_clips * self.max_bytes * 4 // 3) + 4096 * self.max_clips

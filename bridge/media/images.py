@@ -61,6 +61,11 @@ class ImageLimits:
     max_pixels: int = 16 * 2**20  # per image: 4096 x 4096, Qwen3.5's own largest input
 
     @property
+    def max_count(self) -> int:
+        """Images per request (what every medium's limits name max_count)."""
+        return self.max_images
+
+    @property
     def body_bytes(self) -> int:
         """The most a request's images take in its body: base64-inflated, with room for the JSON around each."""
         return -(-self.max_total_bytes * 4 // 3) + 4096 * self.max_images

@@ -190,12 +190,34 @@ class _Medium:
         return f"data:{self.content_type};base64,..."
 
 
+@dataclass(frozen=True)
+class MediumDoc:
+    """How a kind's body field is described to clients (its /openapi.json entry) and in messages."""
+
+    noun: str  # one of them, in messages
+    content_type: str  # a typical one
+    formats: tuple[str, ...]  # what an asset's `format` may declare; the bytes decide
+    count_key: str  # the [server] key of its count per request
+    description: str
+
+
+MEDIUM_DOCS = {
+    IMAGE: MediumDoc("image", "image/png", FORMATS, "max_images",
+                     "PNG, JPEG or WebP images as data: URLs, base64 or {content_type, base64} (the reference's and "
+                     "Workers AI's shape); needs a vision projector; max_images counts the assets' images too"),
+    AUDIO: MediumDoc("audio clip", "audio/wav", audio_files.FORMATS, "max_audio_clips",
+                     "WAV or MP3 clips as data: URLs, base64 or {content_type, base64}, heard after the images; needs "
+                     "a model with audio (x_media lists \"audio\"); max_audio_clips counts the assets' clips too"),
+}
+
+
 def _media(limits: ImageLimits, audio_limits: AudioLimits) -> dict[str, _Medium]:
-    return {IMAGE: _Medium(IMAGE, FIELDS[IMAGE], "image", FORMATS, limits.max_images, "max_images", limits.max_bytes,
-                           "max_image_bytes", ImageRejected, ImageTooLarge, "image/png"),
-            AUDIO: _Medium(AUDIO, FIELDS[AUDIO], "audio clip", audio_files.FORMATS, audio_limits.max_clips,
-                           "max_audio_clips", audio_limits.max_bytes, "max_audio_bytes", AudioRejected,
-                           AudioTooLarge, "audio/wav")}
+    image, audio = MEDIUM_DOCS[IMAGE], MEDIUM_DOCS[AUDIO]
+    return {IMAGE: _Medium(IMAGE, FIELDS[IMAGE], image.noun, image.formats, limits.max_count, image.count_key,
+                           limits.max_bytes, "max_image_bytes", ImageRejected, ImageTooLarge, image.content_type),
+            AUDIO: _Medium(AUDIO, FIELDS[AUDIO], audio.noun, audio.formats, audio_limits.max_count,
+                           audio.count_key, audio_limits.max_bytes, "max_audio_bytes", AudioRejected,
+                           AudioTooLarge, audio.content_type)}
 
 
 def _rejected(errors: list[MediaRejected]) -> MediaRejected:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...head.schema import QUESTION_TYPES
-from ..catalogue.media import AUDIO, IMAGE, READABLE, VIDEO
+from ..catalogue.media import IMAGE, READABLE, VIDEO
 from ..config.registry import LATEST, Registry, ServerSpec
-from ..media.audio import FORMATS as AUDIO_FORMATS
-from ..media.request import FORMATS as IMAGE_FORMATS
+from ..media.request import FIELDS, MARKERS, MEDIUM_DOCS
 from .doors import openapi_paths as door_paths
 from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
@@ -50,20 +49,14 @@ def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
                 "questions": {"type": "object", "minProperties": 1, "maxProperties": limits.max_questions,
                               "description": "max_questions; the Workers AI routes take fewer (see their 422)",
                               "additionalProperties": {"$ref": "#/components/schemas/Question"}},
-                "assets": {"type": "object", "description": "placeholder -> image or audio clip; each placeholder "
-                                                            "inside a string of the state, instructions or criteria "
-                                                            "reads [image N] or [audio N]",
+                "assets": {"type": "object",
+                           "description": f"placeholder -> {' or '.join(d.noun for d in MEDIUM_DOCS.values())}; each "
+                                          "placeholder inside a string of the state, instructions or criteria reads "
+                                          f"{' or '.join(MARKERS[kind].format('N') for kind in MEDIUM_DOCS)}",
                            "additionalProperties": {"$ref": "#/components/schemas/Asset"}},
-                IMAGE.field: {"type": "array", "items": _inline(IMAGE.name, "image/png"),
-                              "maxItems": server.images.max_images,
-                              "description": "PNG, JPEG or WebP images as data: URLs, base64 or {content_type, "
-                                             "base64} (the reference's and Workers AI's shape); needs a vision "
-                                             "projector; max_images counts the assets' images too"},
-                AUDIO.field: {"type": "array", "items": _inline(AUDIO.name, "audio/wav"),
-                              "maxItems": server.audio.max_clips,
-                              "description": "WAV or MP3 clips as data: URLs, base64 or {content_type, base64}, "
-                                             "heard after the images; needs a model with audio (x_media lists "
-                                             "\"audio\"); max_audio_clips counts the assets' clips too"},
+                **{FIELDS[kind]: {"type": "array", "items": _inline(kind, doc.content_type),
+                                  "maxItems": server.media_limits[kind].max_count, "description": doc.description}
+                   for kind, doc in MEDIUM_DOCS.items()},
                 VIDEO.field: {"type": "array", "description": f"refused by every model: 422 {VIDEO.error_type} (the "
                                                               "reference's video path is not proven equal here)"},
                 "options": {"type": "object", "description": "Workers AI routes only: {rejectIfBusy: true} answers "
@@ -74,7 +67,7 @@ def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
         "Asset": {
             "type": "object",
             "properties": {"type": {"enum": list(READABLE), "default": IMAGE.name},
-                           "format": {"enum": list(IMAGE_FORMATS) + list(AUDIO_FORMATS),
+                           "format": {"enum": [f for doc in MEDIUM_DOCS.values() for f in doc.formats],
                                       "description": "required with data_base64; the bytes decide the real format"},
                            "data_base64": {"type": "string"},
                            "part": {"type": "string", "description": "multipart/form-data: the medium's part name"}},
