@@ -18,7 +18,6 @@ class Architecture:
     """One value of a GGUF's general.architecture that serves a Clef."""
 
     name: str
-    family: str  # the model family, in messages
     media: tuple[str, ...]  # the media kinds its projector can feed (a projector is still needed for any)
     image_tokens: tuple[int, int]  # the fewest and most tokens one image makes (its reference's image sizes)
     pre_tokenizer: str  # tokenizer.ggml.pre as llama.cpp's converter writes it
@@ -33,12 +32,12 @@ class Architecture:
     loads_as: str = ""  # the architecture llama-cpp-python loads instead ("" : itself)
 
 
-QWEN35 = Architecture("qwen35", "Qwen3.5", (IMAGE.name,), QWEN35_IMAGE_TOKENS, "qwen35", nfc=True)
-QWEN35MOE = Architecture("qwen35moe", "Qwen3.5", (IMAGE.name,), QWEN35_IMAGE_TOKENS, "qwen35", nfc=True,
+QWEN35 = Architecture("qwen35", (IMAGE.name,), QWEN35_IMAGE_TOKENS, "qwen35", nfc=True)
+QWEN35MOE = Architecture("qwen35moe", (IMAGE.name,), QWEN35_IMAGE_TOKENS, "qwen35", nfc=True,
                          experts=True)
-CLEF = Architecture("clef", "Qwen3.5", (IMAGE.name,), QWEN35_IMAGE_TOKENS, "qwen35", nfc=True, head_inside=True,
+CLEF = Architecture("clef", (IMAGE.name,), QWEN35_IMAGE_TOKENS, "qwen35", nfc=True, head_inside=True,
                     loads_as=QWEN35.name)
-QWEN3VLMOE = Architecture("qwen3vlmoe", "Qwen3-Omni's thinker", (IMAGE.name, AUDIO.name), OMNI_IMAGE_TOKENS,
+QWEN3VLMOE = Architecture("qwen3vlmoe", (IMAGE.name, AUDIO.name), OMNI_IMAGE_TOKENS,
                           "qwen2", nfc=True, reference="omni", experts=True, deepstack=True, full_attention=True,
                           every_token_output=True, kv_cells_only=True)
 ARCHITECTURES = {a.name: a for a in (QWEN35, QWEN35MOE, QWEN3VLMOE, CLEF)}

@@ -159,7 +159,7 @@ class DecodeSettings:
     """What decoding needs beside the bytes: the projector's image geometry, each medium's limits by kind."""
 
     geometry: ImageGeometry | None
-    limits: Mapping[str, Any] = field(default_factory=lambda: {AUDIO: AudioLimits()})  # ServerSpec.media_limits
+    limits: Mapping[str, Any]  # each kind's limits by its name: ServerSpec.media_limits
 
 
 def decode_kind(kind: str, inputs: Sequence[Any], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
