@@ -17,6 +17,7 @@ from ..bridge.catalogue.releases import RELEASES
 from ..bridge.config.integrity import check_pair
 from ..bridge.config.provenance import sha256_file
 from ..bridge.config.registry_file import add_model, has_model
+from ..bridge.config.registry_names import name_problem, shown
 from ..bridge.gguf.clef_format import CLEF_ARCH
 from ..bridge.gguf.reader import read_gguf
 from ..head.config import CONFIG_NAME
@@ -100,6 +101,8 @@ def pull(model: str, gguf_repo: str, gguf_file: str, models_toml: Path, name: st
     if model not in RELEASES:
         raise PullError(f"unknown model {model!r}; pull knows {', '.join(RELEASES)}")
     name = name or model
+    if name_problem(name):  # the rule models.toml's names follow, before gigabytes are downloaded for it
+        raise PullError(f"--name {shown(name)}: {name_problem(name)}")
     if has_model(models_toml, name):  # refuse a taken name before downloading gigabytes
         raise PullError(f"{models_toml} already has [models.{name}]", fix="remove that table or pass --name")
     endpoint = os.environ.get("HF_ENDPOINT")

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
-from ...head.errors import Category, ClefError, did_you_mean
+from ...head.errors import Category, ClefError, Problem, RequestInvalid, did_you_mean
 from ...head.media import AUDIO, IMAGE
 from ...head.schema import Limits
 from ..catalogue.releases import CLOUDFLARE_NAMES, NAMED_BY_ARCHITECTURE
@@ -24,6 +24,7 @@ from ..llama.prefix_cache import PrefixCacheOptions
 from ..media.audio import AudioLimits
 from ..media.images import ImageLimits
 from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
+from .registry_names import MAX_NAME_CHARS, MAX_REQUESTED_CHARS, name_problem, shown
 
 LATEST = "jev-latest"
 DEFAULT_NAMES = (LATEST, "jev-preview")  # the names that mean the registry's default model
@@ -140,10 +141,19 @@ def name_table(registry: Registry, hidden_sizes: dict[str, int], architectures: 
 
 def resolve(table: dict[str, str], name: str, fits: Callable[[str], bool] = lambda model: True) -> str:
     """The model a request's `model` field names; fits: whether a served model could answer the request (takes its
-    media), so that a misspelt name's did-you-mean never suggests one that would refuse it."""
+    media), so that a misspelt name's did-you-mean never suggests one that would refuse it.
+
+    A name longer than MAX_REQUESTED_CHARS is refused (422) unread, quoted by its start and length; did-you-mean
+    (difflib, quadratic) compares only names no longer than a served name may be.
+    """
+    if len(name) > MAX_REQUESTED_CHARS:
+        raise RequestInvalid([Problem(("body", "model"), f"the model name {shown(name)} is longer than "
+                                      f"{MAX_REQUESTED_CHARS} characters, the most a request may send (served names "
+                                      f"have at most {MAX_NAME_CHARS}); send a served model's name",
+                                      "model_too_long")])
     if name in table:
         return table[name]
-    near = did_you_mean(name, [n for n, model in table.items() if fits(model)])
+    near = did_you_mean(name, [n for n, model in table.items() if fits(model)]) if len(name) <= MAX_NAME_CHARS else ""
     raise UnknownModel(f"model {name!r} is not served here; {near}served: {', '.join(table)} (a "
                        "client that always sends its own name is served by adding it to a model's aliases in "
                        "models.toml)")
@@ -171,6 +181,8 @@ def _combinations(spec: ModelSpec, where: str) -> list[str]:
 
 
 def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> ModelSpec | None:
+    if name_problem(name):
+        problems.append(f"{where}: {name_problem(name)}")
     if not isinstance(raw, dict):
         problems.append(f"{where}: must be a table")
         return None
@@ -230,7 +242,7 @@ def model_spec(name: str, gguf: str | Path, head: str | Path | None = None, base
     raw = {"gguf": str(gguf), **({"head": str(head)} if head is not None else {}),
            **{k: str(v) if isinstance(v, Path) else v for k, v in keys.items()}}
     problems: list[str] = []
-    spec = _model(name, raw, base, f"models.{name}", problems)
+    spec = _model(name, raw, base, f"models.{shown(name)}", problems)
     if problems or spec is None:
         raise RegistryError("\n".join(problems))
     return spec
@@ -270,16 +282,17 @@ def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
     models_raw = raw.get("models")
     if not isinstance(models_raw, dict) or not models_raw:
         raise RegistryError(f"{path}: no models; add a [models.NAME] table with at least gguf = \"...\"")
-    specs = {name: _model(name, spec, path.parent, f"models.{name}", problems) for name, spec in models_raw.items()}
+    specs = {name: _model(name, spec, path.parent, f"models.{shown(name)}", problems)
+             for name, spec in models_raw.items()}
     default = raw.get("default", next(iter(models_raw)))
     if default not in models_raw:
         problems.append(f"default = {default!r} is not one of the models; {did_you_mean(default, models_raw)}models: "
-                        f"{', '.join(sorted(models_raw))}")
+                        f"{', '.join(sorted(map(shown, models_raw)))}")
     seen: dict[str, str] = {}
     for spec in filter(None, specs.values()):
         for n in (spec.name, *spec.aliases):
             if n in seen or n in DEFAULT_NAMES:
-                problems.append(f"the name {n!r} is used twice (models.{seen.get(n, spec.name)})")
+                problems.append(f"the name {n!r} is used twice (models.{shown(seen.get(n, spec.name))})")
             seen[n] = spec.name
     server = _server(raw.get("server", {}), path.parent, "server", problems)
     ray = _ray(raw.get("ray", {}), "ray", problems)

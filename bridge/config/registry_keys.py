@@ -17,6 +17,7 @@ from ...head.schema import QUESTION_TYPES, Limits
 from ...head.weights import dtype_name
 from ..catalogue.dtypes import HEAD_DTYPES, KV_CACHE_DTYPES
 from ..catalogue.releases import REAL_RELEASES
+from .registry_names import name_problem, shown
 
 
 class _Bad(Exception):
@@ -94,6 +95,9 @@ def _date(value: str) -> str:
 def _aliases(value: list) -> tuple[str, ...]:
     if not all(isinstance(a, str) and a for a in value):
         raise _Bad("must be a list of non-empty strings")
+    bad = next(((i, name_problem(a)) for i, a in enumerate(value) if name_problem(a)), None)
+    if bad:
+        raise _Bad(f"alias {bad[0]} ({shown(value[bad[0]])}): {bad[1]}")
     return tuple(value)
 
 

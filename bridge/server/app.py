@@ -23,7 +23,7 @@ from ..service.decision import DecisionService
 from ..service.models import load_models
 from .appstate import KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, SERVICE, Loader, Served
 from .auth import ApiKeys, auth_middleware, install_sighup
-from .context import json_response
+from .context import escaped, json_response
 from .decisions import demo_warning
 from .doors import HANDLERS as DOOR_HANDLERS
 from .middleware import ProtocolLog, context_middleware
@@ -173,7 +173,8 @@ def handler_args(registry: Registry, metrics: Metrics) -> dict[str, Any]:
 
 
 def banner(app: web.Application, url: str) -> list[str]:
-    """What is running, said once at start: every model, its files, its names, its warnings; auth."""
+    """What is running, said once at start: every model, its files, its names, its warnings; auth. One line each,
+    whatever a path or warning holds."""
     lines = [f"clef-bridge serving on {url} (auth {'on' if app[KEYS].enabled else 'off'})"]
     for name, served in app[SERVED].items():
         spec, facts = served.spec, served.facts
@@ -187,7 +188,7 @@ def banner(app: web.Application, url: str) -> list[str]:
             lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
                          f"`{RELEASES[REAL_RELEASES[spec.builtin]].pull_command}` (docs/serving.md names GGUFs)")
         lines += [f"    warning: {w}" for w in served.warnings]
-    return lines
+    return [escaped(line) for line in lines]  # a path or warning with a newline or bidi control stays on its line
 
 
 def serve(registry: Registry, host: str, port: int) -> None:

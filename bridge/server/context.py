@@ -35,6 +35,22 @@ class RequestLog:
 INFO = web.RequestKey("clef_info", RequestLog)
 
 
+def _escape(ch: str) -> str:
+    """A character as JSON escapes it (\\u202e; beyond the BMP, its UTF-16 surrogate pair)."""
+    units = ch.encode("utf-16-be", "surrogatepass")
+    return "".join(f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2))
+
+
+def escaped(text: str) -> str:
+    """text with every character that str.isprintable refuses (controls, bidi and other format characters, line
+    and paragraph separators) written as its JSON escape: a log or banner line stays one line that reads as it is,
+    and a JSON line still parses to the same value. Names cannot hold such characters (registry_names); this is the
+    writer's own guard for anything else a line quotes."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
 

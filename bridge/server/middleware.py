@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from typing import Any, Awaitable, Callable
@@ -13,12 +14,13 @@ import orjson
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ...head.errors import ClefError, printable
+from ...head.errors import Category, ClefError, printable
 from ..config.registry import ServerSpec
+from ..config.registry_names import code_point
 from .appstate import METRICS, REGISTRY
 from .auth import CHALLENGE
 from .body import header
-from .context import INFO, RequestLog, json_response
+from .context import INFO, RequestLog, escaped, json_response
 from .doors import ERROR_SHAPES
 from .errors import answer_for, error_type_of
 from .prometheus import Metrics
@@ -28,6 +30,10 @@ log = logging.getLogger("clef_bridge.server")
 access_log = logging.getLogger("clef_bridge.access")
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
+# a client's request id is echoed in the answer's header and the access log: 1 to 128 printable ASCII characters,
+# else the request is refused (400) under an id of the server's own; the refusal never quotes it
+MAX_REQUEST_ID_CHARS = 128
+REQUEST_ID = re.compile(rf"[\x20-\x7e]{{1,{MAX_REQUEST_ID_CHARS}}}")
 SERVER_NAME = "clef-bridge"  # the Server header: no Python or aiohttp version for scanners to match
 CLIENT_CLOSED = 499  # nginx's status for a client gone before its answer: counted apart from 5xx
 
@@ -38,6 +44,25 @@ ERROR_HEADERS: dict[int, Callable[[ServerSpec], dict[str, str]]] = {
     429: lambda server: {hdrs.RETRY_AFTER: str(server.retry_after_s)},
     503: lambda server: {hdrs.RETRY_AFTER: str(server.retry_after_s)},
 }
+
+
+class BadRequestId(ClefError):
+    category = Category.MALFORMED
+    error_type = "invalid_request_id"
+
+
+def request_id(request: web.Request) -> str | None:
+    """The client's request id (x-typesafe-request-id), or None when it sends none; BadRequestId when it is not 1 to
+    MAX_REQUEST_ID_CHARS printable ASCII characters (it would be echoed into a header, an answer and the log)."""
+    value = header(request, REQUEST_ID_HEADER)
+    if not value:
+        return None
+    if not REQUEST_ID.fullmatch(value):
+        bad = next((f"; it holds {code_point(ch)} at position {i}" for i, ch in enumerate(value[:MAX_REQUEST_ID_CHARS])
+                    if not " " <= ch <= "~"), "")
+        raise BadRequestId(f"the {REQUEST_ID_HEADER} header must be 1 to {MAX_REQUEST_ID_CHARS} printable ASCII "
+                           f"characters; it is {len(value)} characters long{bad}; send a shorter id, such as a UUID")
+    return value
 
 
 def shape_of(request: web.Request) -> str:
@@ -132,7 +157,7 @@ async def context_middleware(request: web.Request, handler: Callable[[web.Reques
     start = time.perf_counter()
     try:
         try:
-            info.id = header(request, REQUEST_ID_HEADER) or info.id
+            info.id = request_id(request) or info.id
             response = await handler(request)
         except web.HTTPException as exc:
             response = _http_error(exc, info, shape)
@@ -152,7 +177,7 @@ async def context_middleware(request: web.Request, handler: Callable[[web.Reques
 
 
 def _access(line: dict[str, Any]) -> None:
-    access_log.info(orjson.dumps(line).decode())
+    access_log.info(escaped(orjson.dumps(line).decode()))
 
 
 def finish(request: web.Request, info: RequestLog, start: float) -> None:
