@@ -1,17 +1,22 @@
 """bridge/server/middleware.py without a socket: each error category's status, headers and body in the
-Jev and Workers AI shapes, aiohttp's own errors, the request id, the access-log line and the metrics."""
+Jev and Workers AI shapes, aiohttp's own errors, the request id (bounded), the access-log line and the metrics;
+the banner's lines (escaped)."""
 
 from __future__ import annotations
 
 import logging
 import re
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
 from aiohttp import web
 from aiohttp.http_exceptions import BadStatusLine
 from clef_bridge.bridge.config.registry import ServerSpec
-from clef_bridge.bridge.server.appstate import METRICS
+from clef_bridge.bridge.server.app import banner
+from clef_bridge.bridge.server.appstate import KEYS, METRICS, NAMES, SERVED
+from clef_bridge.bridge.server.auth import ApiKeys
+from clef_bridge.bridge.server.context import INFO
 from clef_bridge.bridge.server.errors import ANSWERS
 from clef_bridge.bridge.server.middleware import REQUEST_ID_HEADER, SERVER_NAME, ProtocolLog, error_body
 from clef_bridge.bridge.server.prometheus import create_metrics
@@ -163,6 +168,42 @@ def test_the_request_id_is_echoed_or_made(caplog):
     assert given.headers["Server"] == made.headers["Server"] == SERVER_NAME
 
 
+@pytest.mark.parametrize("given, why", [("a" * 129, "it is 129 characters long; send"),
+                                        ("id-\u202e-evil", "it holds U+202E RIGHT-TO-LEFT OVERRIDE at position 3"),
+                                        ("id\x7fx", "it holds U+007F at position 2"),
+                                        ("caf\u00e9", "it holds U+00E9 LATIN SMALL LETTER E WITH ACUTE at position 3")])
+def test_a_request_id_beyond_128_printable_ascii_characters_is_refused_unechoed(caplog, given, why):
+    capture_access(caplog)
+    response = call(tiny_app(), "GET", "/health", {REQUEST_ID_HEADER: given})
+    assert response.status == 400
+    detail = body(response)["detail"]
+    assert detail["error_type"] == "invalid_request_id" and why in detail["message"]
+    assert given not in response.text and given not in str(dict(response.headers))
+    made = response.headers[REQUEST_ID_HEADER]
+    assert re.fullmatch(r"[0-9a-f]{32}", made)  # the refusal carries an id of the server's own, as its log line does
+    (line,) = access_lines(caplog)
+    assert (line["request_id"], line["status"], line["error_type"]) == (made, 400, "invalid_request_id")
+
+
+def test_a_request_id_of_128_printable_ascii_characters_is_echoed():
+    given = "A" * 100 + " !\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"[:28]
+    assert len(given) == 128
+    assert call(tiny_app(), "GET", "/health", {REQUEST_ID_HEADER: given}).headers[REQUEST_ID_HEADER] == given
+
+
+def test_the_access_log_escapes_what_is_not_printable(caplog):
+    async def evil(request):
+        request[INFO].model = "m\u202e\u2028\x7f\U000e0041"  # names cannot be so (registry_names): the writer's guard
+        return web.json_response({})
+
+    capture_access(caplog)
+    call(tiny_app({"systemone": evil}), "POST", JEV)
+    (record,) = [r for r in caplog.records if r.name == "clef_bridge.access"]
+    text = record.getMessage()
+    assert text.isprintable() and "\\u202e\\u2028\\u007f\\udb40\\udc41" in text
+    assert access_lines(caplog)[0]["model"] == "m\u202e\u2028\x7f\U000e0041"  # the same value once parsed
+
+
 def test_one_access_line_per_request_with_its_fields(caplog):
     capture_access(caplog)
     app = tiny_app({"systemone": raising(error_of(Category.BUSY))}, SERVER)
@@ -222,3 +263,15 @@ def test_other_connection_logs_pass_through_to_aiohttp():
         adapter.log(logging.ERROR, "Unhandled exception", exc_info=RuntimeError("x"))
     log.assert_called_once()
     assert log.call_args.args[:2] == (logging.ERROR, "Unhandled exception")
+
+
+def test_the_banner_keeps_each_line_one_line_whatever_a_path_or_warning_holds():
+    served = SimpleNamespace(spec=SimpleNamespace(gguf="/models/x\n$(id)\u202e.gguf", builtin=""), head_path=None,
+                             facts=SimpleNamespace(head_source="embedded", architecture="qwen35", embedding_length=8,
+                                                   block_count=2), warnings=("line one\u2028line two",))
+    app = {KEYS: ApiKeys(None), SERVED: {"m": served}, NAMES: {"m": "m", "alias": "m"}}
+    lines = banner(app, "http://127.0.0.1:8792")
+    assert all(line.isprintable() for line in lines) and len(lines) == 5
+    assert lines[1] == "  model m (also answers to alias)"
+    assert lines[2].startswith("    gguf  /models/x\\u000a$(id)\\u202e.gguf (qwen35")
+    assert lines[4] == "    warning: line one\\u2028line two"
