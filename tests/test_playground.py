@@ -29,6 +29,7 @@ import pytest
 
 from . import fixturegen_vision
 from .fixturegen_vision import encoded, picture
+from .test_playground_code import run_with_stub_curl
 from .test_readme import blocks
 from .test_server_clients import _free_port
 
@@ -505,3 +506,29 @@ def test_api_key_field_appears_on_401(browser, auth_server: ClefServer, timed):
         playwright_sync.expect(page.locator("#error")).to_contain_text("HTTP 401")
         playwright_sync.expect(page.locator("#error")).to_contain_text("invalid API key")
         assert [e for e in p.errors if "401" not in e] == [], p.errors
+
+
+def test_hostile_names_show_as_text_and_the_compare_curl_on_screen_quotes_them(browser, auth_server: ClefServer,
+                                                                                 tmp_path: Path, timed):
+    """Names models.toml refuses (registry_names), listed anyway (a route stands in for /v1/models): the pickers
+    show them as text, and the curl commands on screen in compare mode, run by sh against a stub curl, send each
+    name exactly and run nothing else (issue 32: the second model's raw name used to sit in a shell comment)."""
+    names = ["<img src=x onerror=\"document.title='PWNED'\">", "b'$(touch PWNED)`touch PWNED`\n# \u202e\nJSON\nid"]
+    with Page(browser, auth_server.url) as p:
+        page = p.page
+        page.route("**/v1/models", lambda route: route.fulfill(json={"models": [{"name": n, "x_media": []}
+                                                                                 for n in names]}))
+        page.reload()
+        choose_model(page, "Model", names[0])
+        choose_model(page, "Compare with", names[1])
+        assert page.eval_on_selector_all("#model option", "els => els.map(e => e.textContent)") == names
+        assert page.locator("img").count() == 0 and page.title() != "PWNED"
+        shown = page.locator("#code-curl").text_content()
+        assert all(line.isprintable() for line in shown.split("\n"))  # the bidi control shows as \u202e
+        calls = run_with_stub_curl(shown, tmp_path)
+        assert [json.loads(call["stdin"])["model"] for call in calls] == names
+        assert not (tmp_path / "PWNED").exists()
+        page.get_by_role("button", name="Copy as curl").click()
+        copied = page.evaluate("navigator.clipboard.readText()")
+        assert copied == shown  # no media: the copy is the screen's text
+        assert [e for e in p.errors if "401" not in e] == [], p.errors  # the first load's list, before the route

@@ -1,11 +1,25 @@
 // clef-bridge playground: the request on screen as a curl command, as Python for the official SDK
 // (typesafe-sdk) and as its JSON body; the views shorten base64, the copies are whole.
 
-const shellQuote = (s) => `'${String(s).replace(/'/g, `'\\''`)}'`;
+// A value as one POSIX shell word: single quotes keep every character literal ($, `, \, newlines), and a quote
+// itself closes the word, is escaped, and reopens it (' -> '\'').
+export const shellQuote = (s) => `'${String(s).replace(/'/g, `'\\''`)}'`;
+
+// JSON or Python text with every control, format (bidi among them), separator or unpaired surrogate character
+// written as its \u escape, which both languages read back as the same string: what the page shows is what runs,
+// and nothing in a name or a state can reorder or hide the text around it. A newline stays (the layout's own; in a
+// string JSON.stringify has escaped it already). Beyond the BMP, JSON takes a surrogate pair, Python one \U escape.
+const INVISIBLE = /(?!\n)[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Cs}]/gu;
+const hex = (n, width) => n.toString(16).padStart(width, '0');
+const escaped = (ch, python) => (python && ch.length > 1 ? `\\U${hex(ch.codePointAt(0), 8)}`
+  : Array.from({ length: ch.length }, (_, i) => `\\u${hex(ch.charCodeAt(i), 4)}`).join(''));
+export const visible = (text, python = false) => text.replace(INVISIBLE, (ch) => escaped(ch, python));
+
+const literal = (value) => visible(JSON.stringify(value), true); // a Python str literal
 
 export function bodyJSON(body, shorten) {
-  return JSON.stringify(body, (k, v) => (shorten && k === 'data_base64' && typeof v === 'string' && v.length > 48
-    ? `${v.slice(0, 24)}…(${v.length} base64 characters)` : v), 2);
+  return visible(JSON.stringify(body, (k, v) => (shorten && k === 'data_base64' && typeof v === 'string'
+    && v.length > 48 ? `${v.slice(0, 24)}…(${v.length} base64 characters)` : v), 2));
 }
 
 // withKey: the server wants a key; the command reads it from $CLEF_API_KEY, never holds it
@@ -13,8 +27,16 @@ export function curlText(body, { shorten = false, withKey = false } = {}) {
   const url = `${location.origin}/v1/systemone`;
   const lines = [`curl -sS --fail-with-body ${shellQuote(url)} \\`, `  -H 'Content-Type: application/json' \\`];
   if (withKey) lines.push(`  -H "Authorization: Bearer $CLEF_API_KEY" \\`);
+  // the quoted delimiter keeps the body literal; pretty JSON indents every line but its braces, so no line of it
+  // can end the here-document early
   lines.push(`  --data-binary @- <<'JSON'`, bodyJSON(body, shorten), 'JSON');
   return lines.join('\n');
+}
+
+// One curl command per body (compare mode sends the same request to each model), each complete, as a shell runs
+// them one after the other: the screen shows the same commands as the copy, base64 shortened.
+export function curlTexts(bodies, options = {}) {
+  return bodies.map((body) => curlText(body, options)).join('\n\n');
 }
 
 // A JSON value as a Python literal (JSON string escapes are valid Python string escapes).
@@ -24,7 +46,7 @@ function py(value, indent = 0) {
   if (value === null || value === undefined) return 'None';
   if (value === true) return 'True';
   if (value === false) return 'False';
-  if (typeof value === 'number' || typeof value === 'string') return JSON.stringify(value);
+  if (typeof value === 'number' || typeof value === 'string') return literal(value);
   if (Array.isArray(value)) {
     if (!value.length) return '[]';
     const flat = `[${value.map((v) => py(v)).join(', ')}]`;
@@ -33,9 +55,9 @@ function py(value, indent = 0) {
   }
   const entries = Object.entries(value);
   if (!entries.length) return '{}';
-  const flat = `{${entries.map(([k, v]) => `${JSON.stringify(k)}: ${py(v)}`).join(', ')}}`;
+  const flat = `{${entries.map(([k, v]) => `${literal(k)}: ${py(v)}`).join(', ')}}`;
   if (flat.length <= 80 - indent && !flat.includes('\n')) return flat;
-  return `{\n${entries.map(([k, v]) => `${pad}${JSON.stringify(k)}: ${py(v, indent + 4)}`).join(',\n')},\n${end}}`;
+  return `{\n${entries.map(([k, v]) => `${pad}${literal(k)}: ${py(v, indent + 4)}`).join(',\n')},\n${end}}`;
 }
 
 // media: the files sent with the request ({kind, name, file}), by their placeholder names
@@ -50,13 +72,13 @@ export function pythonText(body, models, media) {
   out.push('', `from typesafe_sdk import ${imports.join(', ')}`, '');
   out.push('with TypeSafeClient(');
   out.push('    api_key=os.environ.get("CLEF_API_KEY", "local"),  # any key when the server runs without auth');
-  out.push(`    base_url=${JSON.stringify(location.origin)},`);
+  out.push(`    base_url=${literal(location.origin)},`);
   out.push(') as client:');
   for (const model of models) {
-    const target = models.length > 1 ? `results[${JSON.stringify(model)}]` : 'result';
+    const target = models.length > 1 ? `results[${literal(model)}]` : 'result';
     if (models.length > 1 && model === models[0]) out.push('    results = {}');
     out.push(`    ${target} = client.system_one(`);
-    out.push(`        model=${JSON.stringify(model)},`);
+    out.push(`        model=${literal(model)},`);
     out.push(`        state=${py(body.state, 8)},`);
     out.push('        questions={');
     for (const [id, q] of Object.entries(body.questions)) {
@@ -68,12 +90,12 @@ export function pythonText(body, models, media) {
       if (call.length + id.length > 84 || call.includes('\n')) {
         call = `${cls[q.type]}(\n${args(16).map((a) => `                ${a},`).join('\n')}\n            )`;
       }
-      out.push(`            ${JSON.stringify(id)}: ${call},`);
+      out.push(`            ${literal(id)}: ${call},`);
     }
     out.push('        },');
     if (images.length) {
       out.push('        assets={');
-      for (const m of images) out.push(`            ${JSON.stringify(m.name)}: Image(Path(${JSON.stringify(m.file.name)})),`);
+      for (const m of images) out.push(`            ${literal(m.name)}: Image(Path(${literal(m.file.name)})),`);
       out.push('        },');
     }
     if (audio.length) {

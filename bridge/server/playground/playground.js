@@ -3,7 +3,7 @@
 // ES modules (strict by themselves): this one holds the state and the wiring; playground-view.js draws the
 // answers and errors, playground-code.js writes the request as curl, Python and JSON.
 
-import { bodyJSON, curlText, pythonText } from './playground-code.js';
+import { bodyJSON, curlTexts, pythonText } from './playground-code.js';
 import { $, describeError, el, hideError, markStale, renderAnswers, showError } from './playground-view.js';
 
 const KEY_STORE = 'clef-bridge.playground.api-key';
@@ -450,8 +450,7 @@ function buildBody(model) {
 function renderCode() {
   const models = selectedModels().filter(Boolean);
   const { body } = buildBody(models[0] || 'MODEL');
-  const extra = models.length > 1 ? `\n\n# the same request to ${models[1]}: change "model"` : '';
-  $('code-curl').textContent = curlText(body, { shorten: true, withKey: Boolean(apiKey()) }) + extra;
+  $('code-curl').textContent = curlCommands(models.length ? models : ['MODEL'], true);
   $('code-python').textContent = pythonText(body, models.length ? models : ['MODEL'], activeMedia());
   $('code-json').textContent = bodyJSON(body, true);
 }
@@ -483,10 +482,14 @@ async function copyText(text, what) {
   setTimeout(() => { if (status.textContent.startsWith('Copied')) status.textContent = ''; }, 4000);
 }
 
+// The curl command for each model, the screen's (shortened) and the copy's alike; every name goes into the body
+// (JSON in a quoted here-document), never into shell text of its own.
+function curlCommands(models, shorten) {
+  return curlTexts(models.map((m) => buildBody(m).body), { shorten, withKey: Boolean(apiKey()) });
+}
+
 function fullCurl() {
-  const models = selectedModels().filter(Boolean);
-  const texts = models.map((m) => curlText(buildBody(m).body, { withKey: Boolean(apiKey()) }));
-  return texts.join('\n\n');
+  return curlCommands(selectedModels().filter(Boolean), false);
 }
 
 // --- sending ----------------------------------------------------------------------------------
