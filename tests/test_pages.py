@@ -40,6 +40,16 @@ def test_the_page_has_no_inline_code_the_policy_would_block():
     assert not re.search(r"\son[a-z]+=", html) and "<style" not in html
 
 
+def test_the_scripts_write_text_never_markup():
+    """Names, answers and errors reach the page as text (textContent, text nodes, attributes): nothing parses a
+    string as HTML, so a name like <img onerror=...> is shown, never run (tests/test_playground.py shows it)."""
+    for name, (file, content_type) in FILES.items():
+        if content_type == "text/javascript":
+            code = load_playground()[name].body.decode()
+            assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|DOMParser|"
+                                 r"createContextualFragment|srcdoc|\beval\(|new Function", code), file
+
+
 def test_the_policy_allows_only_this_origin():
     directives = dict(d.strip().split(" ", 1) for d in CSP.split(";"))
     assert directives["default-src"] == "'none'" and directives["frame-ancestors"] == "'none'"
