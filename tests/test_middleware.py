@@ -16,7 +16,7 @@ from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.server.app import banner
 from clef_bridge.bridge.server.appstate import KEYS, METRICS, NAMES, SERVED
 from clef_bridge.bridge.server.auth import ApiKeys
-from clef_bridge.bridge.server.context import INFO
+from clef_bridge.bridge.server.context import INFO, EscapedArgs
 from clef_bridge.bridge.server.errors import ANSWERS
 from clef_bridge.bridge.server.middleware import REQUEST_ID_HEADER, SERVER_NAME, ProtocolLog, error_body
 from clef_bridge.bridge.server.prometheus import create_metrics
@@ -275,3 +275,10 @@ def test_the_banner_keeps_each_line_one_line_whatever_a_path_or_warning_holds():
     assert lines[1] == "  model m (also answers to alias)"
     assert lines[2].startswith("    gguf  /models/x\\u000a$(id)\\u202e.gguf (qwen35")
     assert lines[4] == "    warning: line one\\u2028line two"
+
+
+def test_the_servers_log_escapes_what_a_record_interpolates():
+    record = logging.LogRecord("clef_bridge.server", logging.INFO, __file__, 1, "loading model %s: %s (%d)",
+                               ("x\u202e\nevil", "/m/a\u2028b.gguf", 3), None)
+    assert EscapedArgs().filter(record) is True
+    assert record.getMessage() == "loading model x\\u202e\\u000aevil: /m/a\\u2028b.gguf (3)"

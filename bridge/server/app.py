@@ -23,7 +23,7 @@ from ..service.decision import DecisionService
 from ..service.models import load_models
 from .appstate import KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, SERVICE, Loader, Served
 from .auth import ApiKeys, auth_middleware, install_sighup
-from .context import escaped, json_response
+from .context import EscapedArgs, escaped, json_response
 from .decisions import demo_warning
 from .doors import HANDLERS as DOOR_HANDLERS
 from .middleware import ProtocolLog, context_middleware
@@ -194,6 +194,8 @@ def banner(app: web.Application, url: str) -> list[str]:
 def serve(registry: Registry, host: str, port: int) -> None:
     """Run the server until SIGINT/SIGTERM; in-flight requests finish before the exit."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(EscapedArgs())
     if host not in ("127.0.0.1", "localhost", "::1") and not registry.server.api_keys_file:
         log.warning("WARNING: binding %s without API keys: anyone who can reach this address can run decisions "
                     "on your hardware and read your model list; set api_keys_file in models.toml [server], or "

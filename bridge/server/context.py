@@ -1,9 +1,10 @@
 """What a request carries through the server: its log record (INFO), the JSON response, the Jev error shape (every
-route's unless its door has another), what a front door is (Door), and the slow-body refusal. Below the middleware
-and the doors, so that both import it."""
+route's unless its door has another), what a front door is (Door), the slow-body refusal, and log text escaped
+(escaped, EscapedArgs). Below the middleware and the doors, so that both import it."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -49,6 +50,16 @@ def escaped(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+class EscapedArgs(logging.Filter):
+    """A log handler's filter: each str a record interpolates (a name, a path, a warning, an id) is escaped, so no
+    value breaks or reorders a line; the message's own text is the code's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(escaped(a) if isinstance(a, str) else a for a in record.args)
+        return True
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
