@@ -83,3 +83,9 @@ def test_a_hostile_request_id_never_reaches_the_answer_or_the_log(server, given)
     line = server.access_line(lambda entry: entry["request_id"] == rid)
     assert line["error_type"] == "invalid_request_id"
     assert not [entry for entry in server.access_lines() if entry["request_id"] == given]
+
+
+def test_a_short_name_with_a_bidi_control_or_newline_is_a_404_that_quotes_it_escaped(server):
+    reply = server.request("POST", "/accounts/acct/ai/run/@cf/cloudflare/a%E2%80%AEb%0Aid", NOUL)
+    assert reply.status == 404 and "\u202e".encode() not in reply.body
+    assert "model 'a\\u202eb\\nid' is not served here" in reply.json()["errors"][0]["message"]
