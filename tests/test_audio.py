@@ -155,7 +155,7 @@ GARBAGE = {  # name: (bytes, the problem's type)
     "a PNG": (encoded(picture(32, 32), "PNG"), "value_error.audio.format"),
     "WAV header only": (WAV[:30], "value_error.audio.corrupt"),
     "RIFF/WAVE without fmt": (b"RIFF\x10\x00\x00\x00WAVEdata\x04\x00\x00\x00abcd", "value_error.audio.corrupt"),
-    "WAV with zero channels": (WAV[:22] + b"\x00\x00" + WAV[24:], "value_error.audio.corrupt"),
+    "WAV with zero channels": (WAV[:22] + b"\x00\x00" + WAV[24:], "value_error.audio.channels"),
     "ID3 tag then junk": (b"ID3\x04\x00\x00\x00\x00\x00\x10" + bytes(range(256)) * 10, "value_error.audio.corrupt"),
     "MP3 cut inside its first frame": (MP3[:MP3.index(b"\xff\xfb") + 100], "value_error.audio.corrupt"),
     "MPEG sync then zeros": (b"\xff\xfb\x90\x00" + bytes(5000), "value_error.audio.format"),
