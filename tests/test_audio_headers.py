@@ -80,7 +80,8 @@ def test_the_issues_wavs_are_refused_from_their_header_naming_the_bounds(name):
 LIES = {  # name: (the file, the problem's type)
     "block_align 1024 at a valid rate": (wav(bytes(4096), rate=16000, bits=8, block_align=1024),
                                          "value_error.audio.header"),
-    "byte_rate 1e9 at a valid rate": (wav(bytes(4096), rate=16000, bits=8, byte_rate=10**9), "value_error.audio.header"),
+    "byte_rate 1e9 at a valid rate": (wav(bytes(4096), rate=16000, bits=8, byte_rate=10**9),
+                                      "value_error.audio.header"),
     "byte_rate of another rate": (wav(rate=16000, byte_rate=44100 * 2), "value_error.audio.header"),
     "12-bit PCM": (wav(bits=12, block_align=2), "value_error.audio.header"),
     "16-bit float": (wav(bits=16, tag=3), "value_error.audio.header"),

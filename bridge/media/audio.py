@@ -129,7 +129,8 @@ class _Format:
 def _fmt(data: bytes, at: int, size: int, loc: Loc) -> _Format:
     """A fmt chunk at `at`, every field within its bounds and, for uncompressed samples, consistent with the others."""
     if size < 16 or at + 24 > len(data):
-        raise _corrupt(loc, "is a WAV file whose fmt chunk is truncated; re-encode it as 16-bit PCM WAV or MP3")
+        raise _corrupt(loc, "is a WAV file whose fmt chunk is truncated or corrupt; re-encode it as 16-bit PCM WAV "
+                            "or MP3")
     tag, channels, rate, byte_rate, block_align, bits = struct.unpack_from("<HHIIHH", data, at + 8)
     if tag == WAV_EXTENSIBLE and size >= 40 and at + 34 <= len(data):  # the sub-format GUID starts with the tag
         tag = struct.unpack_from("<H", data, at + 32)[0]
