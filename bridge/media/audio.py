@@ -148,7 +148,7 @@ def _fmt(data: bytes, at: int, size: int, loc: Loc) -> _Format:
         raise _corrupt(loc, f"is a WAV file of {bits}-bit samples; format {tag:#06x} takes "
                             f"{', '.join(map(str, WAV_BITS[tag]))} bits", "value_error.audio.header")
     if block_align != channels * bits // 8 or byte_rate != rate * block_align:
-        raise _corrupt(loc, f"is a WAV file whose header contradicts itself: {channels} channels of {bits} bits at "
+        raise _corrupt(loc, f"is a WAV file whose header contradicts itself: {channels} channel(s) of {bits} bits at "
                             f"{rate} Hz make blocks of {channels * bits // 8} bytes and {rate * channels * bits // 8} "
                             f"bytes per second, the header says {block_align} and {byte_rate}; re-encode it",
                        "value_error.audio.header")

@@ -1,7 +1,8 @@
-"""Audio headers checked before anything decodes (bridge/media/audio.py, bridge/media/request.py): issue 32's
-hostile WAVs and MP3s refused from their header bytes, every parse bounded, sizes checked before any parse,
-and the base64 marker of a data: URL in any case. Files are built by hand with struct: no decoder runs here
-(decoding's own bounds are in tests/test_audio.py); work is measured with counters, never timings.
+"""Media headers checked before anything decodes (bridge/media/audio.py, images.py, request.py): issue 32's
+hostile WAVs and MP3s refused from their header bytes, every parse bounded (WAV chunks, ID3 tags, MP3 frames,
+JPEG markers), sizes checked before any parse, and the base64 marker of a data: URL in any case. Files are built
+by hand with struct: no decoder runs here (decoding's own bounds are in tests/test_audio.py); work is measured
+with counters, never timings.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from clef_bridge.bridge.media.audio import (
     check,
     sniff,
 )
-from clef_bridge.bridge.media.images import ImageLimits, ImageTooLarge
+from clef_bridge.bridge.media.images import MAX_JPEG_MARKERS, ImageLimits, ImageRejected, ImageTooLarge
 from clef_bridge.bridge.media.request import FormPart, extract
 from clef_bridge.head.errors import Category
 from hypothesis import given, settings
@@ -188,6 +189,17 @@ def test_an_mp3_without_a_lame_tag_may_decode_its_delay_and_padding():
     assert sniff(info + MP3_FRAME * 10, LOC).untrimmed_s == 0  # FFmpeg trims what the LAME tag says
     no_count = b"\xff\xfb\x90\xc4" + bytes(17) + b"Info" + struct.pack(">I", 0) + b"LAME3.100" + bytes(413 - 34)
     assert sniff(no_count + MP3_FRAME * 10, LOC).untrimmed_s > 0  # no frame count: FFmpeg cannot trim the end
+
+
+def test_the_jpeg_marker_walk_is_bounded():
+    frame = b"\xff\xc0\x00\x11\x08\x00\x20\x00\x28\x03" + bytes(9)  # SOF0: 40x32, 3 components
+    assert request.sniff(b"\xff\xd8" + b"\xff\xfe\x00\x02" * (MAX_JPEG_MARKERS - 1) + frame, LOC).width == 40
+    for data in (b"\xff\xd8" + b"\xff\xfe\x00\x02" * MAX_JPEG_MARKERS + frame,  # empty comments
+                 b"\xff\xd8\xff" + b"\xff" * (4 * 2**20 - 8) + frame,  # fill bytes
+                 b"\xff\xd8" + b"\xff\xd0" * 2**20 + frame):  # restart markers
+        with pytest.raises(ImageRejected, match=f"more than {MAX_JPEG_MARKERS} markers") as caught:
+            request.sniff(data, LOC)
+        assert caught.value.problems[0].type == "value_error.image.markers"
 
 
 def _multipart_body(kind: str) -> dict:
