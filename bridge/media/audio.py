@@ -5,9 +5,10 @@ The reference (`_decode_audio` in Cloudflare's clef-omni joint_schema_model.py) 
 resamples with `av.AudioResampler(format="flt", layout="mono", rate=16000)`, FFmpeg's libswresample;
 another decoder/resampler (libsndfile + soxr) differs from it by up to 0.15 per sample, so this one is
 PyAV too, in the same calls: the samples are the reference's. The format and the duration come from
-the bytes' own headers first (a WAV's fmt and data chunks, an MP3's frame headers), so the limits
-apply before anything is decoded, and decoding stops as soon as a clip runs past max_audio_seconds
-(a few KB of 8 kbit/s MP3 cannot make hours of samples).
+the bytes' own headers first (a WAV's fmt and data chunks, an MP3's frame headers), every field held to
+sane bounds and to the others (a header that lies is refused), every walk bounded, so the limits apply
+before anything is decoded; decoding counts each frame before it is resampled and stops at
+max_audio_seconds (a few KB of 8 kbit/s MP3 cannot make hours of samples, a 1 Hz WAV cannot inflate).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ WAV_BITS = {WAV_PCM: (8, 16, 24, 32, 64), WAV_FLOAT: (32, 64), WAV_ALAW: (8,), W
 MAX_WAV_CHUNKS = 1024
 # An MP3 starts with one ID3v2 tag, two where a second tagger prepended its own; FFmpeg reads every one.
 MAX_ID3_TAGS = 8
+
 
 def _corrupt(loc: Loc, msg: str, kind: str = "value_error.audio.corrupt") -> AudioRejected:
     return AudioRejected(loc, msg, kind)
