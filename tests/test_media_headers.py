@@ -26,7 +26,8 @@ from clef_bridge.bridge.media.audio import (
 )
 from clef_bridge.bridge.media.images import MAX_JPEG_MARKERS, ImageLimits, ImageRejected, ImageTooLarge
 from clef_bridge.bridge.media.request import FormPart, extract
-from clef_bridge.head.errors import Category
+from clef_bridge.bridge.server import multipart
+from clef_bridge.head.errors import Category, RequestInvalid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -220,6 +221,30 @@ def test_a_parts_size_is_checked_before_anything_parses_it(monkeypatch):
         extract(_multipart_body("image"), {"asset-0": FormPart("asset-0", "image/jpeg", b"\xff\xd8\xff" * 2**21)},
                 ImageLimits())
     assert parsed == []  # no frame header read, no image header sniffed
+
+
+def test_a_parts_header_block_is_bounded_before_it_is_parsed(monkeypatch):
+    parsed = []
+    headers = multipart._HEADERS
+
+    class Counting:
+        def parsebytes(self, text: bytes):
+            parsed.append(len(text))
+            return headers.parsebytes(text)
+
+    monkeypatch.setattr(multipart, "_HEADERS", Counting())
+    lines = b"X-Pad: " + b"a" * 90 + b"\r\n"
+
+    def form(pad: int) -> bytes:
+        return (b"--XyZ\r\nContent-Disposition: form-data; name=\"request\"\r\n" + lines * pad + b"\r\n{}\r\n"
+                b"--XyZ--\r\n")
+
+    within = (multipart.MAX_PART_HEAD - 60) // len(lines)
+    assert multipart.parse_body(form(within), "multipart/form-data; boundary=XyZ").data == {}
+    parsed.clear()
+    with pytest.raises(RequestInvalid, match=f"longer than {multipart.MAX_PART_HEAD} bytes"):
+        multipart.parse_body(form(80_000), "multipart/form-data; boundary=XyZ")  # 8 MB of header lines
+    assert parsed == [parsed[0]] and parsed[0] < 100  # the boundary's Content-Type alone was parsed
 
 
 def test_a_data_urls_size_is_checked_before_its_base64_is_decoded(monkeypatch):
