@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
+import struct
 import tomllib
 
 import av
 import numpy as np
 import pytest
 from clef_bridge.bridge.config.registry import RegistryError, parse_registry
+from clef_bridge.bridge.media import audio as audio_module
 from clef_bridge.bridge.media.audio import (
     SAMPLE_RATE,
     AudioLimits,
@@ -47,11 +50,12 @@ def signal(seconds: float, rate: int, channels: int, seed: int = 0) -> np.ndarra
     return np.stack([left, right][:channels]).astype(np.float32)
 
 
-def encode(samples: np.ndarray, rate: int, fmt: str) -> bytes:
-    """[channels, n] float32 in [-1, 1] as a 16-bit PCM WAV or a LAME MP3 file, by PyAV's encoders."""
+def encode(samples: np.ndarray, rate: int, fmt: str, lame_tag: bool = True) -> bytes:
+    """[channels, n] float32 in [-1, 1] as a 16-bit PCM WAV or a LAME MP3 file, by PyAV's encoders (lame_tag=False:
+    without the Info frame whose LAME tag tells a decoder the encoder's delay and padding)."""
     layout = "stereo" if samples.shape[0] == 2 else "mono"
     out = io.BytesIO()
-    with av.open(out, "w", format=fmt) as container:
+    with av.open(out, "w", format=fmt, options={} if lame_tag else {"write_xing": "0"}) as container:
         stream = container.add_stream("pcm_s16le" if fmt == "wav" else "libmp3lame", rate=rate, layout=layout)
         if fmt == "wav":  # packed s16: one plane, channels interleaved
             frame = av.AudioFrame.from_ndarray((samples.T.reshape(1, -1) * 32767).astype(np.int16), format="s16",
@@ -147,6 +151,101 @@ def test_limits_refuse_before_decoding_and_a_clip_at_the_limit_passes():
     assert decode(mp3, sniff(mp3, LOC), LOC, exact).size == 3 * SAMPLE_RATE
 
 
+@pytest.mark.parametrize("rate", [44100, 8000])
+def test_a_sixty_second_mp3_is_allowed_as_a_wav_is_with_the_references_samples(rate):
+    """FFmpeg trims an MP3's encoder delay and padding only where a LAME tag says them: a 60.0 s clip with one
+    decodes to 960,000 samples, without one to 60 s plus the delay and padding (+470 samples at 44.1 kHz stereo,
+    +3,072 at 8 kHz), in the reference too. Both are allowed."""
+    from .omni_reference import reference
+
+    for lame_tag, extra in ((True, 0), (False, (audio_module.MP3_DELAY_SAMPLES + 1) * SAMPLE_RATE // rate)):
+        data = encode(signal(60.0, rate, 1), rate, "mp3", lame_tag)
+        header = sniff(data, LOC)
+        check(header, len(data), AudioLimits(), LOC)
+        ours = decode(data, header, LOC)
+        assert np.array_equal(ours, reference()._decode_audio(data))
+        assert (ours.size == 60 * SAMPLE_RATE) if lame_tag else (60 * SAMPLE_RATE + extra <= ours.size)
+
+
+@pytest.mark.parametrize("lame_tag", [True, False])
+def test_an_mp3_a_tenth_of_a_second_longer_is_not(lame_tag):
+    data = encode(signal(60.1, 8000, 1), 8000, "mp3", lame_tag)
+    header = sniff(data, LOC)
+    check(header, len(data), AudioLimits(), LOC)  # its frames' slack hides it ...
+    with pytest.raises(AudioTooLarge, match=r"lasts more than 60\.\d\d s; the limit is 60 s"):
+        decode(data, header, LOC)  # ... decoding does not
+
+
+class _Fed:
+    """av.AudioResampler, counting the seconds of audio handed to it."""
+
+    seconds: list[float] = []
+
+    def __init__(self, *args, **kwargs):
+        self.resampler = _RESAMPLER(*args, **kwargs)
+
+    def resample(self, frame):
+        if frame is not None:
+            self.seconds.append(frame.samples / frame.sample_rate)
+        return self.resampler.resample(frame)
+
+
+_RESAMPLER = av.AudioResampler
+
+
+@pytest.fixture
+def fed(monkeypatch) -> list[float]:
+    monkeypatch.setattr(av, "AudioResampler", _Fed)
+    monkeypatch.setattr(_Fed, "seconds", [])
+    return _Fed.seconds
+
+
+def test_no_frame_past_the_limit_reaches_the_resampler(fed):
+    data = _mp3_with_a_gap(5)  # the header cannot tell: only decoding finds the clip's length
+    with pytest.raises(AudioTooLarge, match=r"lasts more than 2\.\d+ s"):
+        decode(data, sniff(data, LOC), LOC, AudioLimits(max_seconds=2.0))
+    assert 1.9 < sum(fed) <= 2.0  # the frame that would cross 2 s was counted, not resampled
+
+
+def _lies():
+    """Issue 32's repros and their family: rates, block aligns, byte rates, channels, bit depths, codecs, chunk
+    sizes and truncations."""
+    rates = (1, 7999, 8000, 44100, 384000, 99_999_999, 2**31 - 1)
+    for rate, align, byte_rate, channels, bits, tag in itertools.product(
+            rates, (None, 1, 1024, 8192), (None, 10**9), (1, 2, 9), (8, 16), (1, 0x11)):
+        ba = channels * bits // 8 if align is None else align
+        yield wav_file(bytes(4096), rate, channels, bits, tag, ba, rate * ba if byte_rate is None else byte_rate)
+    whole = wav_file(bytes(32768), 8000, 1, 8, 1, 1, 8000)
+    yield from (whole[:cut] for cut in (0, 11, 12, 20, 35, 36, 43, 44, 45, 4000))
+    for size in (0, 1, 0xFFFFFFFF, 2**31):
+        yield whole[:40] + struct.pack("<I", size) + whole[44:]  # the data chunk's size
+        yield whole[:16] + struct.pack("<I", size) + whole[20:]  # the fmt chunk's size
+
+
+def wav_file(data: bytes, rate: int, channels: int, bits: int, tag: int, block_align: int, byte_rate: int) -> bytes:
+    fmt = struct.pack("<HHIIHH", tag, channels, rate & 0xFFFFFFFF, byte_rate & 0xFFFFFFFF, block_align & 0xFFFF, bits)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def test_every_header_lie_is_refused_or_decoded_within_the_limits(fed):
+    limits = AudioLimits(max_seconds=0.5)
+    refused = decoded = 0
+    for data in _lies():
+        try:
+            header = sniff(data, LOC, limits)
+            check(header, len(data), limits, LOC)
+            samples = decode(data, header, LOC, limits)
+        except AudioRejected as exc:  # 422 or 413; anything else fails the test
+            assert exc.problems[0].loc == LOC
+            refused += 1
+            continue
+        assert samples.size <= limits.max_samples
+        decoded += 1
+    assert refused > 300 and decoded >= 4  # the family reaches both sides
+    assert max(fed, default=0) <= limits.max_seconds  # no frame over the limit was ever resampled
+
+
 WAV = clip(1.0, 44100, 2, "wav")
 MP3 = clip(1.0, 44100, 2, "mp3")
 GARBAGE = {  # name: (bytes, the problem's type)
@@ -155,7 +254,7 @@ GARBAGE = {  # name: (bytes, the problem's type)
     "a PNG": (encoded(picture(32, 32), "PNG"), "value_error.audio.format"),
     "WAV header only": (WAV[:30], "value_error.audio.corrupt"),
     "RIFF/WAVE without fmt": (b"RIFF\x10\x00\x00\x00WAVEdata\x04\x00\x00\x00abcd", "value_error.audio.corrupt"),
-    "WAV with zero channels": (WAV[:22] + b"\x00\x00" + WAV[24:], "value_error.audio.corrupt"),
+    "WAV with zero channels": (WAV[:22] + b"\x00\x00" + WAV[24:], "value_error.audio.channels"),
     "ID3 tag then junk": (b"ID3\x04\x00\x00\x00\x00\x00\x10" + bytes(range(256)) * 10, "value_error.audio.corrupt"),
     "MP3 cut inside its first frame": (MP3[:MP3.index(b"\xff\xfb") + 100], "value_error.audio.corrupt"),
     "MPEG sync then zeros": (b"\xff\xfb\x90\x00" + bytes(5000), "value_error.audio.format"),

@@ -98,11 +98,17 @@ def _png(data: bytes) -> tuple[int, int] | None:
 # Start-of-frame markers (baseline, progressive, lossless, arithmetic); C4, C8 and CC are not frames
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}
+# Markers (fill bytes included) read before the frame header: a JPEG has a few dozen (APPn, DQT, DHT; an ICC
+# profile split over up to 255 APP2 segments); 4 MB of fill bytes or empty segments would cost a second here
+# and again in Pillow, which walks them the same way.
+MAX_JPEG_MARKERS = 1024
 
 
-def _jpeg(data: bytes) -> tuple[int, int] | None:
+def _jpeg(data: bytes, loc: tuple[str | int, ...]) -> tuple[int, int] | None:
     at = 2
-    while at + 1 < len(data):
+    for _ in range(MAX_JPEG_MARKERS):
+        if at + 1 >= len(data):
+            return None
         if data[at] != 0xFF:
             return None
         marker = data[at + 1]
@@ -119,7 +125,8 @@ def _jpeg(data: bytes) -> tuple[int, int] | None:
                 return None
             return _be16(data, at + 7), _be16(data, at + 5)
         at += 2 + _be16(data, at + 2)
-    return None
+    raise ImageRejected(loc, f"is a JPEG image of more than {MAX_JPEG_MARKERS} markers before its frame header; "
+                             "re-encode it", "value_error.image.markers")
 
 
 def _webp(data: bytes) -> tuple[int, int] | None:
@@ -140,7 +147,7 @@ def sniff(data: bytes, loc: tuple[str | int, ...]) -> ImageHeader:
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
         fmt, size = PNG, _png(data)
     elif data.startswith(b"\xff\xd8\xff"):
-        fmt, size = JPEG, _jpeg(data)
+        fmt, size = JPEG, _jpeg(data, loc)
     elif data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         fmt, size = WEBP, _webp(data)
     else:

@@ -54,7 +54,8 @@ NO_VIDEO = ("videos are not supported by any model here: the reference's video p
             "frames and soundtrack by time could not be run and proven equal; send key frames as images (and "
             "the soundtrack as audio, to a Clef-omni model)")
 _SPACE = re.compile(rb"\s+")
-_DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.ASCII)
+_DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.ASCII | re.IGNORECASE)
+DATA_URL_HEAD = 1024  # a data: URL's media type and parameters come within this many characters of its start
 
 
 @dataclass(frozen=True)
@@ -237,12 +238,16 @@ class _Problems(list):
         self.append(Problem(loc, msg, kind))
 
 
+def _sized(n_bytes: int, loc: tuple[str | int, ...], medium: _Medium, about: str = "") -> None:
+    """Refuse a medium over its max bytes from its size alone: before its base64 is decoded or its bytes parsed."""
+    if n_bytes > medium.max_bytes:
+        raise medium.too_large(loc, f"holds {about}{n_bytes} bytes of {medium.kind}; the limit is {medium.max_bytes} "
+                                    f"bytes per {medium.noun} ({medium.bytes_key})", f"value_error.{medium.kind}.bytes")
+
+
 def _b64(text: str, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
     raw = text.encode("ascii", "replace")
-    if len(raw) * 3 // 4 > medium.max_bytes + 2:  # refused before decoding
-        raise medium.too_large(loc, f"holds about {len(raw) * 3 // 4} bytes of {medium.kind}; the limit is "
-                                    f"{medium.max_bytes} bytes per {medium.noun} ({medium.bytes_key})",
-                               f"value_error.{medium.kind}.bytes")
+    _sized(len(raw) * 3 // 4 - raw[-2:].count(b"="), loc, medium, "about ")  # its size, exact without whitespace
     try:
         return base64.b64decode(_SPACE.sub(b"", raw), validate=True)
     except (binascii.Error, ValueError):
@@ -272,9 +277,9 @@ def _inline(entry: Any, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
     if entry.startswith(("http://", "https://")):
         raise medium.rejected(loc, f"is a URL; clef-bridge fetches nothing: inline the {medium.noun} as a data: URL "
                                    "or base64", f"value_error.{medium.kind}.url")
-    if entry.startswith("data:"):
-        match = _DATA_URL.match(entry)
-        if match is None or "base64" not in match.group(2).split(";"):
+    if entry[:5].lower() == "data:":
+        match = _DATA_URL.match(entry, 0, DATA_URL_HEAD)
+        if match is None or "base64" not in match.group(2).lower().split(";"):
             raise medium.rejected(loc, f"is a data: URL without ;base64; send {medium.example}",
                                   f"value_error.{medium.kind}.data_url")
         entry = entry[match.end():]
@@ -313,6 +318,7 @@ def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: se
             problems.add(loc + ("part",), f"the part {part!r} is claimed by two assets; send it once per asset")
         else:
             claimed.add(part)
+            _sized(len(parts[part].data), loc, medium)
             return parts[part].data
         return None
     data, fmt = asset.get("data_base64"), asset.get("format")
@@ -492,7 +498,8 @@ def _clips(sources: list[tuple[tuple[str | int, ...], bytes]], limits: AudioLimi
     checked = []
     for loc, data in sources:
         try:
-            header = audio_files.sniff(data, loc)
+            audio_files.check_bytes(len(data), limits, loc)  # before anything parses the bytes
+            header = audio_files.sniff(data, loc, limits)
             audio_files.check(header, len(data), limits, loc)
             checked.append(AudioInput(loc, data, header, hashlib.sha256(data).digest()))
         except AudioRejected as exc:

@@ -18,6 +18,9 @@ from .body import parse_json
 
 REQUEST_PART = "request"
 MAX_PARTS = 64  # far above any valid request (a request part and max_images images); bounds parsing work
+# A part's header block: two or three lines (Content-Disposition, Content-Type) in every client; the email
+# package parses header lines slowly (8 MB of them took 7 s), so a longer block is refused before it is parsed.
+MAX_PART_HEAD = 16 * 1024
 _HEADERS = email.parser.BytesHeaderParser(policy=email.policy.HTTP)
 
 
@@ -48,7 +51,9 @@ def _part(block: bytes) -> FormPart:
     if block.startswith(b"\r\n"):
         head, data = b"", block[2:]
     else:
-        end = block.find(b"\r\n\r\n")
+        end = block.find(b"\r\n\r\n", 0, MAX_PART_HEAD + 4)
+        if end < 0 and len(block) > MAX_PART_HEAD:
+            raise _invalid(f"a part's headers are longer than {MAX_PART_HEAD} bytes")
         if end < 0:
             raise _invalid("a part's headers are not followed by an empty line")
         head, data = block[:end + 2], block[end + 4:]
