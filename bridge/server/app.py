@@ -157,6 +157,14 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         item.model.close()
 
 
+async def decoders_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The media decoder processes (bridge/media/decoders.py), forked in the background while the models load."""
+    decoders = app[SERVICE].decoders
+    decoders.start()
+    yield
+    decoders.close()
+
+
 RUNNER_OPTIONS = {"handler_cancellation": True}  # a client that hangs up cancels its request (499)
 
 
@@ -220,6 +228,7 @@ def create_app(registry: Registry, loader: Loader = load_models) -> web.Applicat
                           lambda model, source: metrics.coalesced.labels(model, source).inc())
     app[SERVICE] = DecisionService(registry.server, coalescer, registry.server.request_timeout_s, names=app[NAMES],
                                    on_queued=lambda model, depth: metrics.queue_depth.labels(model).set(depth))
+    app.cleanup_ctx.append(decoders_ctx)
     app.cleanup_ctx.append(models_ctx)
     setup_routes(app)
     return app
