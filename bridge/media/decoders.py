@@ -51,8 +51,10 @@ class DecoderLimits:
     """[server] decode_workers, decode_memory_mb, decode_timeout_s: the pool's size and each job's caps."""
 
     workers: int = 2  # processes decoding at once; more jobs wait for one
-    memory_mb: int = 1024  # one worker's address space, its ~260 MB of libraries included
-    seconds: float = 10.0  # one job's wall clock (a request's clips of one kind), sending and answering included
+    # one worker's address space, its ~260 MB of libraries included: four 60 s clips peak at 340 MB
+    memory_mb: int = 768
+    # one job's wall clock (a request's clips), sending and answering included: four 60 s MP3s take 0.3 s on one core
+    seconds: float = 5.0
 
 
 # --- the worker process ---------------------------------------------------------------------------
