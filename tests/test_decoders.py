@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 import time
 
 import numpy as np
@@ -18,9 +19,11 @@ from clef_bridge.bridge.media.audio import AudioInput, AudioRejected
 from clef_bridge.bridge.media.decoders import DecoderLimits, DecoderPool
 from clef_bridge.bridge.media.errors import DecodeOverMemory, DecodeOverTime, DecoderStopped
 from clef_bridge.bridge.media.request import AUDIO, DecodeSettings, decode_kind
+from clef_bridge.bridge.service.local import LocalService
 
 from .test_audio import _input, clip
 from .test_media_cycles import codec
+from .test_service import BODY, WAV, FakeModel, with_media
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +134,23 @@ def test_closing_kills_the_workers():
 def _rss_mb() -> float:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+def test_the_service_decodes_audio_in_its_pool_and_a_bomb_costs_a_worker():
+    """The service's path: a clip's samples come from a decoder process; the issue's 2^31-1 Hz WAV answers 413."""
+    model = FakeModel(media=(AUDIO,))
+    with LocalService(model, ServerSpec(decoders=LIMITS)) as local:
+        local.decide(with_media(BODY, audio=WAV))
+        pids = {w.process.pid for w in local.service.decoders._workers}
+        with pytest.raises(DecodeOverMemory):
+            local.decide(with_media(BODY, audio=lying_wav(2**31 - 1)))
+        assert pids and local.service.decoders.replaced == 1
+    [(_, media)] = model.prepared
+    assert media.audio[0].shape == (1600,) and not any(w.process.is_alive() for w in local.service.decoders._workers)
+
+
+def lying_wav(rate: int) -> bytes:
+    """The issue's repro: 8-bit PCM whose rate and byte rate say `rate`, 4,096 zero bytes."""
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate, 1, 8)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", 4096) + bytes(4096)
+    return b"RIFF" + struct.pack("<I", len(body)) + body

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import queue
 import resource
 import signal
@@ -41,6 +42,7 @@ log = logging.getLogger("clef_bridge.decoders")
 # (max_image_pixels), and shipping them back costs more than decoding them (docs/media.md has the numbers).
 ISOLATED = frozenset({AUDIO.name})
 PRELOAD = ("numpy", "av", "PIL.Image", "clef_bridge.bridge.media.request", __name__)
+DECODER_NICE = 10
 MIN_MEMORY_MB = 384  # an idle worker (Python, numpy, PyAV with FFmpeg, Pillow) maps about 260 MB
 _OK, _REJECTED, _MEMORY, _FAULT = "ok", "rejected", "memory", "fault"  # a worker's answers
 _TIMEOUT, _STOPPED = "timeout", "stopped"  # what the server finds when none came
@@ -155,6 +157,10 @@ class DecoderPool:
             self._idle.put(slot if slot is not None else self._fork())
 
     def _fork(self) -> _Worker | None:
+        # Linux's nice is per thread and a child inherits its forking thread's: the forkserver's imports and every
+        # decoder run behind the server's event loop and llama.cpp threads (the first answers do not wait on them)
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(DECODER_NICE, os.getpriority(os.PRIO_PROCESS, tid)))
         with self._lock:
             if self._closed:
                 return None

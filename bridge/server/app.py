@@ -158,7 +158,7 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def decoders_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The media decoder processes (bridge/media/decoders.py), forked in the background while the models load."""
+    """The media decoder processes (bridge/media/decoders.py), forked in the background once the models are loaded."""
     decoders = app[SERVICE].decoders
     decoders.start()
     yield
@@ -228,7 +228,7 @@ def create_app(registry: Registry, loader: Loader = load_models) -> web.Applicat
                           lambda model, source: metrics.coalesced.labels(model, source).inc())
     app[SERVICE] = DecisionService(registry.server, coalescer, registry.server.request_timeout_s, names=app[NAMES],
                                    on_queued=lambda model, depth: metrics.queue_depth.labels(model).set(depth))
-    app.cleanup_ctx.append(decoders_ctx)
     app.cleanup_ctx.append(models_ctx)
+    app.cleanup_ctx.append(decoders_ctx)  # after the models: the forkserver's imports do not slow their loading
     setup_routes(app)
     return app

@@ -2,9 +2,9 @@
 
 Every front door (POST /v1/systemone, the Workers AI routes, the CLI, Ray replicas) translates its wire
 format to a DecisionInput and the Decision back. The service validates the body once, checks its media
-against the model once, refuses on a full media queue before decoding, decodes in its decoder processes
-(bridge/media/decoders.py: never the event loop, never the server's memory), coalesces identical requests and
-waits for the model's worker within the deadline.
+against the model once, refuses on a full media queue before decoding, decodes audio in its decoder processes
+(bridge/media/decoders.py: never on the event loop, never in the server's memory) and images in a thread,
+coalesces identical requests and waits for the model's worker within the deadline.
 """
 
 from __future__ import annotations
