@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import struct
 import time
 
@@ -107,6 +108,14 @@ def test_a_worker_that_dies_answers_422_and_is_replaced(pool, fn, args, how):
     with pytest.raises(DecoderStopped, match=how):
         run(pool.run(fn, args, LOC))
     assert pool.replaced == replaced + 1 and run(pool.run(abs, (-1,), LOC)) == 1
+
+
+def test_workers_lost_while_idle_are_replaced_before_a_job_meets_them(pool):
+    run(pool.run(abs, (-1,), LOC))
+    for worker in list(pool._workers):
+        os.kill(worker.process.pid, signal.SIGKILL)
+        worker.process.join()
+    assert [run(pool.run(abs, (-i,), LOC)) for i in range(4)] == [0, 1, 2, 3]
 
 
 def test_the_event_loop_ticks_while_jobs_run(pool):

@@ -36,11 +36,11 @@ from .errors import DecodeOverMemory, DecodeOverTime, DecoderStopped, MediaRejec
 
 log = logging.getLogger("clef_bridge.decoders")
 
-# What the forkserver imports once, so that a worker forked from it starts in milliseconds: this module (the
-# workers' main), the decoders (request.py imports audio.py and images.py) and their libraries.
 # The kinds decoded here. Images stay in a thread: their pixels are bounded from the header before decoding
 # (max_image_pixels), and shipping them back costs more than decoding them (docs/media.md has the numbers).
 ISOLATED = frozenset({AUDIO.name})
+# What the forkserver imports once, so that a worker forked from it starts in milliseconds: this module (the
+# workers' main), the decoders (request.py imports audio.py and images.py) and their libraries.
 PRELOAD = ("numpy", "av", "PIL.Image", "clef_bridge.bridge.media.request", __name__)
 DECODER_NICE = 10
 MIN_MEMORY_MB = 384  # an idle worker (Python, numpy, PyAV with FFmpeg, Pillow) maps about 260 MB
@@ -182,6 +182,9 @@ class DecoderPool:
 
     def _job(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...]) -> Any:
         worker = self._idle.get()
+        if worker is not None and not worker.process.is_alive():  # lost while idle: not this job's doing
+            self._discard(worker)
+            worker = None
         if worker is None:
             worker = self._fork()
             if worker is None:
@@ -227,8 +230,11 @@ class DecoderPool:
 
     def _retire(self, worker: _Worker) -> None:
         """Kill a worker and fork its successor in the background (the next job need not wait for it)."""
+        self._discard(worker)
+        threading.Thread(target=lambda: self._idle.put(self._fork()), name="clef-decoder-start", daemon=True).start()
+
+    def _discard(self, worker: _Worker) -> None:
         worker.kill()
         with self._lock:
             self._workers.discard(worker)
             self.replaced += 1
-        threading.Thread(target=lambda: self._idle.put(self._fork()), name="clef-decoder-start", daemon=True).start()
