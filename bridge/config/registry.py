@@ -22,6 +22,7 @@ from ..catalogue.releases import CLOUDFLARE_NAMES, NAMED_BY_ARCHITECTURE
 from ..llama.backbone import BackboneOptions
 from ..llama.prefix_cache import PrefixCacheOptions
 from ..media.audio import AudioLimits
+from ..media.decoders import DecoderLimits
 from ..media.images import ImageLimits
 from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
 from .registry_names import MAX_NAME_CHARS, MAX_REQUESTED_CHARS, name_problem, shown
@@ -80,6 +81,7 @@ class ServerSpec:
     limits: Limits = Limits()
     images: ImageLimits = ImageLimits()
     audio: AudioLimits = AudioLimits()
+    decoders: DecoderLimits = DecoderLimits()  # the processes that decode media (bridge/media/decoders.py)
 
     @property
     def media_limits(self) -> dict[str, Any]:
@@ -222,7 +224,8 @@ def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec
     if "api_keys_file" in top:
         top["api_keys_file"] = _absolute(base / top["api_keys_file"])
     return ServerSpec(**top, limits=Limits(**groups.get("limits", {})),
-                      images=ImageLimits(**groups.get("images", {})), audio=AudioLimits(**groups.get("audio", {})))
+                      images=ImageLimits(**groups.get("images", {})), audio=AudioLimits(**groups.get("audio", {})),
+                      decoders=DecoderLimits(**groups.get("decoders", {})))
 
 
 def _ray(raw: Any, where: str, problems: list[str]) -> RaySpec:

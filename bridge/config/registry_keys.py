@@ -17,6 +17,7 @@ from ...head.schema import QUESTION_TYPES, Limits
 from ...head.weights import dtype_name
 from ..catalogue.dtypes import HEAD_DTYPES, KV_CACHE_DTYPES
 from ..catalogue.releases import REAL_RELEASES
+from ..media.decoders import MIN_MEMORY_MB
 from .registry_names import name_problem, shown
 
 
@@ -56,6 +57,13 @@ def _dtype(*choices: str) -> Callable[[Any], Any]:
 def _above_zero(value: Any) -> Any:
     if value <= 0:
         raise _Bad(f"must be above 0, got {value}")
+    return value
+
+
+def _decoder_memory(value: Any) -> Any:
+    if value < MIN_MEMORY_MB:
+        raise _Bad(f"must be at least {MIN_MEMORY_MB} (MB): a decoder process maps about 260 MB before it decodes "
+                   f"anything, got {value}")
     return value
 
 
@@ -174,6 +182,9 @@ SERVER_KEYS: dict[str, Key] = {
     "max_audio_clips": Key("audio", "max_clips", int, _positive),
     "max_audio_bytes": Key("audio", "max_bytes", int, _positive),
     "max_audio_seconds": Key("audio", "max_seconds", (int, float), _above_zero),
+    "decode_workers": Key("decoders", "workers", int, _positive),
+    "decode_memory_mb": Key("decoders", "memory_mb", int, _decoder_memory),
+    "decode_timeout_s": Key("decoders", "seconds", (int, float), _above_zero),
 }
 
 RAY_KEYS: dict[str, Key] = {

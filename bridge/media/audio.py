@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from ...head.errors import Problem
-from .errors import MediaRejected, MediaTooLarge
+from .errors import MediaRejected, MediaTooLarge, detached
 
 SAMPLE_RATE = 16_000  # the reference's AUDIO_SAMPLE_RATE: Whisper-style features at 16 kHz
 WAV, MP3 = "wav", "mp3"
@@ -349,6 +349,8 @@ def decode(data: bytes, header: AudioHeader, loc: Loc, limits: AudioLimits = Aud
                 if frame is not None:
                     consumed = _admit(frame, consumed, header, limits, loc)
                 chunks.extend(resampled.to_ndarray().reshape(-1) for resampled in resampler.resample(frame))
+    except MemoryError:  # FFmpeg's ENOMEM too: over the decoder's memory cap (decoders.py), not a corrupt clip
+        raise
     except _decode_errors() as exc:
         reason = getattr(exc, "strerror", None) or str(exc)  # PyAV's str() carries an errno and a '<none>' file
         raise AudioRejected(loc, f"cannot be decoded as {header.format.upper()} ({reason}); re-encode it as 16-bit "
@@ -367,7 +369,7 @@ def decode_audio_all(clips: Sequence[AudioInput], limits: AudioLimits = AudioLim
         try:
             out.append(decode(clip.data, clip.header, clip.loc, limits))
         except AudioRejected as exc:
-            errors.append(exc)
+            errors.append(detached(exc))
     if errors:
         cls = AudioTooLarge if all(isinstance(e, AudioTooLarge) for e in errors) else AudioRejected
         raise cls(errors[0].loc, problems=[p for e in errors for p in e.problems])

@@ -28,7 +28,7 @@ from ...head.schema import MEDIA_FIELDS, Limits, json_depth, option_order
 from ..gguf.projector import PROJECTOR_HOME
 from . import audio as audio_files
 from .audio import AudioInput, AudioLimits, AudioRejected, AudioTooLarge
-from .errors import MediaRejected, MediaTooLarge
+from .errors import MediaRejected, MediaTooLarge, detached
 from .images import (
     ImageGeometry,
     ImageHeader,
@@ -444,7 +444,7 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
             try:
                 data = _asset(name, assets[name], parts, claimed, media, problems)
             except MediaRejected as exc:
-                errors.append(exc)
+                errors.append(detached(exc))
                 continue
             if data is not None:
                 sources[_kind(assets[name])].append((("body", "assets", name), data))
@@ -458,7 +458,7 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
                 try:
                     sources[medium.kind].append((loc, _inline(entry, loc, medium)))
                 except MediaRejected as exc:
-                    errors.append(exc)
+                    errors.append(detached(exc))
         for name in sorted(parts or {}):
             problems.add(("body", name), f"the part {name!r} is claimed by no asset (this request has no assets)")
     if problems:
@@ -483,7 +483,7 @@ def _images(sources: list[tuple[tuple[str | int, ...], bytes]], limits: ImageLim
             check(header, len(data), limits, loc)
             checked.append(ImageInput(loc, data, header, hashlib.sha256(data).digest()))
         except ImageRejected as exc:
-            errors.append(exc)
+            errors.append(detached(exc))
     total = sum(len(d) for _, d in sources)
     if total > limits.max_total_bytes:
         errors.append(ImageTooLarge(("body", field), f"the images hold {total} bytes together; the limit is "
@@ -503,7 +503,7 @@ def _clips(sources: list[tuple[tuple[str | int, ...], bytes]], limits: AudioLimi
             audio_files.check(header, len(data), limits, loc)
             checked.append(AudioInput(loc, data, header, hashlib.sha256(data).digest()))
         except AudioRejected as exc:
-            errors.append(exc)
+            errors.append(detached(exc))
     return tuple(checked)
 
 
@@ -514,7 +514,7 @@ def decode_all(images: Sequence[ImageInput], geometry: ImageGeometry) -> tuple[n
         try:
             pixels.append(decode(image.data, image.header, image.loc, geometry))
         except ImageRejected as exc:
-            errors.append(exc)
+            errors.append(detached(exc))
     if errors:
         raise _rejected(errors)
     return tuple(pixels)

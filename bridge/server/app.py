@@ -157,6 +157,14 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         item.model.close()
 
 
+async def decoders_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The media decoder processes (bridge/media/decoders.py), forked in the background once the models are loaded."""
+    decoders = app[SERVICE].decoders
+    decoders.start()
+    yield
+    decoders.close()
+
+
 RUNNER_OPTIONS = {"handler_cancellation": True}  # a client that hangs up cancels its request (499)
 
 
@@ -224,5 +232,6 @@ def create_app(registry: Registry, loader: Loader = load_models) -> web.Applicat
     app[SERVICE] = DecisionService(registry.server, coalescer, registry.server.request_timeout_s, names=app[NAMES],
                                    on_queued=lambda model, depth: metrics.queue_depth.labels(model).set(depth))
     app.cleanup_ctx.append(models_ctx)
+    app.cleanup_ctx.append(decoders_ctx)  # after the models: the forkserver's imports do not slow their loading
     setup_routes(app)
     return app

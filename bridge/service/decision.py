@@ -2,7 +2,8 @@
 
 Every front door (POST /v1/systemone, the Workers AI routes, the CLI, Ray replicas) translates its wire
 format to a DecisionInput and the Decision back. The service validates the body once, checks its media
-against the model once, refuses on a full media queue before decoding, decodes off the event loop,
+against the model once, refuses on a full media queue before decoding, decodes audio in its decoder processes
+(bridge/media/decoders.py: never on the event loop, never in the server's memory) and images in a thread,
 coalesces identical requests and waits for the model's worker within the deadline.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 from ...head.errors import Problem, RequestInvalid
 from ...head.schema import DecisionRequest, Limits, Question, is_unicode, parse_request
 from ..config.registry import ServerSpec, resolve
+from ..media.decoders import ISOLATED, DecoderPool
 from ..media.request import (
     FIELDS,
     IMAGE,
@@ -117,6 +119,7 @@ class DecisionService:
         self.workers = {} if workers is None else workers  # the app fills both as its models load
         self.names = {} if names is None else names
         self._on_queued = on_queued
+        self.decoders = DecoderPool(server.decoders)  # its processes fork when started, or for a first job
 
     async def decide(self, call: DecisionInput, resolved: Callable[[str], None] = lambda model: None) -> Decision:
         """The request's Decision; resolved: told the served model's name as soon as it is known."""
@@ -157,13 +160,16 @@ class DecisionService:
         """Whether the served model takes every kind of the request's media."""
         return name in self.workers and all(kind in self.workers[name].model.media for kind in media.kinds)
 
-    @staticmethod
-    async def _decode(media: Media, settings: DecodeSettings) -> tuple[Media, dict[str, float]]:
-        """Each kind decoded in a thread, and the seconds it took."""
+    async def _decode(self, media: Media, settings: DecodeSettings) -> tuple[Media, dict[str, float]]:
+        """Each kind decoded, in a decoder process where it is ISOLATED (else in a thread), and the seconds it took."""
         items, seconds = {}, {}
         for kind in media.kinds:
             t0 = time.perf_counter()
-            items[kind] = await asyncio.get_running_loop().run_in_executor(None, decode_kind, kind, media.of(kind),
-                                                                           settings)
+            inputs = media.of(kind)
+            if kind in ISOLATED:
+                items[kind] = await self.decoders.run(decode_kind, (kind, inputs, settings), inputs[0].loc[:2])
+            else:
+                items[kind] = await asyncio.get_running_loop().run_in_executor(None, decode_kind, kind, inputs,
+                                                                               settings)
             seconds[kind] = time.perf_counter() - t0
         return media.decoded(items), seconds

@@ -33,6 +33,7 @@ class LocalService:
 
     def __exit__(self, *exc: Any) -> None:
         self._worker.stop()
+        self.service.decoders.close()
         self._loop.run_until_complete(self._loop.shutdown_default_executor())
         self._loop.close()
 

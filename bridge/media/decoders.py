@@ -1,0 +1,240 @@
+"""Untrusted media decoded in worker processes: a decoder bomb costs one worker, never the server.
+
+A pool of `workers` processes, forked from multiprocessing's forkserver (a fresh interpreter that has
+imported numpy, PyAV and Pillow once; never a fork of the server, whose llama.cpp threads a fork would
+copy half-held). Each worker caps its own address space (RLIMIT_AS, `memory_mb`), so an allocation past
+it fails inside the worker (MemoryError, or FFmpeg's ENOMEM) instead of growing the server; each job
+has a wall-clock limit (`seconds`), past which its worker is killed (SIGKILL reaches a resampler that
+holds the GIL in C). A worker that fails a job on memory, runs out of time or dies is replaced by a
+fresh one, forked when a job next needs it. The event loop awaits a job; the work of sending it and
+waiting runs in the pool's own threads, one per worker, never in the default executor the model
+workers' callers share.
+
+A job is a module-level function and its arguments (pickled by reference and by value: request.decode_kind
+and a kind's inputs), so a medium's decoding runs here unchanged; errors cross back pickled by their
+fields (errors.MediaRejected.__reduce__), without tracebacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import queue
+import resource
+import signal
+import threading
+import traceback
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...head.media import AUDIO
+from .errors import DecodeOverMemory, DecodeOverTime, DecoderStopped, MediaRejected
+
+log = logging.getLogger("clef_bridge.decoders")
+
+# The kinds decoded here. Images stay in a thread: their pixels are bounded from the header before decoding
+# (max_image_pixels), and shipping them back costs more than decoding them (docs/media.md has the numbers).
+ISOLATED = frozenset({AUDIO.name})
+# What the forkserver imports once, so that a worker forked from it starts in milliseconds: this module (the
+# workers' main), the decoders (request.py imports audio.py and images.py) and their libraries.
+PRELOAD = ("numpy", "av", "PIL.Image", "clef_bridge.bridge.media.request", __name__)
+DECODER_NICE = 10
+MIN_MEMORY_MB = 384  # an idle worker (Python, numpy, PyAV with FFmpeg, Pillow) maps about 260 MB
+_OK, _REJECTED, _MEMORY, _FAULT = "ok", "rejected", "memory", "fault"  # a worker's answers
+_TIMEOUT, _STOPPED = "timeout", "stopped"  # what the server finds when none came
+
+
+@dataclass(frozen=True)
+class DecoderLimits:
+    """[server] decode_workers, decode_memory_mb, decode_timeout_s: the pool's size and each job's caps."""
+
+    workers: int = 2  # processes decoding at once; more jobs wait for one
+    # one worker's address space, its ~260 MB of libraries included: four 60 s clips peak at 340 MB
+    memory_mb: int = 768
+    # one job's wall clock (a request's clips), sending and answering included: four 60 s MP3s take 0.3 s on one core
+    seconds: float = 5.0
+
+
+# --- the worker process ---------------------------------------------------------------------------
+
+def _serve(conn: Any, memory_bytes: int) -> None:
+    """A worker's main: jobs in, outcomes out, until the pipe closes or a job ran out of memory."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops the pool
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    while True:
+        try:
+            fn, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        outcome = _outcome(fn, args)
+        try:
+            conn.send(outcome)
+        except MemoryError:  # the result itself did not fit: a fresh worker will
+            conn.send((_MEMORY, None))
+            return
+        if outcome[0] == _MEMORY:
+            return  # its heap may be fragmented near the cap: a fresh worker takes the next job
+
+
+def _outcome(fn: Callable[..., Any], args: tuple) -> tuple[str, Any]:
+    try:
+        return _OK, fn(*args)
+    except MediaRejected as exc:
+        return _REJECTED, exc
+    except MemoryError:  # av's error.MemoryError (FFmpeg's ENOMEM) is one too
+        return _MEMORY, None
+    except Exception:  # noqa: BLE001 - a fault of ours: reported to the server, which logs it
+        return _FAULT, traceback.format_exc()
+
+
+# --- the server's side ----------------------------------------------------------------------------
+
+class _Worker:
+    """One worker process and the server's end of its pipe."""
+
+    def __init__(self, context: Any, memory_bytes: int):
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, memory_bytes), name="clef-decoder", daemon=True)
+        self.process.start()
+        child.close()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+def _kill_all(workers: set[_Worker]) -> None:
+    for worker in list(workers):
+        worker.kill()
+    workers.clear()
+
+
+def _receive(conn: Any) -> tuple[str, Any]:
+    """A worker's (status, value), its MediaRejected raised; no frame here keeps the error (the error's traceback
+    keeps the frames, so a frame that kept the error would make a cycle that lives until a full collection)."""
+    status, value = conn.recv()
+    if status != _REJECTED:
+        return status, value
+    try:
+        raise value
+    finally:
+        del value
+
+
+class DecoderPool:
+    """`limits.workers` decoder processes: run(fn, args, loc) awaits fn(*args) in one, within the limits."""
+
+    def __init__(self, limits: DecoderLimits = DecoderLimits()):
+        self.limits = limits
+        self._context = multiprocessing.get_context("forkserver")
+        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()  # None: a slot with no worker yet
+        for _ in range(limits.workers):
+            self._idle.put(None)
+        self._workers: set[_Worker] = set()
+        self._threads = ThreadPoolExecutor(limits.workers, thread_name_prefix="clef-decode")  # threads start lazily
+        self._lock = threading.Lock()
+        self._closed = False
+        self.replaced = 0  # workers killed or lost, and so replaced: for tests and logs
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+
+    def start(self) -> None:
+        """Fork the workers in the background: the server's start does not wait for them, a first job might."""
+        threading.Thread(target=self._warm, name="clef-decoder-start", daemon=True).start()
+
+    def _warm(self) -> None:
+        slots = []
+        while len(slots) < self.limits.workers:
+            try:
+                slots.append(self._idle.get_nowait())
+            except queue.Empty:  # the others are out with jobs, which fork their own
+                break
+        for slot in slots:
+            self._idle.put(slot if slot is not None else self._fork())
+
+    def _fork(self) -> _Worker | None:
+        # Linux's nice is per thread and a child inherits its forking thread's: the forkserver's imports and every
+        # decoder run behind the server's event loop and llama.cpp threads (the first answers do not wait on them)
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(DECODER_NICE, os.getpriority(os.PRIO_PROCESS, tid)))
+        with self._lock:
+            if self._closed:
+                return None
+            self._context.set_forkserver_preload(list(PRELOAD))  # read once, when the forkserver starts
+            worker = _Worker(self._context, self.limits.memory_mb * 2**20)
+            self._workers.add(worker)
+            return worker
+
+    def close(self) -> None:
+        """Kill every worker; a job in flight answers DecoderStopped."""
+        with self._lock:
+            self._closed = True
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        self._finalizer()
+
+    async def run(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...]) -> Any:
+        """fn(*args) in a worker (fn: a module-level function); a job over a limit raises its error at loc."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self._job, fn, args, loc)
+
+    def _job(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...]) -> Any:
+        worker = self._idle.get()
+        if worker is not None and not worker.process.is_alive():  # lost while idle: not this job's doing
+            self._discard(worker)
+            worker = None
+        if worker is None:
+            worker = self._fork()
+            if worker is None:
+                raise RuntimeError("the decoder pool is closed")
+        status = _REJECTED  # what leaves _exchange as an exception (a pickling error included): the worker is fine
+        try:
+            status, value = self._exchange(worker, (fn, args))
+        finally:
+            if status in (_OK, _REJECTED, _FAULT):
+                self._idle.put(worker)
+            else:
+                self._retire(worker)
+        if status == _OK:
+            return value
+        raise self._error(status, value, worker, loc)
+
+    def _exchange(self, worker: _Worker, job: tuple) -> tuple[str, Any]:
+        try:
+            worker.conn.send(job)
+            if not worker.conn.poll(self.limits.seconds):
+                return _TIMEOUT, None
+            return _receive(worker.conn)
+        except (EOFError, OSError):  # it died (or the pool closed) before or while it worked
+            return _STOPPED, None
+
+    def _error(self, status: str, value: Any, worker: _Worker, loc: tuple[str | int, ...]) -> Exception:
+        limits = self.limits
+        if status == _TIMEOUT:
+            return DecodeOverTime(loc, f"took more than {limits.seconds:g} s to decode, the limit per request and "
+                                       "medium (decode_timeout_s in models.toml [server]); its decoder was stopped",
+                                  "value_error.decode.timeout")
+        if status == _MEMORY:
+            return DecodeOverMemory(loc, f"needed more than {limits.memory_mb} MB to decode, the limit per decoder "
+                                         "(decode_memory_mb in models.toml [server]); its decoder was replaced",
+                                    "value_error.decode.memory")
+        if status == _FAULT:
+            log.error("a decoder failed:\n%s", value)
+            return RuntimeError("a decoder failed (its traceback is in the server's log)")
+        code = worker.process.exitcode
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return DecoderStopped(loc, f"stopped its decoder ({how}) before it was decoded; re-encode it",
+                              "value_error.decode.stopped")
+
+    def _retire(self, worker: _Worker) -> None:
+        """Kill a worker and fork its successor in the background (the next job need not wait for it)."""
+        self._discard(worker)
+        threading.Thread(target=lambda: self._idle.put(self._fork()), name="clef-decoder-start", daemon=True).start()
+
+    def _discard(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            self._workers.discard(worker)
+            self.replaced += 1

@@ -1,0 +1,165 @@
+"""bridge/media/decoders.py: jobs run in worker processes; a job over its memory cap answers 413, one over its time
+limit 422, and either costs its worker (killed, replaced), never the caller; a worker that dies is replaced; the
+event loop runs on meanwhile; audio decodes there to the very samples the thread made.
+
+The jobs are functions of the standard library (a worker imports them by name): time.sleep to outlast the limit,
+bytearray to outgrow the cap, os._exit and os.abort to die."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import struct
+import time
+
+import numpy as np
+import pytest
+from clef_bridge.bridge.config.registry import ServerSpec
+from clef_bridge.bridge.media.audio import AudioInput, AudioRejected
+from clef_bridge.bridge.media.decoders import DecoderLimits, DecoderPool
+from clef_bridge.bridge.media.errors import DecodeOverMemory, DecodeOverTime, DecoderStopped
+from clef_bridge.bridge.media.request import AUDIO, DecodeSettings, decode_kind
+from clef_bridge.bridge.service.local import LocalService
+
+from .test_audio import _input, clip
+from .test_media_cycles import codec
+from .test_service import BODY, WAV, FakeModel, with_media
+
+pytestmark = pytest.mark.integration
+
+LOC = ("body", "audio")
+LIMITS = DecoderLimits(workers=2, memory_mb=512, seconds=1.5)
+SETTINGS = DecodeSettings(None, ServerSpec().media_limits)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    decoders = DecoderPool(LIMITS)
+    decoders.start()
+    yield decoders
+    decoders.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def ticking(job):
+    """The job's outcome and the longest the event loop went without a tick while it ran."""
+    gaps, last = [0.0], time.monotonic()
+
+    async def tick():
+        nonlocal last
+        while True:
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    ticker = asyncio.create_task(tick())
+    try:
+        return await job, max(gaps)
+    finally:
+        ticker.cancel()
+
+
+def test_audio_decodes_in_a_worker_to_the_samples_the_thread_makes(pool):
+    clips = (_input(clip(1.5, 44100, 2, "wav")), _input(clip(1.0, 22050, 1, "mp3")))
+    got = run(pool.run(decode_kind, (AUDIO, clips, SETTINGS), LOC))
+    want = decode_kind(AUDIO, clips, SETTINGS)
+    assert len(got) == 2 and all(np.array_equal(g, w) and g.dtype == np.float32 for g, w in zip(got, want))
+
+
+def test_a_refusal_crosses_back_with_its_problems_and_keeps_the_worker(pool):
+    replaced = pool.replaced
+    good = _input(clip(0.5, 16000, 1, "wav"))
+    bad = [AudioInput(("body", "audio", i), codec(good.data, 0x3F3F), good.header, b"") for i in (1, 2)]
+    with pytest.raises(AudioRejected) as info:
+        run(pool.run(decode_kind, (AUDIO, (good, *bad), SETTINGS), LOC))
+    assert type(info.value) is AudioRejected and [p.loc for p in info.value.problems] == [("body", "audio", 1),
+                                                                                          ("body", "audio", 2)]
+    assert all("cannot be decoded as WAV" in p.msg for p in info.value.problems) and pool.replaced == replaced
+
+
+def test_a_job_past_the_time_limit_is_killed_answered_422_and_its_worker_replaced(pool):
+    replaced = pool.replaced
+    started = time.monotonic()
+    with pytest.raises(DecodeOverTime) as info:
+        run(pool.run(time.sleep, (30,), LOC))
+    assert time.monotonic() - started < LIMITS.seconds + 1.0
+    assert info.value.category.value == "invalid" and "decode_timeout_s" in str(info.value)
+    assert info.value.loc == LOC and pool.replaced == replaced + 1
+    assert run(pool.run(abs, (-3,), LOC)) == 3  # the pool still answers
+
+
+def test_a_job_past_the_memory_cap_answers_413_and_the_server_never_holds_it(pool):
+    replaced = pool.replaced
+    before = _rss_mb()
+    with pytest.raises(DecodeOverMemory) as info:
+        run(pool.run(bytearray, (2 * 2**30,), LOC))
+    assert info.value.category.value == "too_large" and "decode_memory_mb" in str(info.value)
+    assert pool.replaced == replaced + 1 and _rss_mb() - before < 50
+    assert len(run(pool.run(bytearray, (64 * 2**20,), LOC))) == 64 * 2**20  # within the cap: answered
+
+
+@pytest.mark.parametrize("fn, args, how", [(os._exit, (3,), "exit code 3"), (os.abort, (), "signal 6")])
+def test_a_worker_that_dies_answers_422_and_is_replaced(pool, fn, args, how):
+    replaced = pool.replaced
+    with pytest.raises(DecoderStopped, match=how):
+        run(pool.run(fn, args, LOC))
+    assert pool.replaced == replaced + 1 and run(pool.run(abs, (-1,), LOC)) == 1
+
+
+def test_workers_lost_while_idle_are_replaced_before_a_job_meets_them(pool):
+    run(pool.run(abs, (-1,), LOC))
+    for worker in list(pool._workers):
+        os.kill(worker.process.pid, signal.SIGKILL)
+        worker.process.join()
+    assert [run(pool.run(abs, (-i,), LOC)) for i in range(4)] == [0, 1, 2, 3]
+
+
+def test_the_event_loop_ticks_while_jobs_run(pool):
+    async def four():
+        return await asyncio.gather(*(pool.run(time.sleep, (0.3,), LOC) for _ in range(4)))
+
+    results, gap = run(ticking(four()))
+    assert results == [None] * 4 and gap < 0.2
+
+
+def test_a_fault_of_ours_in_a_worker_is_a_500_with_the_traceback_logged(pool, caplog):
+    with pytest.raises(RuntimeError, match="a decoder failed"):
+        run(pool.run(int, ("not a number",), LOC))
+    assert "ValueError: invalid literal" in caplog.text
+
+
+def test_closing_kills_the_workers():
+    decoders = DecoderPool(DecoderLimits(workers=1, memory_mb=512, seconds=5))
+    assert run(decoders.run(abs, (-2,), LOC)) == 2
+    [worker] = list(decoders._workers)
+    decoders.close()
+    assert not worker.process.is_alive()
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+def test_the_service_decodes_audio_in_its_pool_and_a_bomb_costs_a_worker():
+    """The service's path: a clip's samples come from a decoder process; the issue's 2^31-1 Hz WAV answers 413."""
+    model = FakeModel(media=(AUDIO,))
+    with LocalService(model, ServerSpec(decoders=LIMITS)) as local:
+        local.decide(with_media(BODY, audio=WAV))
+        pids = {w.process.pid for w in local.service.decoders._workers}
+        with pytest.raises(DecodeOverMemory):
+            local.decide(with_media(BODY, audio=lying_wav(2**31 - 1)))
+        assert pids and local.service.decoders.replaced == 1
+    [(_, media)] = model.prepared
+    assert media.audio[0].shape == (1600,) and not any(w.process.is_alive() for w in local.service.decoders._workers)
+
+
+def lying_wav(rate: int) -> bytes:
+    """The issue's repro: 8-bit PCM whose rate and byte rate say `rate`, 4,096 zero bytes."""
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate, 1, 8)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", 4096) + bytes(4096)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
