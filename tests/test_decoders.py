@@ -145,15 +145,18 @@ def _rss_mb() -> float:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
 
 
-def test_the_service_decodes_audio_in_its_pool_and_a_bomb_costs_a_worker():
-    """The service's path: a clip's samples come from a decoder process; the issue's 2^31-1 Hz WAV answers 413."""
+def test_the_service_decodes_audio_in_its_pool_and_refuses_a_lying_header_before_it():
+    """The service's path: a clip's samples come from a decoder process; the issue's 2^31-1 Hz WAV is refused from
+    its header (422) before any worker decodes it (the pool's own cap, the second line, is tested above)."""
     model = FakeModel(media=(AUDIO,))
     with LocalService(model, ServerSpec(decoders=LIMITS)) as local:
         local.decide(with_media(BODY, audio=WAV))
         pids = {w.process.pid for w in local.service.decoders._workers}
-        with pytest.raises(DecodeOverMemory):
+        with pytest.raises(AudioRejected) as refused:
             local.decide(with_media(BODY, audio=lying_wav(2**31 - 1)))
-        assert pids and local.service.decoders.replaced == 1
+        assert refused.value.problems[0].type == "value_error.audio.rate"
+        assert pids and local.service.decoders.replaced == 0
+        assert {w.process.pid for w in local.service.decoders._workers} == pids
     [(_, media)] = model.prepared
     assert media.audio[0].shape == (1600,) and not any(w.process.is_alive() for w in local.service.decoders._workers)
 
