@@ -17,6 +17,7 @@ from aiohttp import web
 
 from ..catalogue.releases import REAL_RELEASES, RELEASES
 from ..config.registry import ModelSpec, Registry, name_table
+from ..llama.adapters import BackboneView
 from ..model.worker import BatchStats, InferenceWorker
 from ..service.coalesce import Coalescer
 from ..service.decision import DecisionService
@@ -36,6 +37,19 @@ from .routes import ROUTES, UNMATCHED
 log = logging.getLogger("clef_bridge.server")
 
 
+def backbone_sharing(spec: ModelSpec, backbone: Any) -> dict[str, Any]:
+    """/v1/models' x_lora and x_backbone_shared_with of a model whose backbone is a shared view (else nothing)."""
+    if not isinstance(backbone, BackboneView):
+        return {}
+    out: dict[str, Any] = {}
+    if spec.lora is not None:
+        out["x_lora"] = {"adapter": spec.lora.name, "scale": spec.lora_scale}
+    others = [v.name for v in backbone.shared.views if v is not backbone]
+    if others:
+        out["x_backbone_shared_with"] = others
+    return out
+
+
 # --- the rest of the API ----------------------------------------------------------------------
 
 async def models_handler(request: web.Request) -> web.Response:
@@ -48,6 +62,7 @@ async def models_handler(request: web.Request) -> web.Response:
             "release_date": served.release_date, "x_aliases": [n for n, m in names.items() if m == name and n != name],
             "x_status": "ready" if served.worker.alive else "down",
             "x_media": list(served.worker.model.media)}  # what the model reads beside text (the playground asks)
+        entry |= backbone_sharing(spec, served.worker.model.backbone)
         # a demo says so here too: a client (the playground) warns before its first answer
         warnings = ([demo_warning(spec.builtin)] if spec.builtin else []) + list(served.warnings)
         if warnings:

@@ -1,0 +1,123 @@
+"""Fine-tunes served as LoRA adapters over ONE loaded backbone, against Cloudflare's code with the adapter applied as
+clef-finetune applies it (PEFT's PeftModel.from_pretrained over the base, the checkpoint's head).
+
+Two fine-tunes (tests/fixturegen_lora.py: random non-zero A and B on every module clef-finetune targets) and the
+base are loaded from one registry by one process; each answers within F32_TOLERANCE of its own reference, and
+interleaved traffic across the three never changes an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from clef_bridge.bridge.config.registry import Registry, ServerSpec, model_spec
+from clef_bridge.bridge.llama.adapters import BackboneView
+from clef_bridge.bridge.model.worker import InferenceWorker
+from clef_bridge.bridge.service.coalesce import Coalescer
+from clef_bridge.bridge.service.decision import DecisionInput, DecisionService
+from clef_bridge.bridge.service.models import load_models
+
+from . import fixturegen_lora
+from .corpus import varied_requests
+from .reference import assert_same_answers, reference
+from .test_end_to_end import F32_TOLERANCE, our_probabilities, reference_answers, reference_probabilities
+
+pytestmark = pytest.mark.slow
+
+REQUESTS = varied_requests()[:10]
+NAMES = ("base", "claims", "routing")
+
+
+@pytest.fixture(scope="module")
+def lfx():
+    return fixturegen_lora.build()
+
+
+@pytest.fixture(scope="module")
+def served(lfx):
+    fx = lfx.base
+    keys = {"n_ctx": 8192, "max_length": 8192}
+    specs = {"base": model_spec("base", fx.gguf_f32, fx.head, **keys)}
+    for name in NAMES[1:]:
+        specs[name] = model_spec(name, fx.gguf_f32, lfx.head(name), lora=lfx.adapter(name), **keys)
+    models = load_models(Registry(fx.root / "models.toml", "base", specs))
+    yield {name: loaded.model for name, loaded in models.items()}
+    for loaded in models.values():
+        loaded.model.close()
+
+
+def oracle_for(lfx, name: str):
+    """Cloudflare's ClefModel over the base with this fine-tune's PEFT adapter and head (the base's own head for
+    "base")."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from clef_bridge.head.config import config_path_for, load_config
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+
+    fx, ref = lfx.base, reference()
+    tokenizer = AutoTokenizer.from_pretrained(fx.tokenizer_dir)
+    backbone = Qwen3_5ForConditionalGeneration.from_pretrained(fx.hf_model, dtype=torch.float32).eval()
+    head_path = fx.head if name == "base" else lfx.head(name)
+    if name != "base":
+        backbone = PeftModel.from_pretrained(backbone, lfx.adapter(name)).eval()
+    head = ref.JointSchemaHead(**vars(load_config(config_path_for(head_path))))
+    head.load_state_dict(load_file(str(head_path)), strict=True)
+    model = ref.ClefModel(backbone, head.float()).eval()
+    return SimpleNamespace(ref=ref, tokenizer=tokenizer, model=model, processor=SimpleNamespace(tokenizer=tokenizer))
+
+
+def test_the_three_models_share_one_backbone(served):
+    views = [m.backbone for m in served.values()]
+    assert all(isinstance(v, BackboneView) for v in views)
+    assert len({id(v.shared) for v in views}) == 1
+    assert [v.adapter is None for v in views] == [True, False, False]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_fine_tune_matches_its_own_peft_reference(lfx, served, name):
+    oracle = oracle_for(lfx, name)
+    worst, moved = 0.0, 0.0
+    base_oracle = oracle_for(lfx, "base") if name != "base" else None
+    for request in REQUESTS:
+        ref_encoded, ref_probs = reference_probabilities(oracle, request)
+        ours, probs, got = our_probabilities(served[name], request, with_answers=True)
+        assert ours.input_ids.tolist() == list(ref_encoded.input_ids)
+        worst = max(worst, max(float(np.abs(p - rp).max()) for p, rp in zip(probs, ref_probs)))
+        assert_same_answers(got, reference_answers(oracle, request, ref_encoded, ref_probs), F32_TOLERANCE)
+        if base_oracle is not None:  # the adapter must matter, or matching its reference proves nothing
+            _, base_probs = reference_probabilities(base_oracle, request)
+            moved = max(moved, max(float(np.abs(p - bp).max()) for p, bp in zip(probs, base_probs)))
+    print(f"{name}: max |prob diff| vs its PEFT reference = {worst:.2e}" + (f"; vs the base {moved:.2e}" if moved
+                                                                              else ""))
+    assert worst <= F32_TOLERANCE
+    assert base_oracle is None or moved > 20 * F32_TOLERANCE
+
+
+def test_interleaved_traffic_never_changes_another_models_answer(served):
+    alone = {(name, i): our_probabilities(served[name], r, with_answers=True)[2]
+             for name in NAMES for i, r in enumerate(REQUESTS)}
+    workers = {name: InferenceWorker(model, 64) for name, model in served.items()}
+    service = DecisionService(ServerSpec(), Coalescer(0), None, workers, {n: n for n in NAMES})
+
+    async def traffic():
+        order = [(name, i) for i in range(len(REQUESTS)) for name in NAMES] * 2
+        np.random.default_rng(3).shuffle(order)
+        decisions = await asyncio.gather(*(service.decide(DecisionInput(dict(REQUESTS[i], model=name), name))
+                                           for name, i in order))
+        return list(zip(order, decisions))
+
+    for worker in workers.values():
+        worker.start()
+    try:
+        results = asyncio.run(traffic())
+    finally:
+        for worker in workers.values():
+            worker.stop()
+    for key, decision in results:
+        assert_same_answers(decision.response["answers"], alone[key], 1e-4)
+    assert served["base"].backbone.shared.switches >= 3
