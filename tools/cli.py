@@ -100,8 +100,10 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError("give a GGUF or --models models.toml (not both)")
     if args.models and args.verify_against is not None:
         raise UsageError("--verify-against checks one GGUF", fix="clef-bridge check GGUF --verify-against [REPO]")
+    if args.models and args.lora is not None:
+        raise UsageError("--lora goes with one GGUF; a registry's entries name their own `lora`")
     result = check_registry(load_registry(args.models)) if args.models else \
-        check_files(args.gguf, args.head, args.pair, args.verify_against)
+        check_files(args.gguf, args.head, args.pair, args.verify_against, args.lora)
     code = emit(result, args.json)
     return EXIT_USAGE if result.io_error else code
 
@@ -109,7 +111,7 @@ def _check(args: argparse.Namespace) -> int:
 def _pair(args: argparse.Namespace) -> int:
     from .checks import IO_CODES, pair_files
 
-    result = pair_files(args.gguf, args.head, args.output, args.verify_against, args.mmproj)
+    result = pair_files(args.gguf, args.head, args.output, args.verify_against, args.mmproj, args.lora)
     code = emit(result, args.json)
     return EXIT_USAGE if any(f.code in IO_CODES for f in result.report.findings) else code
 

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair", type=Path, help="a pairing record from `clef-bridge pair` "
                                             "(default: <gguf stem>.pair.json beside the GGUF, if present)")
     p.add_argument("--models", type=Path, help="check every model of this registry instead of one GGUF")
+    p.add_argument("--lora", type=Path, help="a LoRA adapter served over the GGUF (a PEFT adapter folder as "
+                                            "clef-finetune writes it, or a GGUF LoRA), as models.toml's `lora`")
     p.add_argument("--verify-against", metavar="REPO", nargs="?", const="", default=None,
                    help="also compare sampled tensors with a release's safetensors on the Hugging Face Hub (range "
                         "requests, a few MB; default REPO: Cloudflare/clef-flash or Cloudflare/clef by width)")
@@ -126,7 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("gguf", type=Path, help="the backbone GGUF")
     p.add_argument("head", type=Path, nargs="?", help="its joint_head.safetensors (default: the clef GGUF's embedded "
                                                       "head, or joint_head.safetensors beside the GGUF)")
-    p.add_argument("-o", "--output", type=Path, help="where to write (default: <gguf stem>.pair.json beside the GGUF)")
+    p.add_argument("-o", "--output", type=Path, help="where to write (default: <gguf stem>.pair.json beside the GGUF; "
+                                                    "with --lora, <adapter>.pair.json beside the adapter)")
+    p.add_argument("--lora", type=Path, help="the LoRA adapter the head was trained with (PEFT folder or GGUF LoRA): "
+                                            "the canaries run with it and the record names it")
     p.add_argument("--verify-against", metavar="REPO", nargs="?", const="", default=None,
                    help="first compare sampled tensors with a release's safetensors and keep the result in the record")
     p.add_argument("--mmproj", type=Path, help="the vision projector to record an image canary with (default: "

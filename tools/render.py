@@ -42,6 +42,10 @@ def report_lines(report: CheckReport, name: str | None) -> list[str]:
                      f"{(facts.mmproj_weight_bytes or 0) / 2**20:.1f} MiB of weights{audio}")
     elif report.accepted and facts.projector_checked:
         lines.append("  no vision projector: text only (image requests get a 422)")
+    if report.accepted and facts.lora:
+        lora = facts.lora
+        lines.append(f"  LoRA {lora['path']} ({lora['format']}): rank {lora['rank']}, alpha {lora['alpha']:g}, "
+                     f"{lora['modules']} modules ({', '.join(lora['targets'])}), base {lora['base'] or 'not named'}")
     return lines
 
 

@@ -252,11 +252,7 @@ def write_gguf_lora(adapter: PeftAdapter, info: GGUFInfo, out: Path) -> Path:
 
 def adapter_digest(folder: Path, gguf: GGUFInfo) -> str:
     """What the converted file depends on: the adapter's two files, the base's layout keys, the converter."""
-    h = hashlib.sha256(CONVERTER_VERSION.encode())
-    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-        with (folder / name).open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+    h = hashlib.sha256(f"{CONVERTER_VERSION}:{lora_digest(folder)}".encode())
     layout = {k: v for k, v in gguf.metadata.items() if k.startswith(f"{gguf.architecture}.ssm.")}
     h.update(json.dumps([gguf.architecture, sorted(layout.items())]).encode())
     return h.hexdigest()
@@ -272,8 +268,7 @@ def converted_lora(adapter: str | Path, gguf: str | Path, cache: Path | None = N
     adapter = Path(adapter)
     if is_gguf_lora(adapter):
         return adapter
-    if not (adapter / ADAPTER_CONFIG).is_file() and (adapter / "adapter" / ADAPTER_CONFIG).is_file():
-        adapter = adapter / "adapter"  # a clef-finetune checkpoint folder given instead of its adapter/
+    adapter = adapter_folder(adapter)
     info = read_gguf(gguf)
     peft = read_peft(adapter)
     out = (cache or cache_dir() / "lora") / f"{adapter_digest(adapter, info)}.gguf"
@@ -282,3 +277,78 @@ def converted_lora(adapter: str | Path, gguf: str | Path, cache: Path | None = N
         check_against(peft, info)
         return out
     return write_gguf_lora(peft, info, out)
+
+
+@dataclass(frozen=True)
+class LoraFacts:
+    """What `check` says about an adapter: its rank, scale, targets and the base it names."""
+
+    path: str
+    format: str  # "peft" or "gguf"
+    rank: int
+    alpha: float
+    base: str  # base_model_name_or_path ("" when the adapter names none)
+    targets: tuple[str, ...]  # module kinds (PEFT's names) or GGUF weights adapted
+    modules: int  # adapted linears
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "format": self.format, "rank": self.rank, "alpha": self.alpha, "base": self.base,
+                "targets": list(self.targets), "modules": self.modules}
+
+
+def adapter_folder(lora: Path) -> Path:
+    """The PEFT folder of `lora`: itself, or the adapter/ of a clef-finetune checkpoint folder."""
+    if not (lora / ADAPTER_CONFIG).is_file() and (lora / "adapter" / ADAPTER_CONFIG).is_file():
+        return lora / "adapter"
+    return lora
+
+
+def _gguf_lora_facts(path: Path, base: GGUFInfo) -> LoraFacts:
+    """A GGUF LoRA file's facts, refused when llama.cpp would skip a tensor or the base lacks one."""
+    info = read_gguf(path)
+    if info.metadata.get("general.type") != "adapter" or info.metadata.get("adapter.type") != "lora":
+        raise AdapterError(f"{path}: not a GGUF LoRA (general.type {info.metadata.get('general.type')!r}, "
+                           f"adapter.type {info.metadata.get('adapter.type')!r})")
+    weights = sorted({n.rsplit(".", 1)[0] for n in info.tensors if n.endswith((".lora_a", ".lora_b"))})
+    applied = {gguf_name(f"layers.0.{k}").split(".", 2)[2] for k in QWEN35_TARGETS}  # "attn_q.weight", ...
+    skipped = [w for w in weights if not w.startswith("blk.") or w.split(".", 2)[2] not in applied]
+    if skipped:
+        raise AdapterSkipped(f"{path}: {len(skipped)} weight(s) that llama.cpp's {QWEN35.name} graph does not run "
+                             f"LoRA on, so they would be silently ignored: {', '.join(skipped)}")
+    wrong = [w for w in weights if w not in base.tensors
+             or base.tensors[w].shape[:2] != (info.tensors[f"{w}.lora_a"].shape[0],
+                                              info.tensors[f"{w}.lora_b"].shape[1])]
+    named = str(info.metadata.get("general.base_model.name_or_path", ""))
+    if info.architecture != base.architecture or wrong:
+        raise AdapterMismatch(f"{path} ({info.architecture}, trained on {named or 'a base it does not name'}) does "
+                              f"not fit {base.path} ({base.architecture}, {base.metadata.get('general.name', '')})"
+                              + (f": {', '.join(wrong[:8])}" if wrong else ""),
+                              fix="serve the adapter over the GGUF of the release it was trained on")
+    ranks = {info.tensors[f"{w}.lora_a"].shape[1] for w in weights}
+    return LoraFacts(str(path), "gguf", max(ranks, default=0), float(info.metadata.get("adapter.lora.alpha", 0.0)),
+                     named, tuple(sorted({w.split(".", 2)[2].removesuffix(".weight") for w in weights})),
+                     len(weights))
+
+
+def lora_facts(lora: str | Path, base: GGUFInfo) -> LoraFacts:
+    """Read and check an adapter (PEFT folder or GGUF LoRA) against a qwen35 base: AdapterError when it cannot
+    serve over it (another base, tensors llama.cpp would skip, options it cannot apply)."""
+    lora = Path(lora)
+    if is_gguf_lora(lora):
+        return _gguf_lora_facts(lora, base)
+    peft = read_peft(adapter_folder(lora))
+    refuse_skipped(peft)
+    check_against(peft, base)
+    return LoraFacts(str(lora), "peft", peft.r, peft.alpha, peft.base, peft.targets, len(peft.matrices))
+
+
+def lora_digest(lora: str | Path) -> str:
+    """sha256 over the adapter's bytes (a GGUF LoRA, or a PEFT folder's config and weights): a pairing record's."""
+    lora = Path(lora)
+    files = [lora] if is_gguf_lora(lora) else [adapter_folder(lora) / n for n in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)]
+    h = hashlib.sha256()
+    for path in files:
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()

@@ -74,7 +74,7 @@ def inspect_spec(spec: ModelSpec) -> CheckReport:
     """Every static check of a models.toml entry (files, pins, pairing record), without loading it."""
     materialize(spec)
     report = check_all(spec.gguf, spec.head_path, spec.pair, spec.gguf_sha256, spec.head_sha256,
-                       want_record=not spec.builtin)
+                       want_record=not spec.builtin, lora=spec.lora)
     check_projector(report, spec.gguf, spec.mmproj)
     return report
 
