@@ -132,3 +132,13 @@ def test_what_llama_cpp_cannot_apply_is_refused(lfx, tmp_path, config, what):
 
 def test_rslora_folds_its_scale_into_alpha(lfx, tmp_path):
     assert read_peft(copy_adapter(lfx, tmp_path, config={"use_rslora": True})).alpha == pytest.approx(16 * 8 ** 0.5)
+
+
+def test_the_plans_adapter_size_is_the_converted_files(lfx, tmp_path):
+    from clef_bridge.bridge.config.memory_plan import arch_from_gguf, lora_bytes
+    from clef_bridge.bridge.gguf.lora import lora_file_bytes
+
+    out = converted_lora(lfx.adapter("claims"), lfx.base.gguf_f32, cache=tmp_path)
+    written = sum(t.n_bytes for t in read_gguf(out).tensors.values())
+    assert lora_bytes(arch_from_gguf(read_gguf(lfx.base.gguf_f32)), 8) == written
+    assert lora_file_bytes(lfx.checkpoints["claims"]) == written == lora_file_bytes(out)

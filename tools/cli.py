@@ -131,7 +131,7 @@ def _fit(args: argparse.Namespace) -> int:
                          fix="pass --vram 16GiB")
     return emit(fit(args.gguf, args.arch, args.quant, vram or gpu.free_bytes, args.ctx, args.parallel, args.ubatch,
                     args.head_on_gpu, args.head_dtype, gpu.device if gpu else "", args.head, args.mmproj,
-                    args.n_cpu_moe), args.json)
+                    args.n_cpu_moe, args.adapters, args.lora_rank), args.json)
 
 
 def _pull(args: argparse.Namespace) -> int:

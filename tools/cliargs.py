@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                                             "one beside the GGUF, else the released head's shape)")
     p.add_argument("--head-dtype", type=dtype_name, choices=list(HEAD_DTYPES), default="f32",
                    help="the head's matrices on the GPU, as models.toml's head_dtype (default: f32)")
+    p.add_argument("--adapters", type=int, default=0,
+                   help="LoRA fine-tunes served over the one backbone, each with its own head (default: 0)")
+    p.add_argument("--lora-rank", type=int, default=64,
+                   help="their rank (default: 64, clef-finetune's; Clef's own recipe is 256)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "

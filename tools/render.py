@@ -81,8 +81,11 @@ def _(result: FitReport) -> str:
            "sequence(s))"] if linear else []),
         f"  compute buffers    {gib(p.compute_bytes)}  (n_ubatch {p.n_ubatch}"
         + (", with one block's experts copied in for each ubatch" if p.n_cpu_moe else "") + ")",
-        f"  head               {gib(p.head_bytes)}  ({where}: {result.head_bytes_float32 / MIB:.1f} MiB float32, "
+        f"  head{'s' if result.adapters > 1 else ' '}              {gib(p.head_bytes - result.adapter_bytes)}  "
+        f"({max(1, result.adapters)} x {where}: {result.head_bytes_float32 / MIB:.1f} MiB float32, "
         f"from {result.head_source})",
+        *([f"  LoRA adapters      {gib(result.adapter_bytes)}  ({result.adapters} at rank {result.lora_rank} on "
+           "every clef-finetune target, float32)"] if result.adapters else []),
         f"  vision projector   {gib(result.vision_weight_bytes + result.vision_compute_bytes)}  "
         + (f"({result.vision_weight_bytes / MIB:.1f} MiB weights + {result.vision_compute_bytes / MIB:.1f} MiB "
            f"compute for the largest image, from {result.vision_source})" if result.vision_source

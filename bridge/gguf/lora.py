@@ -352,3 +352,13 @@ def lora_digest(lora: str | Path) -> str:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def lora_file_bytes(lora: str | Path) -> int:
+    """The adapter's weights as llama.cpp holds them: a GGUF LoRA's tensors, or a PEFT adapter's matrices in float32
+    (as converted), read from the headers alone."""
+    lora = Path(lora)
+    if is_gguf_lora(lora):
+        return sum(t.n_bytes or 0 for t in read_gguf(lora).tensors.values())
+    header = read_header(adapter_folder(lora) / ADAPTER_WEIGHTS)
+    return sum(4 * int(np.prod(e.shape)) for name, e in header.entries.items() if _KEY.match(name))

@@ -45,7 +45,8 @@ def load_models(registry: Registry) -> dict[str, Loaded]:
                          name, ", ".join(n for n in sharing[name] if n != name), spec.gguf.name)
             try:
                 models[name] = load_checked(spec, registry.server.limits,
-                                            pool if len(sharing[name]) > 1 or spec.lora else None)
+                                            pool if len(sharing[name]) > 1 or spec.lora else None,
+                                            tuple(registry.models[n] for n in sharing[name]))
             except ModelRefused:
                 raise
             except ClefError as exc:
