@@ -45,6 +45,19 @@ class LoraFixtures:
     def head(self, name: str) -> Path:
         return self.checkpoints[name] / "joint_head.safetensors"
 
+    def merged(self, name: str) -> Path:
+        """The fine-tune merged into the base and converted to an F32 GGUF (what serving it whole takes today)."""
+        root = self.base.root
+        out = root / f"tiny-lora-{name}-merged-f32.gguf"
+        with _lock(root):
+            if not out.exists():
+                _log(f"building {out.name}")
+                hf = root / f"tiny-lora-{name}-merged-hf"
+                merge(self.base.hf_model, self.adapter(name), hf)
+                fixturegen.convert(fixturegen.sdist(root), hf, out.with_suffix(".tmp"), "f32")
+                out.with_suffix(".tmp").rename(out)
+        return out
+
 
 def build_checkpoint(hf_model: Path, out: Path, recipe: LoraRecipe) -> None:
     """A clef-finetune checkpoint folder: a random PEFT adapter on every target and a random float32 head."""
@@ -72,6 +85,17 @@ def build_checkpoint(hf_model: Path, out: Path, recipe: LoraRecipe) -> None:
     save_state_dict(tmp / "joint_head.safetensors", random_state_dict(HeadConfig(**TINY_HEAD), recipe.seed), "F32")
     (tmp / "joint_head_config.json").write_text(json.dumps(TINY_HEAD, indent=2))
     tmp.rename(out)
+
+
+def merge(hf_model: Path, adapter: Path, out: Path) -> None:
+    """clef-finetune's `merge` for the backbone: PEFT's merge_and_unload, saved as a transformers model."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+
+    backbone = Qwen3_5ForConditionalGeneration.from_pretrained(hf_model, dtype=torch.float32).eval()
+    PeftModel.from_pretrained(backbone, adapter).merge_and_unload().save_pretrained(out)
+    AutoTokenizer.from_pretrained(hf_model).save_pretrained(out)
 
 
 def build(root: Path = FIXTURES) -> LoraFixtures:
