@@ -16,6 +16,7 @@ import pytest
 from clef_bridge.bridge.config.registry import Registry, ServerSpec, model_spec
 from clef_bridge.bridge.llama.adapters import BackboneView
 from clef_bridge.bridge.model.worker import InferenceWorker
+from clef_bridge.bridge.server.app import backbone_sharing
 from clef_bridge.bridge.service.coalesce import Coalescer
 from clef_bridge.bridge.service.decision import DecisionInput, DecisionService
 from clef_bridge.bridge.service.models import load_models
@@ -71,11 +72,14 @@ def oracle_for(lfx, name: str):
     return SimpleNamespace(ref=ref, tokenizer=tokenizer, model=model, processor=SimpleNamespace(tokenizer=tokenizer))
 
 
-def test_the_three_models_share_one_backbone(served):
+def test_the_three_models_share_one_backbone(served, lfx):
     views = [m.backbone for m in served.values()]
     assert all(isinstance(v, BackboneView) for v in views)
     assert len({id(v.shared) for v in views}) == 1
     assert [v.adapter is None for v in views] == [True, False, False]
+    spec = model_spec("claims", lfx.base.gguf_f32, lfx.head("claims"), lora=lfx.adapter("claims"))
+    assert backbone_sharing(spec, served["claims"].backbone) == {  # what /v1/models says of it
+        "x_lora": {"adapter": "adapter", "scale": 1.0}, "x_backbone_shared_with": ["base", "routing"]}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -121,3 +125,25 @@ def test_interleaved_traffic_never_changes_another_models_answer(served):
     for key, decision in results:
         assert_same_answers(decision.response["answers"], alone[key], 1e-4)
     assert served["base"].backbone.shared.switches >= 3
+
+
+def test_the_shared_prefix_cache_never_hands_one_adapters_prefix_to_another(served):
+    from clef_bridge.bridge.llama.prefix_cache import PrefillRequest
+
+    tokens = np.random.default_rng(5).integers(1000, 100000, size=300).astype(np.int32)
+    request = PrefillRequest(tokens, (10, 290))
+    cache = served["base"].backbone.prefix_cache
+    cache.clear()
+    def prefill(name):
+        done = served[name].backbone.prefill_cached([request])[0]
+        if done.ticket:  # the head's rows the model would attach (the cache serves hits once they are there)
+            cache.attach(done.ticket, [np.zeros(1, np.float32) for _ in done.new_segments])
+        return done
+
+    first, other, again = prefill("claims"), prefill("routing"), prefill("claims")
+    assert first.reused == 0 and other.reused == 0  # same tokens, another adapter: a miss
+    assert again.reused > 0  # its own checkpoint: a hit
+    full = served["claims"].backbone.prefill(tokens)
+    np.testing.assert_allclose(again.hidden, full[again.reused:], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(other.hidden, served["routing"].backbone.prefill(tokens), rtol=0, atol=1e-4)
+    cache.clear()
