@@ -147,3 +147,28 @@ def test_the_shared_prefix_cache_never_hands_one_adapters_prefix_to_another(serv
     np.testing.assert_allclose(again.hidden, full[again.reused:], rtol=0, atol=1e-4)
     np.testing.assert_allclose(other.hidden, served["routing"].backbone.prefill(tokens), rtol=0, atol=1e-4)
     cache.clear()
+
+
+def test_the_server_says_which_models_share_the_backbone(lfx, served):
+    from clef_bridge.bridge.server.app import banner
+
+    from .serverkit import RunningServer
+
+    fx = lfx.base
+    specs = {"base": model_spec("base", fx.gguf_f32, fx.head, n_ctx=8192, max_length=8192),
+             "claims": model_spec("claims", fx.gguf_f32, lfx.head("claims"), lora=lfx.checkpoints["claims"],
+                                  lora_scale=0.5, n_ctx=8192, max_length=8192)}
+    with RunningServer(Registry(fx.root / "models.toml", "base", specs)) as srv:
+        models = {m["name"]: m for m in srv.request("GET", "/v1/models").json()["models"]}
+        lines = banner(srv.app, "http://x")
+        answer = srv.post(dict(REQUESTS[0], model="claims")).json()["answers"]
+    assert models["claims"]["x_lora"] == {"adapter": "tiny-lora-claims", "scale": 0.5}
+    assert models["claims"]["x_backbone_shared_with"] == ["base"] and "x_lora" not in models["base"]
+    assert any("ONE loaded backbone shared with base" in line for line in lines)
+    assert any(line.strip().startswith("lora ") and "scale 0.5" in line for line in lines)
+    full = our_probabilities(served["claims"], REQUESTS[0], with_answers=True)[2]
+    def numbers(a: dict) -> list[float]:
+        return [a["noul"]] if "noul" in a else list(a["probabilities"].values())
+
+    moved = max(abs(x - y) for q in answer for x, y in zip(numbers(answer[q]), numbers(full[q])))
+    assert moved > 1e-3  # half the adapter is not the whole adapter: lora_scale reaches llama.cpp

@@ -161,8 +161,11 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
                                    _release_date(spec), item.report.facts, item.report.head_path)
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()},
                                  {n: s.facts.architecture or "" for n, s in app[SERVED].items()}))
-    caches = {name: item.model.backbone.prefix_cache for name, item in loaded.items()
-              if item.model.backbone.prefix_cache is not None}
+    caches: dict[str, Any] = {}
+    for name, item in loaded.items():
+        cache = item.model.backbone.prefix_cache
+        if cache is not None and all(c is not cache for c in caches.values()):
+            caches[name] = cache  # a backbone shared by several models has one cache: counted once, under the first
     metrics.registry.register(PrefixCacheCollector(lambda: {name: c.stats() for name, c in caches.items()}))
     install_sighup(app[KEYS])
     yield
@@ -198,6 +201,12 @@ def banner(app: web.Application, url: str) -> list[str]:
                   f"    gguf  {spec.gguf} ({facts.architecture}, hidden {facts.embedding_length}, "
                   f"{facts.block_count} layers)",
                   f"    head  {head}"]
+        sharing = backbone_sharing(spec, served.worker.model.backbone)
+        if "x_lora" in sharing:
+            lines.append(f"    lora  {spec.lora} (scale {spec.lora_scale:g})")
+        if "x_backbone_shared_with" in sharing:
+            lines.append(f"    ONE loaded backbone shared with {', '.join(sharing['x_backbone_shared_with'])} "
+                         "(each batch runs its own model's adapter)")
         if spec.builtin:
             lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
                          f"`{RELEASES[REAL_RELEASES[spec.builtin]].pull_command}` (docs/serving.md names GGUFs)")
