@@ -100,6 +100,10 @@ def test_each_fine_tune_matches_its_own_peft_reference(lfx, served, name):
                                                                               else ""))
     assert worst <= F32_TOLERANCE
     assert base_oracle is None or moved > 20 * F32_TOLERANCE
+    if name != "base":  # the adapter itself moves the backbone's hidden states, not only the fine-tune's head
+        ids = our_probabilities(served[name], REQUESTS[0])[0].input_ids
+        tuned, plain = served[name].backbone.prefill(ids), served["base"].backbone.prefill(ids)
+        assert np.abs(tuned - plain).max() > 0.1 * np.abs(plain).max()
 
 
 def test_interleaved_traffic_never_changes_another_models_answer(served):
