@@ -142,3 +142,27 @@ def test_the_plans_adapter_size_is_the_converted_files(lfx, tmp_path):
     written = sum(t.n_bytes for t in read_gguf(out).tensors.values())
     assert lora_bytes(arch_from_gguf(read_gguf(lfx.base.gguf_f32)), 8) == written
     assert lora_file_bytes(lfx.checkpoints["claims"]) == written == lora_file_bytes(out)
+
+
+def test_the_lora_command_writes_a_file_serve_takes_as_it_is(lfx, tmp_path, capsys):
+    from clef_bridge.bridge.model.loading import load_checked
+    from clef_bridge.tools.cli import main
+
+    from .conftest import tiny_spec
+
+    out = tmp_path / "claims.lora.gguf"
+    assert main(["lora", str(lfx.checkpoints["claims"]), str(lfx.base.gguf_f32), "-o", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lora"]["rank"] == 8
+    ids = np.arange(1000, 1040, dtype=np.int32)
+    hidden = []
+    for lora in (out, lfx.checkpoints["claims"]):
+        model = load_checked(tiny_spec(lfx.base, head=lfx.head("claims"), lora=lora)).model
+        try:
+            hidden.append(model.backbone.prefill(ids))
+        finally:
+            model.close()
+    np.testing.assert_array_equal(hidden[0], hidden[1])
+    wider = copy_adapter(lfx, tmp_path, tensors=lambda t: t | {
+        "base_model.model.model.language_model.layers.0.mlp.up_proj.lora_B.weight": np.ones((256, 8), np.float32)})
+    assert main(["lora", str(wider), str(lfx.base.gguf_f32), "-o", str(tmp_path / "x.gguf")]) == 2  # another base
+    assert not (tmp_path / "x.gguf").exists()  # refused before anything is written

@@ -219,6 +219,13 @@ def _split(args: argparse.Namespace) -> int:
     return emit(split_model(args.clef, args.output, args.head_dtype, args.overwrite), args.json)
 
 
+def _lora(args: argparse.Namespace) -> int:
+    from ..bridge.gguf.lora import convert_lora_file
+    from ..bridge.model.loading import backbone_file
+
+    return emit(convert_lora_file(args.adapter, backbone_file(args.gguf), args.output), args.json)
+
+
 def _join(args: argparse.Namespace) -> int:
     from .split_join import join_model
 
@@ -292,7 +299,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"serve": _serve, "fit": _fit, "pull": _pull, "make-demo": _make_demo, "check": _check, "pair": _pair,
-            "split": _split, "join": _join,
+            "split": _split, "join": _join, "lora": _lora,
             "decide": _decide, "bench": _bench, "eval": _eval, "calibrate": _calibrate, "drift": _drift}
 
 

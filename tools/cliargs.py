@@ -128,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("lora", help="write a PEFT LoRA adapter (clef-finetune's) as llama.cpp's GGUF LoRA for a base "
+                                    "GGUF (serve converts and caches by itself; this is for llama-server's --lora)")
+    p.add_argument("adapter", type=Path,
+                   help="the PEFT adapter folder, or clef-finetune's checkpoint folder holding it")
+    p.add_argument("gguf", type=Path, help="the base GGUF it runs over (its metadata gives the layout)")
+    p.add_argument("-o", "--output", type=Path, help="where to write (default: <adapter>.lora.gguf beside the adapter)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("pair", help="write a pairing record: head sha256, backbone fingerprint, canary probes")
     p.add_argument("gguf", type=Path, help="the backbone GGUF")
     p.add_argument("head", type=Path, nargs="?", help="its joint_head.safetensors (default: the clef GGUF's embedded "

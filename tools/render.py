@@ -9,6 +9,7 @@ from ..bridge.config.integrity import CheckReport
 from ..bridge.config.memory_plan import GIB, MIB
 from ..bridge.demo.builtins import DemoFiles
 from ..bridge.gguf.clef_split import JoinResult
+from ..bridge.gguf.lora import ConvertedLora
 from .bench import BenchResult
 from .calibrate import SPLITS, CalibrateResult
 from .checks import CheckResult, PairResult
@@ -157,6 +158,13 @@ def _(result: BenchResult) -> str:
             lines.append(f"  Cloudflare's reference in-process ({dtype}): {r[f'reference_{dtype}_ms']:.1f} ms; "
                          f"HTTP p50 / reference = {r[f'http_over_reference_{dtype}']:.3f}")
     return "\n".join(lines + list(result.notes))
+
+
+@text.register
+def _(result: ConvertedLora) -> str:
+    lora = result.lora
+    return (f"wrote {result.path} ({result.bytes / 2**20:.2f} MiB, float32): rank {lora.rank}, alpha {lora.alpha:g}, "
+            f"{lora.modules} modules, base {lora.base or 'not named'}")
 
 
 @text.register

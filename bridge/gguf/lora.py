@@ -362,3 +362,28 @@ def lora_file_bytes(lora: str | Path) -> int:
         return sum(t.n_bytes or 0 for t in read_gguf(lora).tensors.values())
     header = read_header(adapter_folder(lora) / ADAPTER_WEIGHTS)
     return sum(4 * int(np.prod(e.shape)) for name, e in header.entries.items() if _KEY.match(name))
+
+
+@dataclass(frozen=True)
+class ConvertedLora:
+    """`clef-bridge lora`'s result: the GGUF LoRA written and the adapter's facts."""
+
+    path: Path
+    bytes: int
+    lora: LoraFacts
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "bytes": self.bytes, "lora": self.lora.to_dict()}
+
+
+def convert_lora_file(adapter: str | Path, gguf: str | Path, out: str | Path | None = None) -> ConvertedLora:
+    """A PEFT adapter written as a GGUF LoRA for this qwen35 base (for llama-server's --lora too); default out:
+    <adapter>.lora.gguf beside the adapter folder."""
+    adapter = Path(adapter)
+    if is_gguf_lora(adapter):
+        raise AdapterError(f"{adapter} is a GGUF file already", fix="name it as `lora` in models.toml as it is")
+    info = read_gguf(gguf)
+    facts = lora_facts(adapter, info)
+    path = write_gguf_lora(read_peft(adapter_folder(adapter)), info,
+                           Path(out) if out else adapter.with_name(f"{adapter.name}.lora.gguf"))
+    return ConvertedLora(path, path.stat().st_size, facts)
