@@ -28,6 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default: 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("lora", help="fine-tunes as LoRA adapters over one backbone vs merged GGUFs: prefill time, "
+                                    "adapter switching under mixed traffic, memory for base + 3 adapters vs 3 merged")
+    p.add_argument("--gguf", type=Path, help="the base GGUF (default: the tiny fixtures, built on first use)")
+    p.add_argument("--adapters", type=Path, nargs="+", help="two adapters over it (PEFT folders or GGUF LoRAs)")
+    p.add_argument("--merged", type=Path, help="the first adapter merged into a GGUF of its own")
+    p.add_argument("--tokens", type=int, default=128, help="tokens per sequence (default: 128)")
+    p.add_argument("--batch", type=int, default=4, help="sequences per prefill (default: 4)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; medians (default: 3)")
+    p.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: 0, every core)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("demo-start", help="the built-in demos' write time and a fresh `clef-bridge serve`'s first "
                                          "answers (text, an image, Clef-omni's image and audio where served)")
     p.add_argument("--runs", type=int, default=3, help="fresh starts, each on an empty cache; medians (default: 3)")
@@ -141,6 +152,18 @@ def _bench(args: argparse.Namespace) -> int:
                     reference=reference if args.reference and args.head else None), args.json)
 
 
+def _lora(args: argparse.Namespace) -> int:
+    from .lora import run
+
+    given = [args.gguf, args.adapters, args.merged]
+    if any(v is not None for v in given) and not all(v is not None for v in given):
+        raise UsageError("give --gguf, --adapters A B and --merged together (or none: the tiny fixtures)")
+    if args.adapters is not None and len(args.adapters) != 2:
+        raise UsageError("--adapters takes two adapters (PEFT folders or GGUF LoRAs)")
+    return emit(run(args.gguf, tuple(args.adapters) if args.adapters else None, args.merged, args.tokens, args.batch,
+                    args.repeats, args.threads), args.json)
+
+
 def _soak(args: argparse.Namespace) -> int:
     from .soak import run
 
@@ -184,7 +207,8 @@ def _omni(args: argparse.Namespace) -> int:
     return emit(run(args.tokens, args.repeats, not args.no_real_tower, args.pad_mb, args.threads), args.json)
 
 
-COMMANDS = {"bench": _bench, "soak": _soak, "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni,
+COMMANDS = {"bench": _bench, "soak": _soak, "lora": _lora,
+            "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni,
             "demo-start": _demo_start}
 
 

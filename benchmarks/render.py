@@ -11,6 +11,7 @@ from .bench_head import LOGIT_TOLERANCE, HeadBench
 from .demo_start import DemoStart
 from .gpu_check import GpuCheck
 from .gpu_models import GpuModels
+from .lora import LoraBench
 from .omni import OmniBench
 from .soak import SoakVerdict
 
@@ -118,3 +119,23 @@ def _(result: DemoStart) -> str:
     lines += [f"  {step}: {seconds:.2f} s" for step, seconds in result.steps.items()]
     lines.append("  statuses: " + ", ".join(f"{k} {v}" for k, v in result.statuses.items()))
     return "\n".join(lines)
+
+
+@text.register
+def _(result: LoraBench) -> str:
+    m, flash = result.memory, result.memory["clef_flash_q8_0_gib"]
+    mib = lambda n: f"{n / 2**20:.2f} MiB"  # noqa: E731
+    return "\n".join([
+        f"python -m benchmarks lora on {result.gguf}: {result.batch} x {result.tokens} tokens per prefill",
+        f"  prefill p50: base {result.base_ms} ms, base + adapter {result.adapter_ms} ms, merged GGUF "
+        f"{result.merged_ms} ms (adapter / merged = {result.adapter_ms / result.merged_ms:.2f})",
+        f"  adapter vs merged hidden states: max relative difference {result.merged_rel_diff:.1e}",
+        f"  two adapters, mixed traffic: {result.alternating_ms} ms per batch switching every batch "
+        f"({result.switches[0]} switches), {result.grouped_ms} ms grouped ({result.switches[1]}): "
+        f"{result.switch_ms} ms per switch",
+        f"  memory, these files: base {mib(m['base_bytes'])}, adapter {mib(m['adapter_bytes'])}, merged "
+        f"{mib(m['merged_bytes'])}; base + 3 adapters {mib(m['base_plus_3_adapters_bytes'])} vs 3 merged "
+        f"{mib(m['three_merged_bytes'])}",
+        f"  memory, Clef-flash Q8_0 weights: base + 3 adapters {flash['base_plus_3_r64']} GiB at rank 64, "
+        f"{flash['base_plus_3_r256']} GiB at rank 256, vs 3 merged {flash['three_merged']} GiB",
+    ])

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bridge.catalogue.releases import CLOUDFLARE_NAMES, RELEASES
-from ..bridge.config.integrity import CheckReport, ModelRefused, check_pair, check_projector
+from ..bridge.config.integrity import CheckReport, ModelRefused, check_adapter, check_pair, check_projector
 from ..bridge.config.provenance import default_pair_path, pair_record
 from ..bridge.config.registry import ModelSpec, Registry, model_spec
 from ..bridge.model.loading import inspect_spec, load_checked, open_model
@@ -53,10 +53,12 @@ class PairResult:
                 "canary_requests": self.canary_requests, "report": self.report.to_dict()}
 
 
-def file_spec(gguf: Path, head: Path | None, pair: Path | None = None) -> ModelSpec:
+def file_spec(gguf: Path, head: Path | None, pair: Path | None = None, lora: Path | None = None) -> ModelSpec:
     keys: dict[str, Any] = {"n_ctx": CHECK_CONTEXT, "max_length": CHECK_CONTEXT}
     if pair is not None:
         keys["pair"] = str(pair)
+    if lora is not None:
+        keys["lora"] = str(lora)
     return model_spec("check", gguf, head, **keys)
 
 
@@ -77,8 +79,9 @@ def check_registry(registry: Registry) -> CheckResult:
     return CheckResult(tuple((name, check_spec(spec)) for name, spec in registry.models.items()))
 
 
-def check_files(gguf: Path, head: Path | None, pair: Path | None, verify_repo: str | None = None) -> CheckResult:
-    report = check_spec(file_spec(gguf, head, pair))
+def check_files(gguf: Path, head: Path | None, pair: Path | None, verify_repo: str | None = None,
+                lora: Path | None = None) -> CheckResult:
+    report = check_spec(file_spec(gguf, head, pair, lora))
     if verify_repo is not None and report.accepted:
         add_verification(report, verify_against(gguf, verify_repo or release_repo(report)))
     return CheckResult(((None, report),))
@@ -107,23 +110,25 @@ def add_verification(report: CheckReport, verification: Verification) -> None:
 
 
 def pair_files(gguf: Path, head: Path | None, output: Path | None, verify_repo: str | None = None,
-               mmproj: Path | None = None) -> PairResult:
+               mmproj: Path | None = None, lora: Path | None = None) -> PairResult:
     """Write a pairing record for a GGUF and head that pass the static checks (head None: embedded or beside).
 
     verify_repo: first compare the GGUF with that release ('' = the head's release by its width) and
     keep the result in the record; a mismatch writes no record.
     """
-    spec = file_spec(gguf, head)
+    spec = file_spec(gguf, head, lora=lora)
     report = check_pair(gguf, head)  # an older record beside the GGUF is being replaced, not checked
     check_projector(report, gguf, mmproj)  # a projector is loaded too, for the record's image canary
+    if lora is not None:
+        check_adapter(report, lora)
     if verify_repo is not None and report.accepted:
         add_verification(report, verify_against(gguf, verify_repo or release_repo(report)))
-    out = output or default_pair_path(gguf)
+    out = output or default_pair_path(lora if lora is not None else gguf)
     if not report.accepted:
         return PairResult(out, "", 0, 0, report)
     model, _ = open_model(spec, report)
     try:
-        record = pair_record(gguf, Path(report.head_path), model)
+        record = pair_record(gguf, Path(report.head_path), model, lora)
     finally:
         model.close()
     if report.facts.verified_against is not None:

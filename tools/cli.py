@@ -100,8 +100,10 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError("give a GGUF or --models models.toml (not both)")
     if args.models and args.verify_against is not None:
         raise UsageError("--verify-against checks one GGUF", fix="clef-bridge check GGUF --verify-against [REPO]")
+    if args.models and args.lora is not None:
+        raise UsageError("--lora goes with one GGUF; a registry's entries name their own `lora`")
     result = check_registry(load_registry(args.models)) if args.models else \
-        check_files(args.gguf, args.head, args.pair, args.verify_against)
+        check_files(args.gguf, args.head, args.pair, args.verify_against, args.lora)
     code = emit(result, args.json)
     return EXIT_USAGE if result.io_error else code
 
@@ -109,7 +111,7 @@ def _check(args: argparse.Namespace) -> int:
 def _pair(args: argparse.Namespace) -> int:
     from .checks import IO_CODES, pair_files
 
-    result = pair_files(args.gguf, args.head, args.output, args.verify_against, args.mmproj)
+    result = pair_files(args.gguf, args.head, args.output, args.verify_against, args.mmproj, args.lora)
     code = emit(result, args.json)
     return EXIT_USAGE if any(f.code in IO_CODES for f in result.report.findings) else code
 
@@ -129,7 +131,7 @@ def _fit(args: argparse.Namespace) -> int:
                          fix="pass --vram 16GiB")
     return emit(fit(args.gguf, args.arch, args.quant, vram or gpu.free_bytes, args.ctx, args.parallel, args.ubatch,
                     args.head_on_gpu, args.head_dtype, gpu.device if gpu else "", args.head, args.mmproj,
-                    args.n_cpu_moe), args.json)
+                    args.n_cpu_moe, args.adapters, args.lora_rank), args.json)
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -217,6 +219,13 @@ def _split(args: argparse.Namespace) -> int:
     return emit(split_model(args.clef, args.output, args.head_dtype, args.overwrite), args.json)
 
 
+def _lora(args: argparse.Namespace) -> int:
+    from ..bridge.gguf.lora import convert_lora_file
+    from ..bridge.model.loading import backbone_file
+
+    return emit(convert_lora_file(args.adapter, backbone_file(args.gguf), args.output), args.json)
+
+
 def _join(args: argparse.Namespace) -> int:
     from .split_join import join_model
 
@@ -290,7 +299,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"serve": _serve, "fit": _fit, "pull": _pull, "make-demo": _make_demo, "check": _check, "pair": _pair,
-            "split": _split, "join": _join,
+            "split": _split, "join": _join, "lora": _lora,
             "decide": _decide, "bench": _bench, "eval": _eval, "calibrate": _calibrate, "drift": _drift}
 
 

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                                             "one beside the GGUF, else the released head's shape)")
     p.add_argument("--head-dtype", type=dtype_name, choices=list(HEAD_DTYPES), default="f32",
                    help="the head's matrices on the GPU, as models.toml's head_dtype (default: f32)")
+    p.add_argument("--adapters", type=int, default=0,
+                   help="LoRA fine-tunes served over the one backbone, each with its own head (default: 0)")
+    p.add_argument("--lora-rank", type=int, default=64,
+                   help="their rank (default: 64, clef-finetune's; Clef's own recipe is 256)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("pull", help="download a backbone GGUF and its head from the Hugging Face Hub, verify, "
@@ -94,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair", type=Path, help="a pairing record from `clef-bridge pair` "
                                             "(default: <gguf stem>.pair.json beside the GGUF, if present)")
     p.add_argument("--models", type=Path, help="check every model of this registry instead of one GGUF")
+    p.add_argument("--lora", type=Path, help="a LoRA adapter served over the GGUF (a PEFT adapter folder as "
+                                            "clef-finetune writes it, or a GGUF LoRA), as models.toml's `lora`")
     p.add_argument("--verify-against", metavar="REPO", nargs="?", const="", default=None,
                    help="also compare sampled tensors with a release's safetensors on the Hugging Face Hub (range "
                         "requests, a few MB; default REPO: Cloudflare/clef-flash or Cloudflare/clef by width)")
@@ -122,11 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("lora", help="write a PEFT LoRA adapter (clef-finetune's) as llama.cpp's GGUF LoRA for a base "
+                                    "GGUF (serve converts and caches by itself; this is for llama-server's --lora)")
+    p.add_argument("adapter", type=Path,
+                   help="the PEFT adapter folder, or clef-finetune's checkpoint folder holding it")
+    p.add_argument("gguf", type=Path, help="the base GGUF it runs over (its metadata gives the layout)")
+    p.add_argument("-o", "--output", type=Path, help="where to write (default: <adapter>.lora.gguf beside the adapter)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("pair", help="write a pairing record: head sha256, backbone fingerprint, canary probes")
     p.add_argument("gguf", type=Path, help="the backbone GGUF")
     p.add_argument("head", type=Path, nargs="?", help="its joint_head.safetensors (default: the clef GGUF's embedded "
                                                       "head, or joint_head.safetensors beside the GGUF)")
-    p.add_argument("-o", "--output", type=Path, help="where to write (default: <gguf stem>.pair.json beside the GGUF)")
+    p.add_argument("-o", "--output", type=Path, help="where to write (default: <gguf stem>.pair.json beside the GGUF; "
+                                                    "with --lora, <adapter>.pair.json beside the adapter)")
+    p.add_argument("--lora", type=Path, help="the LoRA adapter the head was trained with (PEFT folder or GGUF LoRA): "
+                                            "the canaries run with it and the record names it")
     p.add_argument("--verify-against", metavar="REPO", nargs="?", const="", default=None,
                    help="first compare sampled tensors with a release's safetensors and keep the result in the record")
     p.add_argument("--mmproj", type=Path, help="the vision projector to record an image canary with (default: "

@@ -12,6 +12,7 @@ from ..bridge.config.memory_plan import (
     Arch,
     Plan,
     arch_from_gguf,
+    lora_bytes,
     options_plan,
     plan_inputs,
     projector_sizes,
@@ -48,6 +49,9 @@ class FitReport:
     vision_compute_bytes: int = 0  # its compute buffer for the largest image (the backbone's reference's)
     vision_source: str = ""  # the mmproj GGUF counted, or "" without one
     audio_weight_bytes: int = 0  # Clef-omni's audio tower (float32, on the GPU with the head)
+    adapters: int = 0  # LoRA fine-tunes served over the one backbone, each with its own head
+    lora_rank: int = 0
+    adapter_bytes: int = 0  # all of them, float32 (the plan's head_bytes includes them)
 
     @property
     def ok(self) -> bool:
@@ -57,7 +61,8 @@ class FitReport:
         return {**self.plan.summary(), "head_dtype": self.head_dtype, "head_bytes_float32": self.head_bytes_float32,
                 "head_source": self.head_source, "device": self.device, "vision_weight_bytes": self.vision_weight_bytes,
                 "vision_compute_bytes": self.vision_compute_bytes, "vision_source": self.vision_source or None,
-                "audio_weight_bytes": self.audio_weight_bytes}
+                "audio_weight_bytes": self.audio_weight_bytes, "adapters": self.adapters, "lora_rank": self.lora_rank,
+                "adapter_bytes": self.adapter_bytes}
 
 
 def released_head(hidden: int) -> HeadConfig:
@@ -92,10 +97,12 @@ def head_config(gguf: Path, info: GGUFInfo, hidden: int, head: Path | None = Non
 
 def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: int, parallel: int, ubatch: int,
         head_on_gpu: bool, head_dtype: str = "f32", device: str = "", head: Path | None = None,
-        mmproj: Path | None = None, n_cpu_moe: int | str = "auto") -> FitReport:
+        mmproj: Path | None = None, n_cpu_moe: int | str = "auto", adapters: int = 0, lora_rank: int = 64
+        ) -> FitReport:
     """The plan; the vision projector counted is mmproj, else the one beside the GGUF (none with --arch alone, but
     Clef-omni's own, vision and audio, from published dimensions). n_cpu_moe: as the models.toml key ("auto": the
-    fewest blocks whose experts must stay in host memory)."""
+    fewest blocks whose experts must stay in host memory). adapters: LoRA fine-tunes at lora_rank over the one
+    backbone, each with its own head (as many heads; one without adapters)."""
     if (gguf is None) == (arch_name is None):
         raise FitError("give a GGUF or --arch NAME (not both)")
     if head is not None and gguf is None:
@@ -116,17 +123,20 @@ def fit(gguf: Path | None, arch_name: str | None, quant: str, vram: int, ctx: in
         except KeyError as exc:
             raise FitError(exc.args[0]) from None
         cfg, head_source = released_head(ARCHES[arch_name]["head_hidden"]), f"the released {arch_name} head"
-        inputs = plan_inputs(cfg, head_device, head_dtype, sizes)
-        options = BackboneOptions(n_ctx=ctx, n_seq_max=parallel, n_ubatch=ubatch, n_cpu_moe=n_cpu_moe,
-                                  prefix_cache=PrefixCacheOptions(payloads=True))  # models.toml's default cache
-        result = options_plan(arch, options, inputs.head_bytes, vram, inputs.media_bytes)
     else:
         arch = arch_from_gguf(info)
         cfg, head_source = head_config(gguf, info, arch.n_embd, head)
-        inputs = plan_inputs(cfg, head_device, head_dtype, sizes)
+    adapter_bytes = adapters * lora_bytes(arch, lora_rank)
+    inputs = plan_inputs(cfg, head_device, head_dtype, sizes, max(1, adapters), adapter_bytes)
+    if arch_name is not None:
+        options = BackboneOptions(n_ctx=ctx, n_seq_max=parallel, n_ubatch=ubatch, n_cpu_moe=n_cpu_moe,
+                                  prefix_cache=PrefixCacheOptions(payloads=True))  # models.toml's default cache
+        result = options_plan(arch, options, inputs.beside_bytes, vram, inputs.media_bytes)
+    else:
         # models.toml's defaults for the rest (the prefix cache's sequences and cells included), as serve has them
         options = model_spec("fit", gguf, n_ctx=ctx, max_length=ctx, n_seq_max=parallel, n_ubatch=ubatch).backbone
-        result = serving_plan(gguf, replace(options, n_cpu_moe=n_cpu_moe), inputs.head_bytes, vram,
+        result = serving_plan(gguf, replace(options, n_cpu_moe=n_cpu_moe), inputs.beside_bytes, vram,
                               inputs.media_bytes)  # what serve does with that n_cpu_moe
     return FitReport(result, arch, vram, head_on_gpu, head_dtype, stored_bytes(cfg, "f32"), head_source, device,
-                     inputs.vision_weight_bytes, inputs.vision_compute_bytes, source, inputs.audio_weight_bytes)
+                     inputs.vision_weight_bytes, inputs.vision_compute_bytes, source, inputs.audio_weight_bytes,
+                     adapters, lora_rank if adapters else 0, adapter_bytes)

@@ -9,6 +9,7 @@ from ..bridge.config.integrity import CheckReport
 from ..bridge.config.memory_plan import GIB, MIB
 from ..bridge.demo.builtins import DemoFiles
 from ..bridge.gguf.clef_split import JoinResult
+from ..bridge.gguf.lora import ConvertedLora
 from .bench import BenchResult
 from .calibrate import SPLITS, CalibrateResult
 from .checks import CheckResult, PairResult
@@ -42,6 +43,10 @@ def report_lines(report: CheckReport, name: str | None) -> list[str]:
                      f"{(facts.mmproj_weight_bytes or 0) / 2**20:.1f} MiB of weights{audio}")
     elif report.accepted and facts.projector_checked:
         lines.append("  no vision projector: text only (image requests get a 422)")
+    if report.accepted and facts.lora:
+        lora = facts.lora
+        lines.append(f"  LoRA {lora['path']} ({lora['format']}): rank {lora['rank']}, alpha {lora['alpha']:g}, "
+                     f"{lora['modules']} modules ({', '.join(lora['targets'])}), base {lora['base'] or 'not named'}")
     return lines
 
 
@@ -77,8 +82,11 @@ def _(result: FitReport) -> str:
            "sequence(s))"] if linear else []),
         f"  compute buffers    {gib(p.compute_bytes)}  (n_ubatch {p.n_ubatch}"
         + (", with one block's experts copied in for each ubatch" if p.n_cpu_moe else "") + ")",
-        f"  head               {gib(p.head_bytes)}  ({where}: {result.head_bytes_float32 / MIB:.1f} MiB float32, "
+        f"  head{'s' if result.adapters > 1 else ' '}              {gib(p.head_bytes - result.adapter_bytes)}  "
+        f"({max(1, result.adapters)} x {where}: {result.head_bytes_float32 / MIB:.1f} MiB float32, "
         f"from {result.head_source})",
+        *([f"  LoRA adapters      {gib(result.adapter_bytes)}  ({result.adapters} at rank {result.lora_rank} on "
+           "every clef-finetune target, float32)"] if result.adapters else []),
         f"  vision projector   {gib(result.vision_weight_bytes + result.vision_compute_bytes)}  "
         + (f"({result.vision_weight_bytes / MIB:.1f} MiB weights + {result.vision_compute_bytes / MIB:.1f} MiB "
            f"compute for the largest image, from {result.vision_source})" if result.vision_source
@@ -150,6 +158,13 @@ def _(result: BenchResult) -> str:
             lines.append(f"  Cloudflare's reference in-process ({dtype}): {r[f'reference_{dtype}_ms']:.1f} ms; "
                          f"HTTP p50 / reference = {r[f'http_over_reference_{dtype}']:.3f}")
     return "\n".join(lines + list(result.notes))
+
+
+@text.register
+def _(result: ConvertedLora) -> str:
+    lora = result.lora
+    return (f"wrote {result.path} ({result.bytes / 2**20:.2f} MiB, float32): rank {lora.rank}, alpha {lora.alpha:g}, "
+            f"{lora.modules} modules, base {lora.base or 'not named'}")
 
 
 @text.register

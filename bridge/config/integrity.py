@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -18,9 +19,10 @@ import numpy as np
 from ...head.config import HeadConfig, config_path_for, load_config
 from ...head.errors import Category, ClefError, HeadConfigError, HeadWeightsError
 from ...head.weights import SafetensorsHeader, expected_shapes, read_header, read_tensors
-from ..catalogue.architectures import CLEF_ARCHITECTURES
+from ..catalogue.architectures import CLEF_ARCHITECTURES, architecture
 from ..gguf.clef_format import CLEF_ARCH
 from ..gguf.clef_head import EmbeddedHead, validate_embedded_head
+from ..gguf.lora import AdapterError, AdapterMismatch, AdapterSkipped, lora_digest, lora_facts
 from ..gguf.projector import (
     PROJECTOR_HOME,
     ProjectorError,
@@ -96,6 +98,7 @@ class Facts:
     mmproj_audio: str | None = None  # the audio encoder in the same projector (Qwen3-Omni's qwen3a)
     image_canary_drift: float | None = None
     verified_against: dict[str, Any] | None = None  # tools/verify.py's comparison with a release
+    lora: dict[str, Any] | None = None  # the entry's LoRA adapter: rank, alpha, targets, base (gguf/lora.py LoraFacts)
 
     def to_dict(self) -> dict[str, Any]:
         """The facts found, by name (`check --json`'s "facts")."""
@@ -358,6 +361,53 @@ def check_record(report: CheckReport, gguf: Path, head: Path, record: dict[str, 
                    f"differ by {norm_diff:.3f})", "use a GGUF of the same release as the head (any quantization)")
 
 
+def check_adapter(report: CheckReport, lora: Path) -> None:
+    """The entry's LoRA adapter against its GGUF: its facts, or an error naming both when it cannot serve over it."""
+    info = report.info
+    if info is None:
+        return
+    arch = architecture(info.architecture)
+    if arch is not None and arch.loads_as:  # a clef GGUF: its qwen35 backbone is checked when written, at load
+        report.add("info", "lora.deferred", f"the adapter is checked against {Path(report.gguf).name}'s backbone "
+                   "when it loads")
+        return
+    codes = {AdapterMismatch: "lora.base_mismatch", AdapterSkipped: "lora.skipped_tensors"}
+    try:
+        facts = lora_facts(lora, info)
+    except (AdapterError, OSError) as exc:
+        report.add("error", codes.get(type(exc), "lora.unreadable"), str(exc), getattr(exc, "fix", ""))
+        return
+    report.facts.lora = facts.to_dict()
+    named = _plain(facts.base.rstrip("/").rsplit("/", 1)[-1])
+    names = {v: _plain(v) for k, v in info.metadata.items()
+             if isinstance(v, str) and re.fullmatch(r"general\.(name|basename|base_model\.\d+\.(name|repo_url))", k)
+             and _plain(v)}
+    if named and names and not any(named in n or n in named for n in names.values()):
+        # a Hub id is the release it was trained on; a local folder's name may say nothing, so only a warning
+        hub = re.fullmatch(r"[\w.-]+/[\w.-]+", facts.base) is not None
+        report.add("error" if hub else "warning", "lora.base_name",
+                   f"{lora} was trained on {facts.base}, but {Path(report.gguf).name} is "
+                   f"{', '.join(map(repr, sorted(names)))} by its metadata",
+                   "serve the adapter over the GGUF of the release it was trained on")
+
+
+def _plain(name: str) -> str:
+    """A model name for comparison: lower-case letters and digits only ("Cloudflare/clef-flash" -> "clefflash")."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def check_record_lora(report: CheckReport, record: dict[str, Any], lora: Path | None) -> None:
+    """A head trained with an adapter is paired with that adapter: the record's adapter digest against the entry's."""
+    recorded = record.get("lora_sha256")
+    if lora is None and recorded:
+        report.add("error", "pair.lora_missing", "the pairing record was made with a LoRA adapter, the entry has none",
+                   "set `lora` to the adapter the head was trained with")
+    elif lora is not None and recorded != lora_digest(lora):
+        report.add("error", "pair.lora_changed", f"{lora} is not the adapter this pairing record was made with"
+                   + ("" if recorded else " (the record has none)"),
+                   f"use the paired adapter, or pair again with `clef-bridge pair GGUF HEAD --lora {shell_path(lora)}`")
+
+
 def check_canaries(report: CheckReport, record: dict[str, Any], probabilities: list[dict[str, list[float]]],
                    states: list[dict[str, Any]]) -> None:
     """Compare the record's canaries (hidden states, then probabilities) with those of the loaded pair."""
@@ -403,7 +453,7 @@ def load_record(path: Path, report: CheckReport) -> dict[str, Any] | None:
 
 
 def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha256: str = "",
-              head_sha256: str = "", want_record: bool = True) -> CheckReport:
+              head_sha256: str = "", want_record: bool = True, lora: Path | None = None) -> CheckReport:
     """Static checks, pins, and the static part of the pairing record (pair, or <gguf stem>.pair.json).
 
     The record's canaries need a loaded model: the loader runs them (check_canaries) with the record
@@ -412,7 +462,10 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
     report = check_pair(gguf, head)
     head = Path(report.head_path) if report.head_path else None
     check_pins(report, Path(gguf), head, gguf_sha256, head_sha256)
-    pair = pair or (default_pair_path(gguf) if default_pair_path(gguf).is_file() else None)
+    if lora is not None:
+        check_adapter(report, lora)
+    default = default_pair_path(lora if lora is not None else gguf)  # a fine-tune's record lies beside its adapter
+    pair = pair or (default if default.is_file() else None)
     if head is None or not report.accepted:
         return report
     if pair is None and want_record:
@@ -427,6 +480,7 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
     record = load_record(Path(pair), report)
     if record is not None:
         check_record(report, Path(gguf), head, record)
+        check_record_lora(report, record, lora)
         report.record = record
     return report
 

@@ -357,6 +357,12 @@ class PlanInputs:
     vision_weight_bytes: int = 0
     vision_compute_bytes: int = 0
     audio_weight_bytes: int = 0  # the audio tower runs where the head runs: 0 with the head on the CPU
+    adapter_bytes: int = 0  # LoRA adapters served over the backbone (llama.cpp keeps each beside its base weight)
+
+    @property
+    def beside_bytes(self) -> int:
+        """The plans' head_bytes: the heads and the adapters of the models on one backbone."""
+        return self.head_bytes + self.adapter_bytes
 
     @property
     def media_bytes(self) -> int:
@@ -364,16 +370,38 @@ class PlanInputs:
         return self.vision_weight_bytes + self.vision_compute_bytes + self.audio_weight_bytes
 
 
-def plan_inputs(config: HeadConfig, head_device: str, head_dtype: str, projector: ProjectorSizes | None
-                ) -> PlanInputs:
+def plan_inputs(config: HeadConfig, head_device: str, head_dtype: str, projector: ProjectorSizes | None,
+                heads: int = 1, adapter_bytes: int = 0) -> PlanInputs:
     """THE inputs of a model's GPU plan beside its backbone, for `serve` (bridge/model/loading.py) and `fit`
     alike: the head in head_dtype's storage and the audio tower where head_device puts them, the vision tower
-    always with the backbone."""
-    head = head_gpu_bytes(config, head_device, head_dtype)
+    always with the backbone. heads, adapter_bytes: the models sharing the backbone (one head each, of this
+    shape) and their LoRA adapters' bytes."""
+    head = heads * head_gpu_bytes(config, head_device, head_dtype)
     if projector is None:
-        return PlanInputs(head)
+        return PlanInputs(head, adapter_bytes=adapter_bytes)
     audio = projector.audio_weight_bytes if head_device == "cuda" else 0
-    return PlanInputs(head, projector.vision_weight_bytes, projector.vision_compute_bytes, audio)
+    return PlanInputs(head, projector.vision_weight_bytes, projector.vision_compute_bytes, audio, adapter_bytes)
+
+
+def lora_linears(arch: Arch) -> list[tuple[int, int]]:
+    """(in, out) of every linear clef-finetune adapts on a Qwen3.5 backbone: full attention q (with its gate), k,
+    v, o; linear attention qkv, z, a, b, out; the MLP's gate, up, down."""
+    out = []
+    for full in arch.full:
+        if full:
+            q, kv = arch.n_head * arch.head_dim, arch.n_head_kv * arch.head_dim
+            out += [(arch.n_embd, 2 * q), (arch.n_embd, kv), (arch.n_embd, kv), (q, arch.n_embd)]
+        else:
+            qkv = 2 * arch.ssm_group * arch.ssm_state + arch.ssm_inner
+            out += [(arch.n_embd, qkv), (arch.n_embd, arch.ssm_inner), (arch.n_embd, arch.ssm_heads),
+                    (arch.n_embd, arch.ssm_heads), (arch.ssm_inner, arch.n_embd)]
+        out += [(arch.n_embd, arch.ff), (arch.n_embd, arch.ff), (arch.ff, arch.n_embd)]
+    return out
+
+
+def lora_bytes(arch: Arch, rank: int, bytes_per_weight: int = 4) -> int:
+    """One adapter at this rank on every clef-finetune target, as the bridge converts it (float32 A and B)."""
+    return rank * sum(i + o for i, o in lora_linears(arch)) * bytes_per_weight
 
 
 def parse_size(text: str) -> int:

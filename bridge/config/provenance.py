@@ -17,6 +17,7 @@ import numpy as np
 
 from ...head.answer import softmax64
 from ...head.schema import parse_request
+from ..gguf.lora import lora_digest
 from ..gguf.reader import GGUFInfo, read_gguf
 from ..host.paths import cache_dir
 from ..host.progress import Progress
@@ -193,12 +194,14 @@ def canary_difference(recorded: list[dict[str, list[float]]], current: list[dict
     return worst
 
 
-def pair_record(gguf: str | Path, head: str | Path, model: Any) -> dict[str, Any]:
-    """What `clef-bridge pair` writes: enough to recognise this backbone and head later.
+def pair_record(gguf: str | Path, head: str | Path, model: Any, lora: str | Path | None = None) -> dict[str, Any]:
+    """What `clef-bridge pair` writes: enough to recognise this backbone and head later (and the LoRA adapter the
+    model runs, whose canaries these are).
 
     head: the safetensors head, or the clef GGUF itself when the head is embedded in it.
     """
     return {
+        **({"lora_sha256": lora_digest(lora)} if lora is not None else {}),
         "version": PAIR_VERSION,
         "head_sha256": sha256_file(head),
         "head_config": vars(model.head.config),

@@ -63,6 +63,10 @@ class ModelSpec:
     pair: Path | None = None  # pairing record; default <gguf stem>.pair.json beside the GGUF when present
     builtin: str = ""  # "demo" or "demo-omni": an embedded demo model, built into the cache on first use
     mmproj: Path | None = None  # vision projector GGUF; None: mmproj*.gguf beside the GGUF, if there is one
+    # a LoRA adapter applied at run time over the GGUF: a PEFT adapter folder (clef-finetune's adapter/, or its
+    # checkpoint folder) or a GGUF LoRA file; lora_scale multiplies it (1.0: as trained, PEFT's alpha / r included)
+    lora: Path | None = None
+    lora_scale: float = 1.0
     # the models.toml keys the entry sets: where a default depends on the model (Clef-omni's context length, see
     # bridge/model/loading.py), only a key left unset takes it
     keys: frozenset[str] = frozenset()
@@ -203,7 +207,7 @@ def _model(name: str, raw: Any, base: Path, where: str, problems: list[str]) -> 
     if len(problems) > count or "gguf" not in raw:
         return None
     top = groups.pop("", {})
-    for key in ("gguf", "head_path", "pair", "mmproj"):
+    for key in ("gguf", "head_path", "pair", "mmproj", "lora"):
         if key in top:
             top[key] = _absolute(base / top[key])
     # the prefix cache is on unless prefix_cache_mb = 0; it keeps the head's memory rows with its checkpoints

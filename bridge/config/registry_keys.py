@@ -144,6 +144,7 @@ MODEL_KEYS: dict[str, Key] = {
     "head_dtype": Key("", "head_dtype", str, _dtype(*HEAD_DTYPES)),
     "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
     "mmproj": Key("", "mmproj", str),
+    "lora": Key("", "lora", str), "lora_scale": Key("", "lora_scale", (int, float), lambda v: float(_non_negative(v))),
     "release_date": Key("", "release_date", str, _date),
     "gguf_sha256": Key("", "gguf_sha256", str, _sha256), "head_sha256": Key("", "head_sha256", str, _sha256),
     "n_ctx": Key("backbone", "n_ctx", int, _positive),

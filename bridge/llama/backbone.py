@@ -295,6 +295,19 @@ class Backbone:
         """The llama_model pointer, for llama.cpp's multimodal projector (mtmd_init_from_file)."""
         return self._model
 
+    @property
+    def llama_context(self):
+        """The llama_context pointer, for its LoRA adapter set (bridge/llama/adapters.py)."""
+        return self._ctx
+
+    @property
+    def vocab(self):
+        return self._vocab
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
     def tokenize(self, text: str, parse_special: bool) -> list[int]:
         """llama.cpp's tokenization of one piece, with no BOS/EOS added."""
         return self._tokenizer.tokenize(text, parse_special)

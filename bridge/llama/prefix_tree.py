@@ -81,17 +81,25 @@ class CheckpointTree:
     def __init__(self, memory: SequenceMemory, seq_ids: list[int], cells: int, max_bytes: int):
         self.memory, self.seq_ids, self.cells, self.max_bytes = memory, seq_ids, cells, max_bytes
         self.root = Node(0, None, np.zeros(0, np.int32), None, True, 0)
+        # one root per partition (PrefillRequest.partition): paths under different roots never meet
+        self.roots: dict[tuple[str, ...], Node] = {(): self.root}
         self.branches: list[Branch] = []
         self.free_seqs = list(seq_ids)
         self.bytes = 0
         self.evictions = 0
 
-    def matching(self, tokens: np.ndarray, pending_ok: bool) -> list[Node]:
-        """Every node whose tokens[:pos] the prompt starts with, pos < len(tokens) (one token must remain).
+    def root_for(self, partition: tuple[str, ...]) -> Node:
+        """The root of a partition's paths (made on first use)."""
+        return self.roots.setdefault(partition, Node(0, None, np.zeros(0, np.int32), None, True, 0))
+
+    def matching(self, tokens: np.ndarray, pending_ok: bool, partition: tuple[str, ...] = ()) -> list[Node]:
+        """Every node of the partition whose tokens[:pos] the prompt starts with, pos < len(tokens) (one token must
+        remain).
 
         pending_ok=False does not look past nodes that still wait for their payload.
         """
-        out, stack = [], [self.root]
+        root = self.roots.get(partition)
+        out, stack = [], [root] if root is not None else []
         while stack:
             node = stack.pop()
             for child in node.children:
@@ -101,9 +109,10 @@ class CheckpointTree:
                     stack.append(child)
         return out
 
-    def common_prefix(self, tokens: np.ndarray) -> int:
-        """How many leading tokens the prompt shares with the longest token path in the tree."""
-        best, stack = 0, [self.root]
+    def common_prefix(self, tokens: np.ndarray, partition: tuple[str, ...] = ()) -> int:
+        """How many leading tokens the prompt shares with the longest token path of its partition."""
+        root = self.roots.get(partition)
+        best, stack = 0, [root] if root is not None else []
         while stack:
             node = stack.pop()
             for child in node.children:
@@ -132,7 +141,7 @@ class CheckpointTree:
         self.bytes += node.payload_bytes
 
     def all_nodes(self) -> list[Node]:
-        out, stack = [], [self.root]
+        out, stack = [], list(self.roots.values())
         while stack:
             node = stack.pop()
             out.extend(node.children)
@@ -159,6 +168,8 @@ class CheckpointTree:
                 branch.nodes.discard(node)
             node.branches = set()
             node = node.parent
+        if node.parent is None and node is not self.root and not node.children:  # a partition's last path went
+            self.roots = {k: r for k, r in self.roots.items() if r is not node}
 
     def remove_subtree(self, node: Node) -> None:
         if not node.alive:
@@ -249,6 +260,7 @@ class CheckpointTree:
         for node in self.all_nodes():
             node.alive = False
         self.root.children.clear()
+        self.roots = {(): self.root}
         self.branches.clear()
         self.free_seqs = list(self.seq_ids)
         self.bytes = 0

@@ -26,10 +26,12 @@ from ..config.memory_plan import placement_for, plan_inputs, projector_sizes
 from ..config.provenance import canary_probabilities, canary_states, image_canary
 from ..config.registry import ModelSpec
 from ..gguf.clef_split import ensure_backbone
+from ..gguf.lora import converted_lora, lora_file_bytes
 from ..gguf.projector import ensure_vision_projector, projector_info
 from ..gguf.reader import read_gguf
 from ..host.gpu import host_rows_for, release_cached
 from ..host.paths import cache_dir
+from ..llama.adapters import BackbonePool
 from ..llama.backbone import Backbone, BackboneOptions
 from ..llama.embedding import OutputEmbedding
 from ..llama.omni import OmniBackbone
@@ -72,7 +74,7 @@ def inspect_spec(spec: ModelSpec) -> CheckReport:
     """Every static check of a models.toml entry (files, pins, pairing record), without loading it."""
     materialize(spec)
     report = check_all(spec.gguf, spec.head_path, spec.pair, spec.gguf_sha256, spec.head_sha256,
-                       want_record=not spec.builtin)
+                       want_record=not spec.builtin, lora=spec.lora)
     check_projector(report, spec.gguf, spec.mmproj)
     return report
 
@@ -165,11 +167,15 @@ def answer_options(configured: AnswerOptions, gguf_temperatures: dict[str, float
     return replace(configured, temperature=gguf_temperatures | configured.temperature)
 
 
-def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) -> tuple[ClefModel, list[str]]:
+def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits(), pool: BackbonePool | None = None,
+               group: tuple[ModelSpec, ...] = ()) -> tuple[ClefModel, list[str]]:
     """Load the backbone and head of an entry whose static checks passed (report); memory-plan warnings.
 
     The memory plan reads the GPU's free memory before this head is uploaded and counts the head
     once; CuPy's cached blocks go back to the driver first, so they count as free for llama.cpp.
+    pool: backbones shared with other entries (the same GGUF and backbone options: one backbone, each entry's own
+    LoRA adapter); an entry with `lora` always gets a view of a pool's backbone. group: the entries sharing its
+    backbone (itself included), whose heads and adapters the memory plan counts.
     """
     config, flat, temperatures = _head_weights(report)
     xp = array_module_for(spec.head_device)
@@ -181,10 +187,20 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     mmproj = report.facts.mmproj
     info = projector_info(mmproj) if mmproj is not None else None  # its header, read once for the plan and tower
     sizes = projector_sizes(info, report.facts.architecture) if info is not None else None
-    inputs = plan_inputs(config, spec.head_device, spec.head_dtype, sizes)
-    placed, warnings = placement_for(path, spec.backbone, inputs.head_bytes, vision_bytes=inputs.media_bytes)
+    group = group or (spec,)
+    inputs = plan_inputs(config, spec.head_device, spec.head_dtype, sizes,
+                         heads=sum(s.head_device == spec.head_device for s in group) or 1,
+                         adapter_bytes=sum(lora_file_bytes(s.lora) for s in group if s.lora is not None))
+    placed, warnings = placement_for(path, spec.backbone, inputs.beside_bytes, vision_bytes=inputs.media_bytes)
     head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
-    backbone = open_backbone(report, path, placed, host_rows_for(xp))
+    lora = converted_lora(spec.lora, path) if spec.lora is not None else None
+    if lora is not None and pool is None:
+        pool = BackbonePool()
+    if pool is None:
+        backbone = open_backbone(report, path, placed, host_rows_for(xp))
+    else:
+        backbone = pool.view((path, spec.backbone), lambda: open_backbone(report, path, placed, host_rows_for(xp)),
+                             spec.name, lora, spec.lora_scale)
     try:
         embedding = OutputEmbedding(spec.gguf, info=report.info)
         projector = open_projector(spec, report, backbone)
@@ -197,12 +213,14 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits()) 
     return ClefModel(spec.name, backbone, embedding, head, spec.encode, answer, limits, projector, tower), warnings
 
 
-def load_checked(spec: ModelSpec, limits: Limits = Limits()) -> Loaded:
-    """A model only if its pair passes every check, canaries included; raises ModelRefused otherwise."""
+def load_checked(spec: ModelSpec, limits: Limits = Limits(), pool: BackbonePool | None = None,
+                 group: tuple[ModelSpec, ...] = ()) -> Loaded:
+    """A model only if its pair passes every check, canaries included; raises ModelRefused otherwise (pool, group:
+    see open_model)."""
     report = inspect_spec(spec)
     if not report.accepted:
         raise ModelRefused(spec.name, report)
-    model, warnings = open_model(spec, report, limits)
+    model, warnings = open_model(spec, report, limits, pool, group)
     report.embedded = None  # a clef GGUF's head now lives in the model: the report need not hold a host copy
     if report.record is not None:
         try:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from ..catalogue.releases import REAL_RELEASES, RELEASES
 from ..config.registry import ModelSpec, Registry, name_table
+from ..llama.adapters import BackboneView
 from ..model.worker import BatchStats, InferenceWorker
 from ..service.coalesce import Coalescer
 from ..service.decision import DecisionService
@@ -36,6 +37,19 @@ from .routes import ROUTES, UNMATCHED
 log = logging.getLogger("clef_bridge.server")
 
 
+def backbone_sharing(spec: ModelSpec, backbone: Any) -> dict[str, Any]:
+    """/v1/models' x_lora and x_backbone_shared_with of a model whose backbone is a shared view (else nothing)."""
+    if not isinstance(backbone, BackboneView):
+        return {}
+    out: dict[str, Any] = {}
+    if spec.lora is not None:
+        out["x_lora"] = {"adapter": spec.lora.name, "scale": spec.lora_scale}
+    others = [v.name for v in backbone.shared.views if v is not backbone]
+    if others:
+        out["x_backbone_shared_with"] = others
+    return out
+
+
 # --- the rest of the API ----------------------------------------------------------------------
 
 async def models_handler(request: web.Request) -> web.Response:
@@ -48,6 +62,7 @@ async def models_handler(request: web.Request) -> web.Response:
             "release_date": served.release_date, "x_aliases": [n for n, m in names.items() if m == name and n != name],
             "x_status": "ready" if served.worker.alive else "down",
             "x_media": list(served.worker.model.media)}  # what the model reads beside text (the playground asks)
+        entry |= backbone_sharing(spec, served.worker.model.backbone)
         # a demo says so here too: a client (the playground) warns before its first answer
         warnings = ([demo_warning(spec.builtin)] if spec.builtin else []) + list(served.warnings)
         if warnings:
@@ -146,8 +161,11 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
                                    _release_date(spec), item.report.facts, item.report.head_path)
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()},
                                  {n: s.facts.architecture or "" for n, s in app[SERVED].items()}))
-    caches = {name: item.model.backbone.prefix_cache for name, item in loaded.items()
-              if item.model.backbone.prefix_cache is not None}
+    caches: dict[str, Any] = {}
+    for name, item in loaded.items():
+        cache = item.model.backbone.prefix_cache
+        if cache is not None and all(c is not cache for c in caches.values()):
+            caches[name] = cache  # a backbone shared by several models has one cache: counted once, under the first
     metrics.registry.register(PrefixCacheCollector(lambda: {name: c.stats() for name, c in caches.items()}))
     install_sighup(app[KEYS])
     yield
@@ -192,6 +210,12 @@ def banner(app: web.Application, url: str) -> list[str]:
                   f"    gguf  {spec.gguf} ({facts.architecture}, hidden {facts.embedding_length}, "
                   f"{facts.block_count} layers)",
                   f"    head  {head}"]
+        sharing = backbone_sharing(spec, served.worker.model.backbone)
+        if "x_lora" in sharing:
+            lines.append(f"    lora  {spec.lora} (scale {spec.lora_scale:g})")
+        if "x_backbone_shared_with" in sharing:
+            lines.append(f"    ONE loaded backbone shared with {', '.join(sharing['x_backbone_shared_with'])} "
+                         "(each batch runs its own model's adapter)")
         if spec.builtin:
             lines.append("    DEMO MODEL: RANDOM weights, its answers are meaningless; configure a real one with "
                          f"`{RELEASES[REAL_RELEASES[spec.builtin]].pull_command}` (docs/serving.md names GGUFs)")

@@ -124,6 +124,14 @@ def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
                                "x_status": {"enum": ["ready", "down"]},
                                "x_media": {"type": "array", "items": {"enum": list(READABLE)},
                                            "description": "what the model reads beside text"},
+                               "x_lora": {"type": "object", "properties": {"adapter": {"type": "string"},
+                                                                           "scale": {"type": "number"}},
+                                          "description": "the LoRA adapter it runs over its GGUF (models.toml "
+                                                         "`lora`, `lora_scale`); absent: none"},
+                               "x_backbone_shared_with": {"type": "array", "items": {"type": "string"},
+                                                          "description": "the other models served by the same "
+                                                                         "loaded backbone (one GGUF in memory); "
+                                                                         "absent: none"},
                                "x_warnings": {"type": "array", "items": {"type": "string"},
                                               "description": "what to know before any answer: the built-in "
                                                              "demo's random weights, its load's warnings"}}}}},
