@@ -60,6 +60,7 @@ class PrefixCacheOptions:
 class PrefillRequest:
     tokens: np.ndarray  # [t] int32, the whole prompt
     cache_span: tuple[int, int] | None = None  # [start, end) where checkpoints may be made: the state
+    partition: tuple[str, ...] = ()  # requests of different partitions never share cached KV (prompt_cache_key)
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ class PrefixCache:
         plans = [_Plan(r, np.ascontiguousarray(r.tokens, dtype=np.int32)) for r in requests]
         if reuse:
             for p in plans:
-                usable = [n for n in self._tree.matching(p.tokens, False) if n.state is not None and n.branches]
+                usable = [n for n in self._tree.matching(p.tokens, False, p.request.partition)
+                          if n.state is not None and n.branches]
                 p.hit = max(usable, key=lambda n: n.pos, default=None)
         keep = {b for p in plans if p.hit for b in p.hit.branches}
         if not self._tree.make_room(sum(len(p.tokens) - p.reused for p in plans), keep):
@@ -200,7 +202,8 @@ class PrefixCache:
         for p in plans:
             if reuse:
                 self._counts["hits" if p.hit else "misses"] += 1
-                p.stops = self._stops(p.request, len(p.tokens), p.reused, self._tree.common_prefix(p.tokens))
+                p.stops = self._stops(p.request, len(p.tokens), p.reused,
+                                      self._tree.common_prefix(p.tokens, p.request.partition))
             if p.hit:
                 p.state, p.hit.used = p.hit.state, self._clock
                 p.source = max(p.hit.branches, key=lambda b: b.used)
@@ -217,7 +220,7 @@ class PrefixCache:
         for j, p in enumerate(plans):
             best = 0
             for i, lead in enumerate(plans[:j]):
-                if lead.leader is not None or lead.hit is not p.hit:
+                if lead.leader is not None or lead.hit is not p.hit or lead.request.partition != p.request.partition:
                     continue
                 n = min(len(lead.tokens), len(p.tokens))
                 differ = np.flatnonzero(lead.tokens[:n] != p.tokens[:n])
@@ -287,14 +290,15 @@ class PrefixCache:
         if states and not np.isfinite(hidden).all():  # never keep a state that led to NaN or inf
             self._counts["faults"] += 1
             states = []
-        path = {n.pos: n for n in self._tree.matching(plan.tokens, True)} if states else {}
+        partition = plan.request.partition
+        path = {n.pos: n for n in self._tree.matching(plan.tokens, True, partition)} if states else {}
         created, stated, previous = [], [], None
         for pos, state in states:
             node = path.get(pos)
             if node is None:
                 # after the previous stop, so that one request's checkpoints form one chain
                 parent = previous or max((n for n in path.values() if n.pos < pos), key=lambda n: n.pos,
-                                         default=self._tree.root)
+                                         default=self._tree.root_of(partition))
                 node = path[pos] = self._tree.add(parent, pos, plan.tokens, state, not self.options.payloads,
                                                   self._clock)
                 created.append(node)

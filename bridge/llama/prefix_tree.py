@@ -5,7 +5,9 @@ segments a prompt starts with, walked down from the root, are exactly its cached
 Branch is a spare llama.cpp sequence id whose KV cells hold tokens[:tip.pos] of one token path: it
 covers every node on that path up to its tip, and a node is restorable while it has its recurrent
 state and at least one branch. A Segment is the KV cells one request decoded; branches share them
-(llama_memory_seq_cp), so the cells in use are counted per segment, not per branch.
+(llama_memory_seq_cp), so the cells in use are counted per segment, not per branch. Each partition (a
+request's PrefillRequest.partition: a client's prompt_cache_key, a fine-tune's adapter) has a root of its own,
+so requests of different partitions never find each other's checkpoints; an emptied root goes away.
 """
 
 from __future__ import annotations
@@ -80,18 +82,30 @@ class CheckpointTree:
 
     def __init__(self, memory: SequenceMemory, seq_ids: list[int], cells: int, max_bytes: int):
         self.memory, self.seq_ids, self.cells, self.max_bytes = memory, seq_ids, cells, max_bytes
-        self.root = Node(0, None, np.zeros(0, np.int32), None, True, 0)
+        self.roots: dict[tuple[str, ...], Node] = {}
         self.branches: list[Branch] = []
         self.free_seqs = list(seq_ids)
         self.bytes = 0
         self.evictions = 0
 
-    def matching(self, tokens: np.ndarray, pending_ok: bool) -> list[Node]:
-        """Every node whose tokens[:pos] the prompt starts with, pos < len(tokens) (one token must remain).
+    @property
+    def root(self) -> Node:
+        """The root of requests without a partition."""
+        return self.root_of(())
+
+    def root_of(self, partition: tuple[str, ...]) -> Node:
+        """The partition's root, made on first use."""
+        if partition not in self.roots:
+            self.roots[partition] = Node(0, None, np.zeros(0, np.int32), None, True, 0)
+        return self.roots[partition]
+
+    def matching(self, tokens: np.ndarray, pending_ok: bool, partition: tuple[str, ...] = ()) -> list[Node]:
+        """Every node of the partition whose tokens[:pos] the prompt starts with, pos < len(tokens) (one token must
+        remain).
 
         pending_ok=False does not look past nodes that still wait for their payload.
         """
-        out, stack = [], [self.root]
+        out, stack = [], [self.roots[partition]] if partition in self.roots else []
         while stack:
             node = stack.pop()
             for child in node.children:
@@ -101,9 +115,9 @@ class CheckpointTree:
                     stack.append(child)
         return out
 
-    def common_prefix(self, tokens: np.ndarray) -> int:
-        """How many leading tokens the prompt shares with the longest token path in the tree."""
-        best, stack = 0, [self.root]
+    def common_prefix(self, tokens: np.ndarray, partition: tuple[str, ...] = ()) -> int:
+        """How many leading tokens the prompt shares with the longest token path of the partition."""
+        best, stack = 0, [self.roots[partition]] if partition in self.roots else []
         while stack:
             node = stack.pop()
             for child in node.children:
@@ -132,7 +146,7 @@ class CheckpointTree:
         self.bytes += node.payload_bytes
 
     def all_nodes(self) -> list[Node]:
-        out, stack = [], [self.root]
+        out, stack = [], list(self.roots.values())
         while stack:
             node = stack.pop()
             out.extend(node.children)
@@ -159,6 +173,8 @@ class CheckpointTree:
                 branch.nodes.discard(node)
             node.branches = set()
             node = node.parent
+        if node.parent is None and not node.children:  # an emptied root: partitions come and go with clients
+            self.roots = {key: root for key, root in self.roots.items() if root is not node}
 
     def remove_subtree(self, node: Node) -> None:
         if not node.alive:
@@ -248,7 +264,7 @@ class CheckpointTree:
         """Forget every checkpoint and branch (after the context's memory was wiped)."""
         for node in self.all_nodes():
             node.alive = False
-        self.root.children.clear()
+        self.roots.clear()
         self.branches.clear()
         self.free_seqs = list(self.seq_ids)
         self.bytes = 0
