@@ -155,7 +155,8 @@ def test_langchain_openai_decisions(server):
     }})
     expected = systemone(server, STATE, {
         "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "payments", "shipping": None}},
+        "team": {"type": "choice", "instructions": "Which team?",
+                 "criteria": {"billing": "payments", "shipping": None}},
         "anger": {"type": "score", "instructions": "How angry?",
                   "criteria": ["calm", {"label": "annoyed", "description": "some heat"}]}})["answers"]
     assert response.model == "tiny"
