@@ -203,6 +203,17 @@ def test_bad_requests_raise_the_sdks_exceptions_with_our_messages(server):
     bad(server, "no vision projector", "input", input=image)
 
 
+def test_a_prompt_over_max_length_is_a_bad_request_langchain_reads_as_a_context_overflow(server):
+    long = "word " * 9000
+    assert bad(server, "tokens but this model accepts at most 8192", None, input=long)["code"] == \
+        "context_length_exceeded"
+    from langchain_openai.chat_models.base import OpenAIContextOverflowError
+
+    decisions = OpenAIDecisions(model="tiny", api_key=KEY, base_url=server.url + "/v1", max_retries=0)
+    with pytest.raises(OpenAIContextOverflowError):
+        decisions.invoke({"input": long, "questions": {"q": Predicate(instructions="ok?")}})
+
+
 def test_a_missing_or_wrong_key_is_the_sdks_authentication_error(server):
     with pytest.raises(openai.AuthenticationError) as info:
         openai.OpenAI(api_key="wrong", base_url=server.url + "/v1", max_retries=0).decisions.create(

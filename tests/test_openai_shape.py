@@ -109,6 +109,6 @@ def test_errors_take_openais_shape():
         "message": "questions[0].choices: needs 2; input: bad", "type": "invalid_request_error",
         "param": "questions[0].choices", "code": "value_error"}}
     assert openai_error(None, 404, "not_found", "404: Not Found")["error"] == {
-        "message": "404: Not Found", "type": "not_found_error", "param": None, "code": "not_found"}
+        "message": "not_found: 404: Not Found", "type": "not_found_error", "param": None, "code": "not_found"}
     assert openai_error(None, 503, "timeout", "busy")["error"]["type"] == "server_error"
     assert openai_error(None, 401, "authentication_error", "no key")["error"]["type"] == "authentication_error"

@@ -78,13 +78,15 @@ def param(loc: Loc) -> str | None:
 
 def openai_error(exc: BaseException | None, status: int, error_type: str, message: str) -> dict[str, Any]:
     """OpenAI's error shape: {"error": {message, type, param, code}}; an invalid request's param names the first
-    offending field, its code says what is wrong with it."""
+    offending field, its code says what is wrong with it. The message starts with the field, or else the code: the
+    SDK's exception text holds only the message, and clients read it (langchain-openai looks for
+    context_length_exceeded there)."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     if isinstance(exc, RequestInvalid) and exc.problems:
         first = exc.problems[0]
         message = "; ".join(f"{param(p.loc) or 'body'}: {p.msg}" for p in exc.problems)
         return {"error": {"message": message, "type": kind, "param": param(first.loc), "code": first.type}}
-    return {"error": {"message": message, "type": kind, "param": None, "code": error_type}}
+    return {"error": {"message": f"{error_type}: {message}", "type": kind, "param": None, "code": error_type}}
 
 
 # --- the request -------------------------------------------------------------------------------------------
@@ -433,8 +435,9 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
         "operationId": "openai_decisions", "security": security,
         "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
         "responses": {"200": ok, **{str(s): {"description": failed}
-                                    for s in (400, 401, 404, 408, 413, 415, 429, 503)}}}}}
+                                    for s in (400, 401, 404, 408, 415, 429, 503)}}}}}
 
 
-# OpenAI answers an invalid request 400, where the Jev API answers 422
-DOOR = Door(OPENAI_SHAPE, {"openai_decisions": decisions_handler}, openai_error, openapi_paths, {422: 400})
+# OpenAI answers an invalid request 400, where the Jev API answers 422, and a request over a limit 400 too (its
+# clients catch BadRequestError, langchain-openai reads code context_length_exceeded there), where Jev answers 413
+DOOR = Door(OPENAI_SHAPE, {"openai_decisions": decisions_handler}, openai_error, openapi_paths, {422: 400, 413: 400})
