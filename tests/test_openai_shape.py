@@ -63,6 +63,8 @@ def test_images_become_assets_named_in_the_text_and_their_param_is_kept():
     relocated = t.relocated(error)
     assert isinstance(relocated, ImageTooLarge) and param(relocated.problems[0].loc) == "questions[0].instructions[1]" \
         ".image_url"
+    surrogate = RequestInvalid([Problem(("body", "state", 0, "content", 0), "holds an unpaired surrogate", "x")])
+    assert param(t.relocated(surrogate).problems[0].loc) == "input[0]"
 
 
 def test_choices_keep_their_types_and_levels_their_labels():

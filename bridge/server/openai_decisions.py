@@ -355,6 +355,8 @@ def to_systemone(body: Any) -> Translated:
                                                                           if images.assets else {})}
     t.locs.update({("body", "state"): ("body", "input"), ("body", "model"): ("body", "model"),
                    ("body", "images"): ("body", "input"), ("body", "assets"): ("body", "input"), **images.locs})
+    if isinstance(state, list):  # one element per input item
+        t.locs.update({("body", "state", k): ("body", "input", k) for k in range(len(state))})
     return t
 
 
