@@ -8,6 +8,9 @@ import pytest
 from clef_bridge.bridge.media.images import ImageTooLarge
 from clef_bridge.bridge.server.openai_decisions import openai_error, param, to_openai, to_systemone
 from clef_bridge.head.errors import Problem, RequestInvalid
+from clef_bridge.head.schema import parse_request
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.unit
 
@@ -97,6 +100,11 @@ def test_every_problem_is_named_by_its_param():
                      "prompt_cache_key": 5, "prompt_cache_options": {"ttl": "1h"}}) == [
         ("model", "missing"), ("prompt_cache_key", "type_error"), ("prompt_cache_options.ttl", "invalid_value"),
         ("input", "type_error"), ("questions[1].name", "duplicate_name"), ("questions[2].levels[0].label", "missing")]
+    # a type that is no name (an object, an array) is refused like an unknown one
+    assert problems({"model": "m", "input": [{"role": "user", "content": [{"type": {}}]}, {"type": []}],
+                     "questions": [{"type": {}}]}) == [
+        ("input[0].content[0].type", "invalid_type"), ("input[1].type", "invalid_type"),
+        ("questions[0].type", "invalid_value")]
     assert problems({"model": "m", "input": [{"role": "assistant", "content": [{"type": "input_image"}]},
                                              {"role": "user", "content": [{"type": "input_image",
                                                                            "image_url": "data:image/gif;base64,R0"}]}],
@@ -114,3 +122,50 @@ def test_errors_take_openais_shape():
         "message": "not_found: 404: Not Found", "type": "not_found_error", "param": None, "code": "not_found"}
     assert openai_error(None, 503, "timeout", "busy")["error"]["type"] == "server_error"
     assert openai_error(None, 401, "authentication_error", "no key")["error"]["type"] == "authentication_error"
+
+
+LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=4), st.just({}), st.just([]))
+JUNK = st.sampled_from([None, 3, {}, [], "poll"])  # a type that names nothing
+PART = st.fixed_dictionaries({
+    "type": st.one_of(st.sampled_from(["input_text", "output_text", "refusal", "input_json", "input_image"]), JUNK)},
+    optional={"text": LEAF, "refusal": LEAF, "data": LEAF, "file_id": LEAF,
+    "image_url": st.one_of(LEAF, st.sampled_from(["https://x/a.png", "data:image/png;base64,AAAA",
+                                                  "data:image/gif;base64,R0", "data:image/png,AA"]))})
+# one_of flattens nested one_ofs: JUNK (one sampled_from) keeps a list half of the draws
+CONTENT = st.one_of(st.text(max_size=4), st.lists(st.one_of(PART, JUNK), max_size=3), JUNK)
+ITEM = st.fixed_dictionaries({
+    "type": st.one_of(st.sampled_from(["message", "function_call", "function_call_output", "custom_tool_call",
+                                       "custom_tool_call_output"]), JUNK)}, optional={
+    "role": st.one_of(st.sampled_from(["user", "developer", "system", "assistant"]), JUNK),
+    "content": CONTENT, "output": CONTENT, "call_id": st.one_of(st.just("c"), LEAF), "name": LEAF,
+    "arguments": LEAF, "input": LEAF, "phase": LEAF, "namespace": LEAF})
+QUESTION = st.fixed_dictionaries({
+    "type": st.one_of(st.sampled_from(["predicate", "choice", "score", "box"]), JUNK)}, optional={"name": LEAF,
+    "instructions": CONTENT,
+    "choices": st.one_of(JUNK, st.lists(st.one_of(JUNK, st.fixed_dictionaries({}, optional={
+        "value": LEAF, "description": LEAF})), max_size=4)),
+    "levels": st.one_of(JUNK, st.lists(st.one_of(JUNK, st.fixed_dictionaries({}, optional={
+        "label": LEAF, "description": LEAF})), max_size=4))})
+BODY = st.fixed_dictionaries({
+    "model": st.one_of(st.just("m"), JUNK), "input": st.one_of(st.lists(st.one_of(ITEM, JUNK), min_size=1,
+                                                                        max_size=3), JUNK),
+    "questions": st.one_of(st.lists(st.one_of(QUESTION, JUNK), min_size=1, max_size=3), JUNK)}, optional={
+    "prompt_cache_key": LEAF,
+    "safety_identifier": LEAF, "prompt_cache_options": st.one_of(LEAF, st.fixed_dictionaries({}, optional={
+        "mode": LEAF, "ttl": LEAF}))})
+
+
+@settings(max_examples=80, deadline=None)
+@given(body=st.one_of(BODY, LEAF))
+def test_any_request_is_translated_or_refused_with_named_fields(body):
+    """Whatever the JSON, the door answers a System One body the service validates, or a 400 naming fields."""
+    try:
+        translated = to_systemone(body)
+    except RequestInvalid as exc:
+        assert openai_error(exc, 400, exc.error_type, str(exc))["error"]["message"]
+        return
+    try:
+        parse_request({k: v for k, v in translated.body.items() if k != "assets"})
+    except RequestInvalid as exc:
+        relocated = translated.relocated(exc)
+        assert all(p.loc[:1] == ("body",) for p in relocated.problems)

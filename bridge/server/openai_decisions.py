@@ -135,7 +135,7 @@ def _parts(content: Any, allowed: set[str], loc: Loc, images: _Images) -> Any:
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in allowed:
+        if not isinstance(kind, str) or kind not in allowed:
             problems.add(loc + (j, "type"), f"this content takes parts of type {', '.join(sorted(allowed))}; got "
                          f"{kind!r}", "invalid_type")
         elif kind in ("input_text", "output_text", "refusal"):
@@ -168,7 +168,8 @@ def _item(item: Any, i: int, calls: dict[str, set[str]], images: _Images) -> Any
     if not isinstance(item, dict):
         problems.add(loc, "an input item must be an object (a message, a call or a call's output)", "type_error")
         return None
-    kind = item.get("type", "message")
+    sent = item.get("type", "message")
+    kind = sent if isinstance(sent, str) else ""  # refused below, named as sent
     if kind == "message":
         role = item.get("role")
         if role not in ("user", "developer", "system", "assistant"):
@@ -179,8 +180,13 @@ def _item(item: Any, i: int, calls: dict[str, set[str]], images: _Images) -> Any
         if role == "assistant" and item.get("phase") is not None:
             out["phase"] = _text(item["phase"], loc + ("phase",), problems)
         return out
+    call = next((c for c, o in CALLS.items() if o == kind), None)  # what an output answers
+    if kind not in CALLS and call is None:
+        problems.add(loc + ("type",), "an input item's type must be message, function_call, function_call_output, "
+                     f"custom_tool_call or custom_tool_call_output; got {sent!r}", "invalid_type")
+        return None
     call_id = _text(item.get("call_id"), loc + ("call_id",), problems)
-    if kind in CALLS:
+    if call is None:
         calls[kind].add(call_id)
         arguments = "arguments" if kind == "function_call" else "input"
         out = {"type": kind, "call_id": call_id, "name": _text(item.get("name"), loc + ("name",), problems),
@@ -188,11 +194,6 @@ def _item(item: Any, i: int, calls: dict[str, set[str]], images: _Images) -> Any
         if item.get("namespace") is not None:
             out["namespace"] = _text(item["namespace"], loc + ("namespace",), problems)
         return out
-    call = next((c for c, o in CALLS.items() if o == kind), None)
-    if call is None:
-        problems.add(loc + ("type",), "an input item's type must be message, function_call, function_call_output, "
-                     f"custom_tool_call or custom_tool_call_output; got {kind!r}", "invalid_type")
-        return None
     if isinstance(call_id, str) and call_id not in calls[call]:
         problems.add(loc + ("call_id",), f"no earlier {call} has call_id {call_id!r}: a tool output must follow its "
                      "call", "invalid_value")
@@ -280,7 +281,7 @@ def _question(raw: Any, i: int, t: Translated, images: _Images, ids: set[str]) -
         problems.add(loc + ("type",), f"{NO_BOX_HEAD}: it answers {', '.join(QUESTION_TYPES)} questions; ask a "
                      "choice or a score about the image instead", "box_not_supported")
         return None
-    if kind not in QUESTION_TYPES:
+    if not isinstance(kind, str) or kind not in QUESTION_TYPES:
         problems.add(loc + ("type",), f"type must be predicate, choice or score; got {kind!r}", "invalid_value")
         return None
     if name is not None and not isinstance(name, str):
