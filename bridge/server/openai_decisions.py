@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ...head.errors import Problem, RequestInvalid
+from ...head.errors import Problem, RequestInvalid, printable
 from ...head.schema import BOX, NO_BOX_HEAD, render
 from ..media.errors import MediaRejected
 from ..media.request import FORMATS, UnsupportedMediaType
@@ -358,6 +358,8 @@ def to_systemone(body: Any) -> Translated:
                    ("body", "images"): ("body", "input"), ("body", "assets"): ("body", "input"), **images.locs})
     if isinstance(state, list):  # one element per input item
         t.locs.update({("body", "state", k): ("body", "input", k) for k in range(len(state))})
+    # as the service's problems write them: a lone surrogate in a question's name reads as its escape
+    t.locs = {tuple(printable(p) if isinstance(p, str) else p for p in loc): to for loc, to in t.locs.items()}
     return t
 
 
