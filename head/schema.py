@@ -11,6 +11,8 @@ from .errors import Problem, RequestInvalid
 from .media import ASSETS_FIELD, IMAGE, MEDIA_KINDS
 
 QUESTION_TYPES = {"noul": 0, "choice": 1, "score": 2}
+# Jev 1.14's question type that typesafe-sdk 0.7.5 sends: refused by name, with why
+BOX, NO_BOX_HEAD = "box", "Clef has no box head (a box question needs a model that locates regions in an image)"
 NOUL_DEFAULTS = {
     "true": "The proposition is true or the answer is yes.",
     "false": "The proposition is false or the answer is no.",
@@ -171,6 +173,10 @@ def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem]) -> Qu
         problems.append(Problem(loc, "a question must be an object with 'type'", "type_error"))
         return None
     qtype = raw.get("type")
+    if qtype == BOX:
+        problems.append(Problem(loc + ("type",), f"{NO_BOX_HEAD}: it answers {', '.join(QUESTION_TYPES)} questions; "
+                                "ask a choice or a score about the image instead", "box_not_supported"))
+        return None
     if not isinstance(qtype, str) or qtype not in QUESTION_TYPES:  # {} or [] would not even hash
         problems.append(Problem(loc + ("type",), f"type must be one of {', '.join(QUESTION_TYPES)}; got {qtype!r}",
                                 "value_error"))

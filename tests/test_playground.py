@@ -532,3 +532,35 @@ def test_hostile_names_show_as_text_and_the_compare_curl_on_screen_quotes_them(b
         copied = page.evaluate("navigator.clipboard.readText()")
         assert copied == shown  # no media: the copy is the screen's text
         assert [e for e in p.errors if "401" not in e] == [], p.errors  # the first load's list, before the route
+
+
+def test_copy_as_openai_runs_and_answers_as_system_one(browser, server: ClefServer, timed):
+    """The openai SDK snippet asks POST /v1/decisions the same questions about the same text: the probabilities
+    System One gives, in question order, with the choices' values and the levels' labels."""
+    with Page(browser, server.url) as p:
+        page = p.page
+        choose_model(page, "Model", "demo")
+        fill_request(page)
+        body = request_body(page)
+        status, direct = http("POST", server.url + "/v1/systemone", body)
+        assert status == 200, direct
+        page.get_by_role("button", name="Copy as OpenAI").click()
+        playwright_sync.expect(page.get_by_text("Copied the OpenAI code.")).to_be_visible()
+        code = page.evaluate("navigator.clipboard.readText()")
+        page.get_by_role("tab", name="Python (openai)").click()
+        assert page.get_by_role("tabpanel", name="Python (openai)").text_content() == code
+        assert "from openai import OpenAI" in code and f'base_url="{server.url}/v1"' in code
+        dump = "print('ANSWERS=' + __import__('json').dumps(decision.model_dump(mode='json')['answers']))"
+        run = subprocess.run([sys.executable, "-c", f"{code}\n{dump}\n"], capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0, run.stderr
+        answers = json.loads(run.stdout.rsplit("ANSWERS=", 1)[1])
+        assert [a["name"] for a in answers] == list(direct["answers"])
+        for answer, want in zip(answers, direct["answers"].values()):
+            # the same prompt; a prefix-cache hit may move the 4th decimal
+            if "noul" in want:
+                assert answer["probability"] == pytest.approx(want["noul"], abs=2e-4)
+            else:
+                assert [x["probability"] for x in answer["probabilities"]] == pytest.approx(
+                    list(want["probabilities"].values()), abs=2e-4)
+        assert p.errors == [], p.errors

@@ -8,6 +8,8 @@ Prompts are random token ids shaped like Clef's: a fixed prefix, the state (the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import llama_cpp as lc
 import numpy as np
 import pytest
@@ -309,3 +311,15 @@ def test_the_agent_loop_benchmark_runs_on_the_tiny_model(fx, capsys):
     assert result.speedup > 0 and result.split_ms["head"] > 0
     assert [r["reused"] > 0 for r in result.same_state] == [False, True]
     assert "uncached / cached" in text(result) and "plain_over_cached" in result.to_dict()
+
+
+def test_partitions_share_no_kv_in_a_batch_or_across_batches(cached, plain):
+    words = Words(21)
+    state, question = words(150), words(6)
+    alice, bob = (replace(request(state, question), partition=(who,)) for who in ("alice", "bob"))
+    shared = cached.prefix_cache.stats().shared
+    assert check(cached, plain, [alice, bob]) == [0, 0]  # the same prompt, decoded twice
+    assert cached.prefix_cache.stats().shared == shared
+    assert check(cached, plain, [alice])[0] > 0
+    assert check(cached, plain, [replace(alice, partition=("carol",)), request(state, question)]) == [0, 0]
+    assert check(cached, plain, [bob])[0] > 0

@@ -56,6 +56,10 @@ class Scenario:
     edits: tuple[tuple[Edit, ...], ...]  # per edited variant, its edits (applied back to front)
     batches: tuple[tuple[int, ...], ...]  # which prompts go in each batch: 0 is the original, i the i-th variant
     seed: int
+    partitioned: bool = False  # odd-numbered prompts in a partition of their own (prompt_cache_key)
+
+    def partition(self, prompt: int) -> tuple[str, ...]:
+        return ("odd",) if self.partitioned and prompt % 2 else ()
 
 
 def checkpoints(state: int) -> list[int]:
@@ -89,7 +93,7 @@ def scenarios(draw) -> Scenario:
         batches = (tuple(order[:cut]), tuple(order[cut:]))
     else:  # one batch: followers join leaders inside the decode
         batches = (tuple(order),)
-    return Scenario(state, variants, batches, draw(st.integers(0, 2**16)))
+    return Scenario(state, variants, batches, draw(st.integers(0, 2**16)), draw(st.booleans()))
 
 
 def apply(state: np.ndarray, edits: tuple[Edit, ...], rng: np.random.Generator) -> np.ndarray:
@@ -115,31 +119,34 @@ def common(a: np.ndarray, b: np.ndarray) -> int:
 NEAR_MISS = Scenario(  # an edit 3 tokens before the checkpoint at 64, both prompts in one batch: the follower
     100, ((Edit("replace", 61, 1),),), ((0, 1),), 1)  # must join its leader at 32, not at 64
 ACROSS = Scenario(100, ((Edit("replace", 64, 1),), (Edit("insert", 70, 3),)), ((0,), (1, 2, 0)), 2)
+APART = Scenario(100, ((Edit("replace", 90, 1),),), ((0, 1), (1, 0)), 3, partitioned=True)  # restores its own
 
 
 @settings(max_examples=30, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @example(NEAR_MISS)
 @example(ACROSS)
+@example(APART)
 @given(scenarios())
 def test_any_edit_gives_a_plain_prefills_hidden_states(cached, plain, scenario):
     rng = np.random.default_rng(scenario.seed)
     state = rng.integers(1000, 100000, size=scenario.state).astype(np.int32)
     states = [state] + [apply(state, edits, rng) for edits in scenario.edits]
     cached.prefix_cache.clear()
-    seen: list[np.ndarray] = []
+    seen: list[PrefillRequest] = []
     for batch in scenario.batches:
         requests = [PrefillRequest(np.concatenate([PREFIX, states[i], rng.integers(1000, 100000, size=12 + k)
-                                                  .astype(np.int32)]), (START, START + len(states[i])))
+                                                  .astype(np.int32)]), (START, START + len(states[i])),
+                                   scenario.partition(i))
                     for k, i in enumerate(batch)]
         results = cached.prefill_cached(requests)
         expected = plain.prefill_many([r.tokens for r in requests])
         for k, (req, result, full) in enumerate(zip(requests, results, expected, strict=True)):
-            # a prefix is only reused from a prompt decoded before, or earlier in the same batch
-            known = max((common(req.tokens, other) for other in seen + [r.tokens for r in requests[:k]]),
-                        default=0)
+            # a prefix is only reused from a prompt of its partition decoded before, or earlier in the same batch
+            known = max((common(req.tokens, other.tokens) for other in seen + requests[:k]
+                         if other.partition == req.partition), default=0)
             assert result.reused <= known, (k, result.reused, known)
             assert result.hidden.shape == (len(req.tokens) - result.reused, cached.n_embd)
             np.testing.assert_allclose(result.hidden, full[result.reused:], rtol=0, atol=TOL,
                                        err_msg=f"prompt {k} of batch {batch}, reused {result.reused}")
-        seen += [r.tokens for r in requests]
+        seen += requests

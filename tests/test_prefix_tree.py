@@ -161,3 +161,17 @@ def test_clear_frees_every_branch_and_forgets_every_checkpoint():
     t.clear()
     assert t.memory.dropped == [9] and t.root.children == [] and t.branches == [] and t.bytes == 0
     assert not a.alive and sorted(t.free_seqs) == [8, 9] and t.matching(TOKENS, pending_ok=True) == []
+
+
+def test_partitions_have_roots_of_their_own_and_an_emptied_one_goes():
+    t = tree()
+    a = t.add(t.root, 5, TOKENS, state(), ready=True, used=1)
+    b = t.add(t.root_of(("alice",)), 5, TOKENS, state(), ready=True, used=2)
+    assert t.matching(TOKENS, pending_ok=True) == [a]
+    assert t.matching(TOKENS, pending_ok=True, partition=("alice",)) == [b]
+    assert t.matching(TOKENS, pending_ok=True, partition=("bob",)) == [] and ("bob",) not in t.roots
+    assert t.common_prefix(TOKENS, ("bob",)) == 0 and t.common_prefix(TOKENS, ("alice",)) == 5
+    assert sorted(t.all_nodes(), key=id) == sorted([a, b], key=id)
+    t.drop_state(b)
+    t.prune(b)
+    assert set(t.roots) == {()}  # alice's root went with her last checkpoint

@@ -220,6 +220,12 @@ def test_the_key_holds_the_media_digests_in_order():
     assert request_key("m", {"x": {1, 2}}) is None  # not JSON: never shared
 
 
+def test_the_key_holds_the_prefix_caches_partition():
+    # identical bodies under different prompt_cache_keys share nothing: the answer's reused tokens would tell
+    assert request_key("m", BODY, partition=("alice",)) != request_key("m", BODY, partition=("bob",))
+    assert request_key("m", BODY, partition=()) == request_key("m", BODY)
+
+
 def test_reject_if_busy_refuses_while_the_model_works_but_joins_an_answer_under_way():
     gate = threading.Event()
     model = FakeModel(gate=gate)

@@ -60,7 +60,8 @@ class PrefixCacheOptions:
 class PrefillRequest:
     tokens: np.ndarray  # [t] int32, the whole prompt
     cache_span: tuple[int, int] | None = None  # [start, end) where checkpoints may be made: the state
-    # requests of different partitions never share KV cells, states or payloads (a model's LoRA adapter and head)
+    # requests of different partitions never share KV cells, states or payloads (a fine-tune's adapter and head, a
+    # client's prompt_cache_key)
     partition: tuple[str, ...] = ()
 
 

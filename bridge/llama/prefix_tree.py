@@ -5,7 +5,9 @@ segments a prompt starts with, walked down from the root, are exactly its cached
 Branch is a spare llama.cpp sequence id whose KV cells hold tokens[:tip.pos] of one token path: it
 covers every node on that path up to its tip, and a node is restorable while it has its recurrent
 state and at least one branch. A Segment is the KV cells one request decoded; branches share them
-(llama_memory_seq_cp), so the cells in use are counted per segment, not per branch.
+(llama_memory_seq_cp), so the cells in use are counted per segment, not per branch. Each partition (a
+request's PrefillRequest.partition: a fine-tune's adapter, a client's prompt_cache_key) has a root of its own,
+so requests of different partitions never find each other's checkpoints; an emptied root goes away.
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ class Prepared:
     encoded: Encoded
     tokenize_s: float
     media: Media = NO_MEDIA  # decoded: uint8 [h, w, 3] pixels, float32 16 kHz mono samples, each in prompt order
+    partition: tuple[str, ...] = ()  # the prefix cache's partition (PrefillRequest.partition): the worker sets it
 
     @property
     def has_media(self) -> bool:
@@ -224,7 +225,7 @@ class ClefModel:
             return [item for p in batch for item in
                     (self._prefill_media(p) if p.has_media else self.prefill_batch([p]))]
         t0 = time.perf_counter()
-        done = self.backbone.prefill_cached([PrefillRequest(p.encoded.input_ids, p.encoded.state_span)
+        done = self.backbone.prefill_cached([PrefillRequest(p.encoded.input_ids, p.encoded.state_span, p.partition)
                                              for p in batch])
         backbone_s = time.perf_counter() - t0
         return [Prefilled(p, d.hidden, backbone_s, len(batch), d.reused, d.prefix_payloads, d.new_segments, d.ticket)

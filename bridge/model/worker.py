@@ -8,7 +8,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ...head.errors import Category, ClefError
@@ -57,6 +57,7 @@ class Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     media: Media = NO_MEDIA  # decoded (bridge.media.request.decode_kind), each kind in prompt order
+    partition: tuple[str, ...] = ()  # the prefix cache's partition (PrefillRequest.partition)
     enqueued: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set from the event loop when the client is gone or the deadline passed
     queue_s: float = 0.0
@@ -120,11 +121,12 @@ class InferenceWorker:
         if has_media and sum(1 for job in tuple(self._queue) if job.media) >= self.max_media_jobs:
             raise Overloaded(self.name, self.max_media_jobs, "image or audio requests")
 
-    def submit(self, request: DecisionRequest, media: Media = NO_MEDIA, reject_if_busy: bool = False) -> Job:
+    def submit(self, request: DecisionRequest, media: Media = NO_MEDIA, reject_if_busy: bool = False,
+               partition: tuple[str, ...] = ()) -> Job:
         """Queue one validated request and its decoded media (call from the event loop); reject_if_busy: refuse
-        (429) instead of waiting behind other requests."""
+        (429) instead of waiting behind other requests; partition: the prefix cache's."""
         loop = asyncio.get_running_loop()
-        job = Job(request, loop.create_future(), loop, media)
+        job = Job(request, loop.create_future(), loop, media, partition=partition)
         with self._cv:
             if self._stopping or not self._thread.is_alive():
                 raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
@@ -161,7 +163,8 @@ class InferenceWorker:
                     continue
                 job.queue_s = now - job.enqueued
                 try:
-                    ready.append((job, self.model.prepare(job.request, job.media)))
+                    prepared = self.model.prepare(job.request, job.media)
+                    ready.append((job, replace(prepared, partition=job.partition) if job.partition else prepared))
                 except Exception as exc:  # noqa: BLE001 - every failure goes back to its own request
                     self._deliver(job, exc)
             for batch in self._batches(ready):

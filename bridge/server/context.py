@@ -85,9 +85,11 @@ def jev_error(exc: BaseException | None, status: int, error_type: str, message: 
 @dataclass(frozen=True)
 class Door:
     """One API shape the server speaks over the decision service: its routes' handlers (by their names in
-    routes.py), the shape of its errors (routes.py's `shape` of its rows) and its paths in /openapi.json."""
+    routes.py), the shape of its errors (routes.py's `shape` of its rows), its paths in /openapi.json, and the
+    statuses its protocol answers in place of errors.py's (OpenAI's 400 for an invalid request)."""
 
     shape: str
     handlers: dict[str, Handler]
     error_body: ErrorShape
     openapi_paths: OpenApiPaths
+    statuses: dict[int, int] = field(default_factory=dict)

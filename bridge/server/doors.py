@@ -1,20 +1,23 @@
-"""The API shapes this server speaks, each a front door over the one decision service: Jev's System One and
-Cloudflare's Workers AI. A new shape is a module beside these holding its Door (its handlers, the shape of its
-errors, its paths in /openapi.json), its rows in routes.py, and its line below: three files."""
+"""The API shapes this server speaks, each a front door over the one decision service: Jev's System One,
+Cloudflare's Workers AI and OpenAI's Decisions. A new shape is a module beside these holding its Door (its
+handlers, the shape of its errors, its paths in /openapi.json), its rows in routes.py, and its line below: three
+files."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import systemone, workers_ai
+from . import openai_decisions, systemone, workers_ai
 from .context import Door, ErrorShape, Handler, jev_error
 from .routes import JEV_SHAPE
 
-DOORS: tuple[Door, ...] = (systemone.DOOR, workers_ai.DOOR)
+DOORS: tuple[Door, ...] = (systemone.DOOR, workers_ai.DOOR, openai_decisions.DOOR)
 
 HANDLERS: dict[str, Handler] = {name: handler for door in DOORS for name, handler in door.handlers.items()}
 # every route's errors take their door's shape; the routes of no door (models, health, ...) Jev's
 ERROR_SHAPES: dict[str, ErrorShape] = {JEV_SHAPE: jev_error, **{door.shape: door.error_body for door in DOORS}}
+# a shape's statuses in place of errors.py's, where its protocol has its own
+STATUSES: dict[str, dict[int, int]] = {door.shape: door.statuses for door in DOORS}
 
 
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:

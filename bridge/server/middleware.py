@@ -21,7 +21,7 @@ from .appstate import METRICS, REGISTRY
 from .auth import CHALLENGE
 from .body import header
 from .context import INFO, RequestLog, escaped, json_response
-from .doors import ERROR_SHAPES
+from .doors import ERROR_SHAPES, STATUSES
 from .errors import answer_for, error_type_of
 from .prometheus import Metrics
 from .routes import JEV_SHAPE, SHAPE_PREFIXES, SHAPES, UNMATCHED
@@ -99,6 +99,7 @@ def _error_response(request: web.Request, exc: Exception, info: RequestLog, shap
         info.error_type = "client_closed_request"
         return json_response({"detail": {"error_type": info.error_type, "message": "client closed"}}, CLIENT_CLOSED)
     status = answer_for(exc).status
+    status = STATUSES.get(shape, {}).get(status, status)
     info.error_type = error_type_of(exc)
     if status >= 500 and not isinstance(exc, ClefError):
         log.exception("request %s failed", info.id)

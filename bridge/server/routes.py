@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 UNMATCHED = "unmatched"
-JEV_SHAPE, WORKERS_AI_SHAPE = "jev", "workers_ai"  # the API shape a route's answers and errors take
+JEV_SHAPE, WORKERS_AI_SHAPE, OPENAI_SHAPE = "jev", "workers_ai", "openai"  # the shape of a route's answers, errors
 # Cloudflare's paths, matched or not, answer in the Workers AI envelope: its clients call either the bare
 # route or the REST API's, whose base is https://api.cloudflare.com/client/v4 (they change only the host)
 WORKERS_AI_PREFIXES = ("/accounts/", "/client/v4/")
@@ -27,6 +27,7 @@ ROUTES = (
     Route("GET", "/v1/models", "models"),
     Route("POST", "/" + WORKERS_AI_RUN, "workers_ai", shape=WORKERS_AI_SHAPE),
     Route("POST", "/client/v4/" + WORKERS_AI_RUN, "workers_ai_v4", shape=WORKERS_AI_SHAPE),
+    Route("POST", "/v1/decisions", "openai_decisions", shape=OPENAI_SHAPE),
     Route("GET", "/health", "health", public=True),
     Route("GET", "/ready", "ready", public=True),
     Route("GET", "/metrics", "metrics"),  # labels carry model names, so it needs a key like /v1/models

@@ -2,6 +2,11 @@
 
 Clients retry on timeouts (the official SDK up to 3 times), so the same body can arrive while its
 first copy is still queued; it waits on that job instead of queueing another.
+
+The prefix cache's partition (a client's prompt_cache_key) is part of the key: identical bodies under
+different keys would give the same probabilities, but sharing their computation or a cached answer would
+show one client, through the answer's reused tokens and its latency, that another sent the same request,
+which is what partitioning the cache is for. A client's own retries carry its key, so they still share.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from ..media.request import NO_MEDIA, Media
 from ..model.clef_model import Scored
 from ..model.worker import InferenceWorker, Job
 
-Key = tuple[str, bytes]
+Key = tuple[str, tuple[str, ...], bytes]
 
 
 @dataclass(eq=False)
@@ -40,10 +45,11 @@ class Shared:
             self.job.cancelled = True
 
 
-def request_key(model: str, body: Any, media: Media = NO_MEDIA) -> Key | None:
-    """(model, canonical body + the sha256 of each medium, in prompt order: bridge.media.request.Media.digests)."""
+def request_key(model: str, body: Any, media: Media = NO_MEDIA, partition: tuple[str, ...] = ()) -> Key | None:
+    """(model, the prefix cache's partition, canonical body + the sha256 of each medium, in prompt order:
+    bridge.media.request.Media.digests)."""
     try:
-        return model, orjson.dumps(body, option=orjson.OPT_SORT_KEYS) + b"".join(media.digests)
+        return model, partition, orjson.dumps(body, option=orjson.OPT_SORT_KEYS) + b"".join(media.digests)
     except (orjson.JSONEncodeError, TypeError):
         return None
 
@@ -58,11 +64,12 @@ class Coalescer:
         self._cache: OrderedDict[Key, Scored] = OrderedDict()
 
     def submit(self, worker: InferenceWorker, body: Any, request: DecisionRequest, media: Media = NO_MEDIA,
-               reject_if_busy: bool = False) -> Shared:
+               reject_if_busy: bool = False, partition: tuple[str, ...] = ()) -> Shared:
         """The computation for this body (request: it parsed) and its decoded media (keyed by their bytes' sha256
-        digests): a cached answer, one in flight, or a new job on the worker (refused while it is busy with
-        reject_if_busy: joining an answer that exists or is under way waits behind nothing)."""
-        key = request_key(worker.name, body, media)
+        digests) in the prefix cache's partition: a cached answer, one in flight, or a new job on the worker
+        (refused while it is busy with reject_if_busy: joining an answer that exists or is under way waits behind
+        nothing)."""
+        key = request_key(worker.name, body, media, partition)
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)
             self._on_shared(worker.name, "cache")
@@ -72,7 +79,7 @@ class Coalescer:
         if key is not None and key in self._inflight:
             self._on_shared(worker.name, "in_flight")
             return self._join(self._inflight[key])
-        job = worker.submit(request, media, reject_if_busy=reject_if_busy)
+        job = worker.submit(request, media, reject_if_busy=reject_if_busy, partition=partition)
         shared = Shared(job.future, job)
         if key is not None:
             self._inflight[key] = shared

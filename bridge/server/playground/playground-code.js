@@ -110,3 +110,56 @@ export function pythonText(body, models, media) {
   }
   return out.join('\n');
 }
+
+// A value as the server's prompt renders it: compact JSON with sorted keys (a string stays itself).
+function rendered(value) {
+  const sorted = (v) => (Array.isArray(v) ? v.map(sorted) : v && typeof v === 'object'
+    ? Object.fromEntries(Object.keys(v).sort().map((k) => [k, sorted(v[k])])) : v);
+  return typeof value === 'string' ? value : JSON.stringify(sorted(value));
+}
+
+// The request as Python for OpenAI's SDK (POST /v1/decisions): a text state and the questions read the same as
+// in System One, so the probabilities are; images become a user message with input_image parts (another prompt).
+export function openaiText(body, models, media) {
+  const images = media.filter((m) => m.kind === 'image');
+  const questions = Object.entries(body.questions).map(([name, q]) => {
+    const out = { type: { noul: 'predicate' }[q.type] || q.type, name,
+      instructions: q.instructions == null ? '' : rendered(q.instructions) };
+    if (q.type === 'choice') {
+      out.choices = Object.entries(q.criteria || {}).map(([value, d]) => (d == null ? { value }
+        : { value, description: rendered(d) }));
+    }
+    if (q.type === 'score') {
+      out.levels = (q.criteria || []).map((level) => (level && typeof level === 'object' && 'label' in level
+        ? level : { label: rendered(level) }));
+    }
+    return out;
+  });
+  const text = rendered(body.state ?? '');
+  const out = ['import os'];
+  if (images.length) out.push('from base64 import b64encode', 'from pathlib import Path');
+  out.push('', 'from openai import OpenAI', '');
+  if (images.length) {
+    out.push('def image(path, mime):', '    return {"type": "input_image", "image_url": f"data:{mime};base64,"'
+      + ' + b64encode(Path(path).read_bytes()).decode()}', '', '');
+  }
+  out.push('client = OpenAI(');
+  out.push('    api_key=os.environ.get("CLEF_API_KEY", "local"),  # any key when the server runs without auth');
+  out.push(`    base_url=${literal(`${location.origin}/v1`)},`);
+  out.push(')');
+  const input = images.length
+    ? `[{"role": "user", "content": [{"type": "input_text", "text": ${py(text)}}, ${images.map((m) =>
+      `image(${literal(m.file.name)}, ${literal(m.file.type || 'image/png')})`).join(', ')}]}]`
+    : py(text, 4);
+  const many = models.length > 1;
+  if (many) out.push(`for model in ${py(models)}:`);
+  const pad = many ? '    ' : '';
+  out.push(`${pad}decision = client.decisions.create(`);
+  out.push(`${pad}    model=${many ? 'model' : literal(models[0])},`);
+  out.push(`${pad}    input=${input},`);
+  out.push(`${pad}    questions=${py(questions, pad.length + 4)},`);
+  out.push(`${pad})`);
+  if (media.some((m) => m.kind === 'audio')) out.push(`${pad}# OpenAI's shape has no audio: this request's audio is left out here`);
+  out.push(`${pad}print(${many ? 'model, ' : ''}decision.answers)`);
+  return out.join('\n');
+}

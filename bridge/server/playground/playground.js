@@ -3,7 +3,7 @@
 // ES modules (strict by themselves): this one holds the state and the wiring; playground-view.js draws the
 // answers and errors, playground-code.js writes the request as curl, Python and JSON.
 
-import { bodyJSON, curlTexts, pythonText } from './playground-code.js';
+import { bodyJSON, curlTexts, openaiText, pythonText } from './playground-code.js';
 import { $, describeError, el, hideError, markStale, renderAnswers, showError } from './playground-view.js';
 
 const KEY_STORE = 'clef-bridge.playground.api-key';
@@ -453,6 +453,7 @@ function renderCode() {
   $('code-curl').textContent = curlCommands(models.length ? models : ['MODEL'], true);
   $('code-python').textContent = pythonText(body, models.length ? models : ['MODEL'], activeMedia());
   $('code-json').textContent = bodyJSON(body, true);
+  $('code-openai').textContent = openaiText(body, models.length ? models : ['MODEL'], activeMedia());
 }
 
 function selectTab(tab) {
@@ -590,6 +591,7 @@ function init() {
     const models = selectedModels().filter(Boolean);
     copyText(pythonText(buildBody(models[0] || 'MODEL').body, models.length ? models : ['MODEL'], activeMedia()), 'the Python code');
   });
+  $('copy-openai').addEventListener('click', () => copyText($('code-openai').textContent, 'the OpenAI code'));
   if (apiKey()) { $('key-field').hidden = false; $('api-key').value = apiKey(); }
   renderQuestions();
   renderCode();

@@ -1,0 +1,448 @@
+"""OpenAI's Decisions API (POST /v1/decisions) as a front door: the request becomes the equivalent System One body
+(predicate -> noul, choice -> choice, score -> score; same instructions, options and order, so the same prompt and
+the same probabilities), the service decides it, and the answers come back in OpenAI's shape. The rendering of an
+input message list into Clef's state is described in docs/api.md ("OpenAI's Decisions API")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from aiohttp import web
+
+from ...head.errors import Problem, RequestInvalid, printable
+from ...head.schema import BOX, NO_BOX_HEAD, render
+from ..media.errors import MediaRejected
+from ..media.request import FORMATS, UnsupportedMediaType
+from ..service.decision import Decision
+from .context import INFO, Door, json_response
+from .decisions import decide, decision_input, read_body, reply
+from .routes import OPENAI_SHAPE, PATHS
+
+Loc = tuple[str | int, ...]
+# What Clef asks for each of OpenAI's question types
+QUESTION_TYPES = {"predicate": "noul", "choice": "choice", "score": "score"}
+# The parts each input item's content (or output) may hold
+PARTS = {"user": {"input_text", "input_image", "input_json"}, "developer": {"input_text"},
+         "system": {"input_text"}, "assistant": {"output_text", "refusal"},
+         "tool_output": {"input_text", "input_image"}, "instructions": {"input_text", "input_image", "input_json"}}
+CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
+_DATA_URL = re.compile(r"data:image/([A-Za-z0-9.+-]+)((?:;[^,;]*)*),", re.ASCII)
+# An OpenAI answer's status -> its error type (the SDK reads `type`); other 4xx are invalid requests
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+               429: "rate_limit_error"}
+
+
+@dataclass
+class Translated:
+    """An OpenAI request as System One: the body, the model, the prefix cache's partition, each question's name
+    and typed values, and where each System One location came from in the OpenAI request."""
+
+    body: dict[str, Any] = field(default_factory=dict)
+    model: Any = None
+    partition: tuple[str, ...] = ()
+    names: list[str | None] = field(default_factory=list)
+    values: dict[str, list[Any]] = field(default_factory=dict)  # question id -> typed choice values or level labels
+    locs: dict[Loc, Loc] = field(default_factory=dict)  # System One location -> the OpenAI request's
+
+    def relocated(self, exc: RequestInvalid) -> RequestInvalid:
+        """The service's refusal with its locations in the OpenAI request's terms (the same class and status)."""
+        problems = [Problem(self.openai_loc(p.loc), p.msg, p.type) for p in exc.problems]
+        if isinstance(exc, MediaRejected):
+            return type(exc)(problems[0].loc, problems=problems)
+        return RequestInvalid(problems)
+
+    def openai_loc(self, loc: Loc) -> Loc:
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in self.locs:
+                return self.locs[loc[:n]]
+        return loc
+
+
+class _Problems(list):
+    def add(self, loc: Loc, msg: str, kind: str = "value_error") -> None:
+        self.append(Problem(("body",) + loc, msg, kind))
+
+
+def param(loc: Loc) -> str | None:
+    """An OpenAI `param`: questions[0].choices[1] for ("body", "questions", 0, "choices", 1)."""
+    out = ""
+    for part in loc[1:] if loc[:1] == ("body",) else loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def openai_error(exc: BaseException | None, status: int, error_type: str, message: str) -> dict[str, Any]:
+    """OpenAI's error shape: {"error": {message, type, param, code}}; an invalid request's param names the first
+    offending field, its code says what is wrong with it. The message starts with the field, or else the code: the
+    SDK's exception text holds only the message, and clients read it (langchain-openai looks for
+    context_length_exceeded there)."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    if isinstance(exc, RequestInvalid) and exc.problems:
+        first = exc.problems[0]
+        message = "; ".join(f"{param(p.loc) or 'body'}: {p.msg}" for p in exc.problems)
+        return {"error": {"message": message, "type": kind, "param": param(first.loc), "code": first.type}}
+    return {"error": {"message": f"{error_type}: {message}", "type": kind, "param": None, "code": error_type}}
+
+
+# --- the request -------------------------------------------------------------------------------------------
+
+class _Images:
+    """input_image parts as the System One body's assets: a placeholder in the text, the image by that name."""
+
+    def __init__(self, problems: _Problems):
+        self.problems = problems
+        self.assets: dict[str, dict[str, str]] = {}
+        self.locs: dict[Loc, Loc] = {}
+
+    def placeholder(self, part: dict[str, Any], loc: Loc) -> str | None:
+        url = part.get("image_url")
+        if part.get("file_id") is not None or not isinstance(url, str):
+            self.problems.add(loc + ("image_url",), "input_image needs image_url: a base64 data URL such as "
+                              "data:image/png;base64,... (file ids are not supported)",
+                              "missing" if url is None else "type_error")
+            return None
+        if url.startswith(("http://", "https://")):
+            self.problems.add(loc + ("image_url",), "is a URL; clef-bridge fetches nothing: send the image as a "
+                              "base64 data URL (data:image/png;base64,...)", "image_url_not_supported")
+            return None
+        match = _DATA_URL.match(url)
+        fmt = match.group(1).lower() if match else ""
+        if match is None or "base64" not in match.group(2).split(";") or fmt not in FORMATS:
+            self.problems.add(loc + ("image_url",), "must be a base64 data URL of a PNG, JPEG or WebP image "
+                              "(data:image/png;base64,...)", "invalid_image_url")
+            return None
+        digest = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        name = f"<image:{digest}:{len(self.assets)}>"  # any name reads the same: the prompt has "[image N]" there
+        self.assets[name] = {"type": "image", "format": fmt, "data_base64": url[match.end():]}
+        self.locs[("body", "assets", name)] = ("body",) + loc + ("image_url",)
+        return name
+
+
+def _parts(content: Any, allowed: set[str], loc: Loc, images: _Images) -> Any:
+    """A content (or output): a string stays a string; parts become a list of texts, image placeholders, JSON
+    data and {"refusal": text} objects."""
+    problems = images.problems
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        problems.add(loc, "must be a string or an array of content parts", "type_error")
+        return None
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str) or kind not in allowed:
+            problems.add(loc + (j, "type"), f"this content takes parts of type {', '.join(sorted(allowed))}; got "
+                         f"{kind!r}", "invalid_type")
+        elif kind in ("input_text", "output_text", "refusal"):
+            text = part.get("refusal" if kind == "refusal" else "text")
+            if not isinstance(text, str):
+                problems.add(loc + (j, "refusal" if kind == "refusal" else "text"), "must be a string",
+                             "type_error")
+            out.append({"refusal": text} if kind == "refusal" else text)
+        elif kind == "input_json":
+            data = part.get("data")
+            if not isinstance(data, (dict, list)):
+                problems.add(loc + (j, "data"), "must be a JSON object or an array of objects", "type_error")
+            out.append(data)
+        else:
+            out.append(images.placeholder(part, loc + (j,)))
+    return out
+
+
+def _text(value: Any, loc: Loc, problems: _Problems, required: bool = True) -> Any:
+    if isinstance(value, str) or (value is None and not required):
+        return value
+    problems.add(loc, "must be a string", "missing" if value is None else "type_error")
+    return None
+
+
+def _item(item: Any, i: int, calls: dict[str, set[str]], images: _Images) -> Any:
+    """One input item as the state's JSON: a message {role, content[, phase]}, a call {type, call_id, name,
+    arguments or input[, namespace]} or an output {type, call_id, output}; item ids and statuses are left out."""
+    problems, loc = images.problems, ("input", i)
+    if not isinstance(item, dict):
+        problems.add(loc, "an input item must be an object (a message, a call or a call's output)", "type_error")
+        return None
+    sent = item.get("type", "message")
+    kind = sent if isinstance(sent, str) else ""  # refused below, named as sent
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "developer", "system", "assistant"):
+            problems.add(loc + ("role",), f"role must be user, developer, system or assistant; got {role!r}",
+                         "invalid_value")
+            return None
+        out = {"role": role, "content": _parts(item.get("content"), PARTS[role], loc + ("content",), images)}
+        if role == "assistant" and item.get("phase") is not None:
+            out["phase"] = _text(item["phase"], loc + ("phase",), problems)
+        return out
+    call = next((c for c, o in CALLS.items() if o == kind), None)  # what an output answers
+    if kind not in CALLS and call is None:
+        problems.add(loc + ("type",), "an input item's type must be message, function_call, function_call_output, "
+                     f"custom_tool_call or custom_tool_call_output; got {sent!r}", "invalid_type")
+        return None
+    call_id = _text(item.get("call_id"), loc + ("call_id",), problems)
+    if call is None:
+        calls[kind].add(call_id)
+        arguments = "arguments" if kind == "function_call" else "input"
+        out = {"type": kind, "call_id": call_id, "name": _text(item.get("name"), loc + ("name",), problems),
+               arguments: _text(item.get(arguments), loc + (arguments,), problems)}
+        if item.get("namespace") is not None:
+            out["namespace"] = _text(item["namespace"], loc + ("namespace",), problems)
+        return out
+    if isinstance(call_id, str) and call_id not in calls[call]:
+        problems.add(loc + ("call_id",), f"no earlier {call} has call_id {call_id!r}: a tool output must follow its "
+                     "call", "invalid_value")
+    return {"type": kind, "call_id": call_id,
+            "output": _parts(item.get("output"), PARTS["tool_output"], loc + ("output",), images)}
+
+
+def _state(raw: Any, images: _Images) -> Any:
+    if isinstance(raw, str):
+        return raw
+    if not isinstance(raw, list) or not raw:
+        images.problems.add(("input",), "input must be a string or a non-empty array of messages, calls and outputs",
+                            "missing" if raw is None else "type_error")
+        return None
+    calls: dict[str, set[str]] = {kind: set() for kind in CALLS}
+    return [_item(item, i, calls, images) for i, item in enumerate(raw)]
+
+
+def _instructions(raw: Any, loc: Loc, images: _Images) -> str | None:
+    """Text, or parts joined into one text (a JSON part as compact sorted JSON, an image as its placeholder)."""
+    parts = _parts(raw, PARTS["instructions"], loc, images)
+    if not isinstance(parts, list):
+        return parts
+    return "".join(p if isinstance(p, str) else render(p) for p in parts if p is not None)
+
+
+def _choices(raw: Any, loc: Loc, t: Translated, qid: str, problems: _Problems) -> dict[str, Any]:
+    """Choice values as System One options: a value's text names it (a boolean reads true or false), so two values
+    of one text cannot both be asked; the answer gives each value back with its type."""
+    if not isinstance(raw, list):
+        problems.add(loc, "choices must be an array of {value, description?}", "missing" if raw is None else
+                     "type_error")
+        return {}
+    criteria: dict[str, Any] = {}
+    values = t.values[qid] = []
+    for j, choice in enumerate(raw):
+        value = choice.get("value") if isinstance(choice, dict) else None
+        if not isinstance(value, (str, bool)):
+            problems.add(loc + (j, "value"), "a choice's value must be a string or a boolean",
+                         "missing" if value is None else "type_error")
+            continue
+        text = value if isinstance(value, str) else ("true" if value else "false")
+        if text in criteria:
+            same = values[list(criteria).index(text)]
+            shown, other = json.dumps(value), json.dumps(same)
+            problems.add(loc + (j, "value"), f"duplicate choice {shown}: each choice must be unique" if shown == other
+                         else f"{shown} and {other} read the same to Clef ({text}): a choice's value enters the "
+                         "prompt as text, so a string and a boolean of one text cannot both be choices",
+                         "duplicate_choice")
+            continue
+        criteria[text] = _text(choice.get("description"), loc + (j, "description"), problems, required=False)
+        values.append(value)
+        t.locs[("body", "questions", qid, "criteria", text)] = ("body",) + loc + (j,)
+    return criteria
+
+
+def _levels(raw: Any, loc: Loc, t: Translated, qid: str, problems: _Problems) -> list[Any]:
+    """Score levels: a label alone reads as its text, a label with a description as {"description", "label"}."""
+    if not isinstance(raw, list):
+        problems.add(loc, "levels must be an array of {label, description?}, lowest first",
+                     "missing" if raw is None else "type_error")
+        return []
+    levels: list[Any] = []
+    labels = t.values[qid] = []
+    for j, level in enumerate(raw):
+        label = level.get("label") if isinstance(level, dict) else None
+        if not isinstance(label, str):
+            problems.add(loc + (j, "label"), "a level needs a label (a string)", "missing" if label is None else
+                         "type_error")
+            continue
+        description = _text(level.get("description"), loc + (j, "description"), problems, required=False)
+        levels.append(label if description is None else {"label": label, "description": description})
+        labels.append(label)
+        t.locs[("body", "questions", qid, "criteria", len(levels) - 1)] = ("body",) + loc + (j,)
+    return levels
+
+
+def _question(raw: Any, i: int, t: Translated, images: _Images, ids: set[str]) -> tuple[str, dict] | None:
+    problems, loc = images.problems, ("questions", i)
+    if not isinstance(raw, dict):
+        problems.add(loc, "a question must be an object with type and instructions", "type_error")
+        return None
+    kind, name = raw.get("type"), raw.get("name")
+    if kind == BOX:
+        problems.add(loc + ("type",), f"{NO_BOX_HEAD}: it answers {', '.join(QUESTION_TYPES)} questions; ask a "
+                     "choice or a score about the image instead", "box_not_supported")
+        return None
+    if not isinstance(kind, str) or kind not in QUESTION_TYPES:
+        problems.add(loc + ("type",), f"type must be predicate, choice or score; got {kind!r}", "invalid_value")
+        return None
+    if name is not None and not isinstance(name, str):
+        problems.add(loc + ("name",), "name must be a string", "type_error")
+    qid = name if isinstance(name, str) else f"question_{i}"  # an id the prompt reads, as System One's
+    if qid in ids:
+        problems.add(loc + ("name",), f"two questions are named {qid!r}; names must be unique (an unnamed question "
+                     f"i is asked as question_i)", "duplicate_name")
+        return None
+    ids.add(qid)
+    t.names.append(name if isinstance(name, str) else None)
+    here = ("body", "questions", qid)
+    t.locs.update({here: ("body",) + loc, here + ("type",): ("body",) + loc + ("type",),
+                   here + ("instructions",): ("body",) + loc + ("instructions",)})
+    if "instructions" not in raw:
+        problems.add(loc + ("instructions",), "instructions are required: text or text parts", "missing")
+    question = {"type": QUESTION_TYPES[kind], "instructions": _instructions(raw.get("instructions"),
+                                                                             loc + ("instructions",), images)}
+    if kind == "choice":
+        t.locs[here + ("criteria",)] = ("body",) + loc + ("choices",)
+        question["criteria"] = _choices(raw.get("choices"), loc + ("choices",), t, qid, problems)
+    elif kind == "score":
+        t.locs[here + ("criteria",)] = ("body",) + loc + ("levels",)
+        question["criteria"] = _levels(raw.get("levels"), loc + ("levels",), t, qid, problems)
+    return qid, question
+
+
+def _options(body: dict[str, Any], problems: _Problems) -> tuple[str, ...]:
+    """The prefix cache's partition from prompt_cache_key; prompt_cache_options and safety_identifier are checked
+    and change nothing."""
+    key = body.get("prompt_cache_key")
+    _text(key, ("prompt_cache_key",), problems, required=False)
+    _text(body.get("safety_identifier"), ("safety_identifier",), problems, required=False)
+    options = body.get("prompt_cache_options")
+    if options is not None and not isinstance(options, dict):
+        problems.add(("prompt_cache_options",), "must be an object {mode?, ttl?}", "type_error")
+    elif options is not None:
+        if options.get("mode") not in (None, "implicit", "explicit"):
+            problems.add(("prompt_cache_options", "mode"), "mode must be implicit or explicit", "invalid_value")
+        if options.get("ttl") not in (None, "30m"):
+            problems.add(("prompt_cache_options", "ttl"), "ttl must be 30m", "invalid_value")
+    return (key,) if isinstance(key, str) else ()
+
+
+def to_systemone(body: Any) -> Translated:
+    """The equivalent System One request; every problem of the OpenAI request at once (RequestInvalid, its
+    locations in the OpenAI request)."""
+    problems, t = _Problems(), Translated()
+    if not isinstance(body, dict):
+        raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
+    t.model = body.get("model")
+    if not isinstance(t.model, str):
+        problems.add(("model",), "model is required: a served model's name", "missing" if t.model is None else
+                     "type_error")
+    t.partition = _options(body, problems)
+    images = _Images(problems)
+    state = _state(body.get("input"), images)
+    raw = body.get("questions")
+    questions: dict[str, dict] = {}
+    if not isinstance(raw, list) or not raw:
+        problems.add(("questions",), "questions must be a non-empty array of predicate, choice and score questions",
+                     "missing" if raw is None else "type_error")
+    else:
+        ids: set[str] = set()
+        for i, question in enumerate(raw):
+            built = _question(question, i, t, images, ids)
+            if built is not None:
+                questions[built[0]] = built[1]
+    if problems:
+        raise RequestInvalid(problems)
+    t.body = {"model": t.model, "state": state, "questions": questions, **({"assets": images.assets}
+                                                                          if images.assets else {})}
+    t.locs.update({("body", "state"): ("body", "input"), ("body", "model"): ("body", "model"),
+                   ("body", "images"): ("body", "input"), ("body", "assets"): ("body", "input"), **images.locs})
+    if isinstance(state, list):  # one element per input item
+        t.locs.update({("body", "state", k): ("body", "input", k) for k in range(len(state))})
+    # as the service's problems write them: a lone surrogate in a question's name reads as its escape
+    t.locs = {tuple(printable(p) if isinstance(p, str) else p for p in loc): to for loc, to in t.locs.items()}
+    return t
+
+
+# --- the answer --------------------------------------------------------------------------------------------
+
+def _answer(answer: dict[str, Any], name: str | None, values: list[Any]) -> dict[str, Any]:
+    if answer["type"] == "noul":
+        return {"type": "predicate", "name": name, "probability": answer["noul"]}
+    probabilities = list(answer["probabilities"].values())  # in the request's order, as System One answers
+    if answer["type"] == "choice":
+        best = list(answer["probabilities"]).index(answer["choice"])
+        return {"type": "choice", "name": name, "choice": values[best], "confidence": answer["confidence"],
+                "probabilities": [{"value": v, "probability": p} for v, p in zip(values, probabilities)]}
+    return {"type": "score", "name": name, "score": answer["score"], "confidence": answer["confidence"],
+            "probabilities": [{"value": k, "label": label, "probability": p}
+                              for k, (label, p) in enumerate(zip(values, probabilities))]}
+
+
+def to_openai(t: Translated, response: dict[str, Any], reused_tokens: int) -> dict[str, Any]:
+    """System One's response as OpenAI's Decision: answers in question order, usage with the cached tokens."""
+    tokens = response["usage"]["input_tokens"]
+    answers = [_answer(response["answers"][qid], name, t.values.get(qid, []))
+               for qid, name in zip(t.body["questions"], t.names)]
+    extensions = {k: v for k, v in response.items() if k.startswith("x_")}
+    return {"model": response["model"], "answers": answers,
+            "usage": {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": reused_tokens,
+                                                                       "cache_write_tokens": 0},
+                      "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": tokens}, **extensions}
+
+
+async def decisions_handler(request: web.Request) -> web.Response:
+    start = time.perf_counter()
+    body = await read_body(request)
+    if body.parts is not None:
+        raise UnsupportedMediaType("POST /v1/decisions takes application/json; send images as input_image data URLs")
+    translated = to_systemone(body.data)
+    try:
+        decision: Decision = await decide(request, decision_input(body, translated.body, translated.model,
+                                                                  partition=translated.partition))
+    except RequestInvalid as exc:
+        raise translated.relocated(exc) from None
+    response, headers = reply(request, decision, start, [])
+    headers["x-request-id"] = request[INFO].id
+    return json_response(to_openai(translated, response, decision.reused_tokens), headers=headers)
+
+
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """POST /v1/decisions in /openapi.json: OpenAI's request and answer, its errors in OpenAI's shape."""
+    text_parts = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object", "required": ["type"]}}]}
+    question = {"type": "object", "required": ["type", "instructions"], "properties": {
+        "type": {"type": "string", "enum": list(QUESTION_TYPES)}, "name": {"type": "string"},
+        "instructions": text_parts,
+        "choices": {"type": "array", "minItems": 2, "items": {"type": "object", "required": ["value"], "properties": {
+            "value": {"anyOf": [{"type": "string"}, {"type": "boolean"}]}, "description": {"type": "string"}}}},
+        "levels": {"type": "array", "minItems": 2, "items": {"type": "object", "required": ["label"], "properties": {
+            "label": {"type": "string"}, "description": {"type": "string"}}}}}}
+    request = {"type": "object", "required": ["model", "input", "questions"], "properties": {
+        "model": {"type": "string"},
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "object"}}],
+                  "description": "a string (the state), or messages, calls and outputs (a JSON state, see "
+                                 "docs/api.md); images as input_image base64 data URLs, never URLs"},
+        "questions": {"type": "array", "minItems": 1, "items": question},
+        "prompt_cache_key": {"type": ["string", "null"], "description": "partitions the prefix cache"},
+        "prompt_cache_options": {"type": ["object", "null"], "description": "accepted; changes nothing"},
+        "safety_identifier": {"type": ["string", "null"], "description": "accepted and ignored"}}}
+    answer = {"type": "object", "required": ["type", "name"], "properties": {
+        "type": {"type": "string", "enum": list(QUESTION_TYPES)}, "name": {"type": ["string", "null"]},
+        "probability": {"type": "number"}, "choice": {"anyOf": [{"type": "string"}, {"type": "boolean"}]},
+        "score": {"type": "number"}, "confidence": {"type": "number"},
+        "probabilities": {"type": "array", "items": {"type": "object"}}}}
+    ok = {"description": "OpenAI's Decision", "content": {"application/json": {"schema": {
+        "type": "object", "required": ["model", "answers", "usage"], "properties": {
+            "model": {"type": "string"}, "answers": {"type": "array", "items": answer},
+            "usage": {"type": "object"}}}}}}
+    failed = "OpenAI's error {error: {message, type, param, code}}; an invalid request is a 400"
+    return {PATHS["openai_decisions"]: {"post": {
+        "operationId": "openai_decisions", "security": security,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+        "responses": {"200": ok, **{str(s): {"description": failed}
+                                    for s in (400, 401, 404, 408, 415, 429, 503)}}}}}
+
+
+# OpenAI answers an invalid request 400, where the Jev API answers 422, and a request over a limit 400 too (its
+# clients catch BadRequestError, langchain-openai reads code context_length_exceeded there), where Jev answers 413
+DOOR = Door(OPENAI_SHAPE, {"openai_decisions": decisions_handler}, openai_error, openapi_paths, {422: 400, 413: 400})
