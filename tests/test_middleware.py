@@ -268,7 +268,8 @@ def test_other_connection_logs_pass_through_to_aiohttp():
 def test_the_banner_keeps_each_line_one_line_whatever_a_path_or_warning_holds():
     served = SimpleNamespace(spec=SimpleNamespace(gguf="/models/x\n$(id)\u202e.gguf", builtin=""), head_path=None,
                              facts=SimpleNamespace(head_source="embedded", architecture="qwen35", embedding_length=8,
-                                                   block_count=2), warnings=("line one\u2028line two",))
+                                                   block_count=2), warnings=("line one\u2028line two",),
+                             worker=SimpleNamespace(model=SimpleNamespace(backbone=None)))  # a backbone of its own
     app = {KEYS: ApiKeys(None), SERVED: {"m": served}, NAMES: {"m": "m", "alias": "m"}}
     lines = banner(app, "http://127.0.0.1:8792")
     assert all(line.isprintable() for line in lines) and len(lines) == 5

@@ -166,7 +166,7 @@ def test_clear_frees_every_branch_and_forgets_every_checkpoint():
 def test_partitions_have_roots_of_their_own_and_an_emptied_one_goes():
     t = tree()
     a = t.add(t.root, 5, TOKENS, state(), ready=True, used=1)
-    b = t.add(t.root_of(("alice",)), 5, TOKENS, state(), ready=True, used=2)
+    b = t.add(t.root_for(("alice",)), 5, TOKENS, state(), ready=True, used=2)
     assert t.matching(TOKENS, pending_ok=True) == [a]
     assert t.matching(TOKENS, pending_ok=True, partition=("alice",)) == [b]
     assert t.matching(TOKENS, pending_ok=True, partition=("bob",)) == [] and ("bob",) not in t.roots
