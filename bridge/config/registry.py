@@ -16,12 +16,13 @@ from typing import Any, Callable
 from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
 from ...head.errors import Category, ClefError, did_you_mean
-from ...head.media import AUDIO, IMAGE
+from ...head.media import AUDIO, IMAGE, VIDEO
 from ...head.schema import Limits
 from ..catalogue.releases import CLOUDFLARE_NAMES, NAMED_BY_ARCHITECTURE
 from ..llama.backbone import BackboneOptions
 from ..llama.prefix_cache import PrefixCacheOptions
 from ..media.audio import AudioLimits
+from ..media.video import VideoLimits
 from ..media.images import ImageLimits
 from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
 
@@ -79,11 +80,12 @@ class ServerSpec:
     limits: Limits = Limits()
     images: ImageLimits = ImageLimits()
     audio: AudioLimits = AudioLimits()
+    videos: VideoLimits = VideoLimits()
 
     @property
     def media_limits(self) -> dict[str, Any]:
         """Each medium's limits by its kind's name: what its decoding and the body's size cap read."""
-        return {IMAGE.name: self.images, AUDIO.name: self.audio}
+        return {IMAGE.name: self.images, AUDIO.name: self.audio, VIDEO.name: self.videos}
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,8 @@ def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec
     if "api_keys_file" in top:
         top["api_keys_file"] = _absolute(base / top["api_keys_file"])
     return ServerSpec(**top, limits=Limits(**groups.get("limits", {})),
-                      images=ImageLimits(**groups.get("images", {})), audio=AudioLimits(**groups.get("audio", {})))
+                      images=ImageLimits(**groups.get("images", {})), audio=AudioLimits(**groups.get("audio", {})),
+                      videos=VideoLimits(**groups.get("videos", {})))
 
 
 def _ray(raw: Any, where: str, problems: list[str]) -> RaySpec:

@@ -170,6 +170,9 @@ SERVER_KEYS: dict[str, Key] = {
     "max_audio_clips": Key("audio", "max_clips", int, _positive),
     "max_audio_bytes": Key("audio", "max_bytes", int, _positive),
     "max_audio_seconds": Key("audio", "max_seconds", (int, float), _above_zero),
+    "max_videos": Key("videos", "max_videos", int, _positive),
+    "max_video_bytes": Key("videos", "max_bytes", int, _positive),
+    "max_video_seconds": Key("videos", "max_seconds", (int, float), _above_zero),
 }
 
 RAY_KEYS: dict[str, Key] = {

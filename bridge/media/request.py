@@ -27,6 +27,7 @@ from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ...head.schema import MEDIA_FIELDS, Limits, json_depth, option_order
 from ..gguf.projector import PROJECTOR_HOME
 from . import audio as audio_files
+from . import video as video_files
 from .audio import AudioInput, AudioLimits, AudioRejected, AudioTooLarge
 from .errors import MediaRejected, MediaTooLarge
 from .images import (
@@ -43,6 +44,7 @@ from .images import (
 FORM = "multipart/form-data"
 
 IMAGE, AUDIO = media_kinds.IMAGE.name, media_kinds.AUDIO.name  # an asset's `type`, its marker's word, a Media kind
+VIDEO = media_kinds.VIDEO.name
 KINDS = (IMAGE, AUDIO)  # the prompt's order of kinds: all images, then all audio clips (the reference's)
 FIELDS = {kind: media_kinds.MEDIA_KINDS[kind].field for kind in KINDS}  # each kind's body field and decode stage
 MARKERS = {kind: f"[{kind} {{}}]" for kind in KINDS}
@@ -162,10 +164,13 @@ class DecodeSettings:
     limits: Mapping[str, Any]  # each kind's limits by its name: ServerSpec.media_limits
 
 
-def decode_kind(kind: str, inputs: Sequence[Any], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
-    """One kind's media decoded (Pillow, PyAV: run it off the event loop): pixels or samples, all failures at once."""
+def decode_kind(kind: str, inputs: Sequence[Any], settings: DecodeSettings) -> tuple[Any, ...]:
+    """One kind's media decoded (Pillow, PyAV: run it off the event loop): pixels, samples or a video's frames and
+    soundtrack (DecodedVideo), all failures at once; picklable, for a decoder in another process."""
     if kind == IMAGE:
         return decode_all(inputs, settings.geometry)
+    if kind == VIDEO:
+        return video_files.decode_video_all(inputs, settings.limits[VIDEO])
     return audio_files.decode_audio_all(inputs, settings.limits[AUDIO])
 
 
