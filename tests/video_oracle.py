@@ -4,7 +4,8 @@
 transformers 5.20.2: nothing of the project is imported (its venv's torch cannot load torchvision). The spec
 names the pinned reference file, the tiny Qwen3-Omni and its head, the processors' settings and the cases; the
 answers land in SPEC's `out` folder: answers.json (per case: token ids, unrounded probabilities, the answer,
-the 3 x T position ids of the thinker's M-RoPE, the video grids) and arrays.npz.
+the 3 x T position ids of the thinker's M-RoPE, the image and video grids, the audio items' mel frames) and
+arrays.npz.
 """
 
 from __future__ import annotations
@@ -30,8 +31,12 @@ def load_reference(path: str, sha256: str):
 
 
 def processor(spec: dict, tokenizer):
-    from transformers import (Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor, Qwen3OmniMoeProcessor,
-                              WhisperFeatureExtractor)
+    from transformers import (
+        Qwen2VLImageProcessorPil,
+        Qwen2VLVideoProcessor,
+        Qwen3OmniMoeProcessor,
+        WhisperFeatureExtractor,
+    )
 
     # the image processor the project's image fidelity tests use (tests/fixturegen_omni.py), for equal images
     return Qwen3OmniMoeProcessor(image_processor=Qwen2VLImageProcessorPil(**spec["image_processor"]),
@@ -85,6 +90,10 @@ def main(spec_path: str) -> None:
             "answer": full,
             "position_ids": seen["position_ids"][:, 0].to(torch.int64).tolist() if "position_ids" in seen else None,
             "video_grid_thw": media["video_grid_thw"].tolist() if "video_grid_thw" in media else [],
+            "image_grid_thw": media["image_grid_thw"].tolist() if "image_grid_thw" in media else [],
+            # mel frames of each audio item (the request's clips, then the soundtracks), as the processor pads them
+            "audio_frames": media["feature_attention_mask"].sum(-1).tolist() if "feature_attention_mask" in media
+            else [],
             "video_second_per_grid": [float(s) for s in media.get("video_second_per_grid", [])],
             "use_audio_in_video": bool(media.get("use_audio_in_video", False)),
         }

@@ -22,8 +22,8 @@ from ..catalogue.releases import CLOUDFLARE_NAMES, NAMED_BY_ARCHITECTURE
 from ..llama.backbone import BackboneOptions
 from ..llama.prefix_cache import PrefixCacheOptions
 from ..media.audio import AudioLimits
-from ..media.video import VideoLimits
 from ..media.images import ImageLimits
+from ..media.video import VideoLimits
 from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
 
 LATEST = "jev-latest"

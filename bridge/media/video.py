@@ -386,3 +386,53 @@ def decode_video_all(videos: Sequence[VideoInput], limits: VideoLimits = VideoLi
         cls = VideoTooLarge if all(isinstance(e, VideoTooLarge) for e in errors) else VideoRejected
         raise cls(errors[0].loc, problems=[p for e in errors for p in e.problems])
     return tuple(out)
+
+
+# --- what the vision tower sees -------------------------------------------------------------------
+
+# The frame-size bounds the reference's processor applies: Qwen3-Omni's processor defaults (128 to 768 merged
+# 32 x 32 patches per frame). The release's preprocessor_config.json says 3,136 to 12,845,056 pixels, but
+# transformers (5.20.2, the reference's) passes the processor's defaults to its video processor as call
+# arguments, which win: a 320 x 240 frame becomes 448 x 320 there (measured), not 320 x 256.
+MIN_TOWER_PIXELS = 128 * 32 * 32  # 131,072
+MAX_TOWER_PIXELS = 768 * 32 * 32  # 786,432
+
+
+def smart_resize(height: int, width: int, factor: int = 32, min_pixels: int = MIN_TOWER_PIXELS,
+                 max_pixels: int = MAX_TOWER_PIXELS) -> tuple[int, int]:
+    """transformers' Qwen2-VL smart_resize: (height, width), multiples of factor, within the pixel bounds."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.0f} is over 200")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def tower_frames(frames: np.ndarray, factor: int = 32) -> np.ndarray:
+    """uint8 [n, H, W, 3] frames at the processor's size (bicubic with antialiasing, as torchvision's uint8 resize,
+    through Pillow); unchanged when the size already fits."""
+    from PIL import Image
+
+    height, width = smart_resize(frames.shape[1], frames.shape[2], factor)
+    if (height, width) == frames.shape[1:3]:
+        return frames
+    return np.stack([np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.BICUBIC)) for f in frames])
+
+
+def patches(frames: np.ndarray, patch: int = 16, merge: int = 2, temporal: int = 2) -> np.ndarray:
+    """The processor's pixel_values_videos for frames already at the tower's size: float32
+    [t/2 * gh * gw, 3 * temporal * patch * patch], rescaled to [0, 1], normalized by mean = std = 0.5, in
+    Qwen2-VL's patch order (merge blocks of merge x merge patches, row by row)."""
+    n, height, width, _ = frames.shape
+    x = (frames.astype(np.float32) / 255 - 0.5) / 0.5
+    x = x.transpose(0, 3, 1, 2)  # [n, 3, H, W]
+    gt, gh, gw = n // temporal, height // patch, width // patch
+    x = x.reshape(gt, temporal, 3, gh // merge, merge, patch, gw // merge, merge, patch)
+    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return np.ascontiguousarray(x.reshape(gt * gh * gw, 3 * temporal * patch * patch))
