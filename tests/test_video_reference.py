@@ -12,6 +12,7 @@ from clef_bridge.bridge.llama.omni_positions import rope_positions
 from clef_bridge.bridge.media.audio import decode as decode_audio
 from clef_bridge.bridge.media.audio import sniff as sniff_audio
 from clef_bridge.bridge.media.audio_tower import audio_tokens, request_frames
+from clef_bridge.bridge.media.images import ImageGeometry
 from clef_bridge.bridge.media.video import decode, patches, smart_resize, tower_frames
 
 from . import fixturegen_video
@@ -74,7 +75,7 @@ def test_a_small_frame_is_upscaled_as_the_reference_does(decoded, answers):
     assert frames.shape[1] * frames.shape[2] < 131_072
     assert answers["video_silent"]["video_grid_thw"] == [[2, 20, 28]]
     assert smart_resize(*frames.shape[1:3]) == (320, 448)
-    assert smart_resize(*frames.shape[1:3], min_pixels=3136, max_pixels=12845056) == (256, 320)
+    assert smart_resize(*frames.shape[1:3], ImageGeometry(32, 3136, 12845056)) == (256, 320)
 
 
 def _audio_items(fx, decoded, case: str, in_video: bool) -> list[np.ndarray]:

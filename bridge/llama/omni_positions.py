@@ -128,3 +128,33 @@ def rope_positions(input_ids: Sequence[int], image_grids: Sequence[Sequence[int]
     if at < len(ids):
         pieces.append(_text(next_start(), len(ids) - at))
     return np.concatenate([p for p in pieces if p.shape[1]], axis=1).astype(np.int64)
+
+
+def rope_chunks(input_ids: Sequence[int], positions: np.ndarray, rows: dict[int, np.ndarray], width: int) -> list:
+    """A prompt as backbone chunks (MediaChunk) at its M-RoPE positions ([3, T], rope_positions'): each pad token id
+    in `rows` takes the next row of its array (images', audio items' or videos' rows, each in prompt order), the
+    other tokens go in as ids. Rows narrower than width (audio: no deepstack slices) are zero-padded, as llama.cpp
+    pads text tokens' embeddings."""
+    from .media_batch import MediaChunk
+
+    ids = np.asarray(input_ids, dtype=np.int32)
+    is_row = np.isin(ids, list(rows))
+    taken = {pad: int((ids == pad).sum()) for pad in rows}
+    short = {pad: (n, len(rows[pad])) for pad, n in taken.items() if n != len(rows[pad])}
+    if short:
+        raise ValueError(f"pad tokens and media rows differ (pad id: (tokens, rows)): {short}")
+    embd = np.zeros((int(is_row.sum()), width), dtype=np.float32)
+    order = ids[is_row]
+    for pad, r in rows.items():
+        embd[order == pad, :r.shape[1]] = r
+    pos4 = np.concatenate([positions, np.zeros((1, len(ids)), np.int64)]).astype(np.int32)
+    chunks, at, used = [], 0, 0
+    edges = np.flatnonzero(np.diff(is_row.astype(np.int8))) + 1
+    for end in [*edges.tolist(), len(ids)]:
+        if is_row[at]:
+            chunks.append(MediaChunk(pos=pos4[:, at:end], embd=embd[used:used + end - at]))
+            used += end - at
+        else:
+            chunks.append(MediaChunk(pos=pos4[0, at:end], tokens=ids[at:end]))  # text: one position on all axes
+        at = end
+    return chunks

@@ -26,8 +26,10 @@ from typing import Sequence
 import numpy as np
 
 from ...head.errors import Problem
+from . import images
 from .audio import SAMPLE_RATE
 from .errors import MediaRejected, MediaTooLarge
+from .images import ImageGeometry
 
 FPS = 2.0  # the reference's VIDEO_FPS: frames kept per second, and the processor's fps (seconds per grid = 2 / fps)
 MAX_FRAME_PIXELS = 256 * 32 * 32  # the reference's MAX_VIDEO_FRAME_PIXELS: 262,144
@@ -398,28 +400,20 @@ MIN_TOWER_PIXELS = 128 * 32 * 32  # 131,072
 MAX_TOWER_PIXELS = 768 * 32 * 32  # 786,432
 
 
-def smart_resize(height: int, width: int, factor: int = 32, min_pixels: int = MIN_TOWER_PIXELS,
-                 max_pixels: int = MAX_TOWER_PIXELS) -> tuple[int, int]:
-    """transformers' Qwen2-VL smart_resize: (height, width), multiples of factor, within the pixel bounds."""
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.0f} is over 200")
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+TOWER_GEOMETRY = ImageGeometry(32, MIN_TOWER_PIXELS, MAX_TOWER_PIXELS)  # patch 16 x merge 2, the bounds above
 
 
-def tower_frames(frames: np.ndarray, factor: int = 32) -> np.ndarray:
+def smart_resize(height: int, width: int, geometry: ImageGeometry = TOWER_GEOMETRY) -> tuple[int, int]:
+    """(height, width) the video processor resizes a frame to (Qwen2-VL's smart_resize, as for images)."""
+    return images.smart_resize(height, width, geometry)
+
+
+def tower_frames(frames: np.ndarray, geometry: ImageGeometry = TOWER_GEOMETRY) -> np.ndarray:
     """uint8 [n, H, W, 3] frames at the processor's size (bicubic with antialiasing, as torchvision's uint8 resize,
     through Pillow); unchanged when the size already fits."""
     from PIL import Image
 
-    height, width = smart_resize(frames.shape[1], frames.shape[2], factor)
+    height, width = smart_resize(frames.shape[1], frames.shape[2], geometry)
     if (height, width) == frames.shape[1:3]:
         return frames
     return np.stack([np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.BICUBIC)) for f in frames])

@@ -15,18 +15,20 @@ import numpy as np
 
 from ...head.answer import AnswerOptions, answers
 from ...head.config import HeadConfig
-from ...head.encoder import Encoded, EncodeOptions, encode
+from ...head.encoder import AUDIO_PAD, VIDEO_PAD, Encoded, EncodeOptions, encode
 from ...head.errors import Problem, RequestInvalid
 from ...head.model import Layout, hidden_memory, option_logits
 from ...head.schema import DecisionRequest, Limits, Question
 from ..host.gpu import device_out_of_memory, to_device
 from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
+from ..llama.omni_positions import rope_chunks, rope_positions
 from ..llama.prefix_cache import PrefillRequest
 from ..llama.vision import EncodedAudio, Projector
 from ..media.audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE, AudioTower, audio_tokens
 from ..media.images import ImageGeometry
-from ..media.request import AUDIO, IMAGE, NO_MEDIA, Media
+from ..media.request import AUDIO, IMAGE, NO_MEDIA, VIDEO, Media
+from .video_prompt import MERGE, VideoPrompt, video_prompt
 
 MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; option_logits the rest
 
@@ -150,13 +152,14 @@ class ClefModel:
 
     @property
     def takes_audio(self) -> bool:
-        """Clef-omni with its projector's audio encoder: audio clips in requests."""
+        """Clef-omni with its projector's audio encoder: audio clips in requests, and videos (frames through the vision
+        projector, soundtracks through the audio encoder)."""
         return self.audio_tower is not None
 
     @property
     def media(self) -> tuple[str, ...]:
         """What it reads besides text, as /v1/models' x_media lists it."""
-        return ((IMAGE,) if self.projector is not None else ()) + ((AUDIO,) if self.takes_audio else ())
+        return ((IMAGE,) if self.projector is not None else ()) + ((AUDIO, VIDEO) if self.takes_audio else ())
 
     def close(self) -> None:
         if self.projector is not None:
@@ -178,10 +181,12 @@ class ClefModel:
                                           f"at {SAMPLE_RATE} Hz) are needed: the reference's feature extractor "
                                           "cannot frame a shorter clip", "value_error.audio_too_short")
                                   for i in short])
-        audio_counts = audio_tokens([len(c) for c in clips])
+        plan = video_prompt(media.of(VIDEO), clips, self.projector.geometry.factor) if media.of(VIDEO) else None
+        audio_counts = plan.clip_counts if plan else audio_tokens([len(c) for c in clips])
         encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts,
-                         audio_counts)
-        decoded = media.decoded({**media.items, AUDIO: clips}) if clips else media
+                         audio_counts, plan.layouts if plan else ())
+        decoded = media.decoded({**media.items, AUDIO: clips} | ({VIDEO: (plan,)} if plan else {})) if (
+            clips or plan) else media
         return Prepared(request, encoded, time.perf_counter() - t0, decoded)
 
     @_device_memory_errors
@@ -233,6 +238,8 @@ class ClefModel:
     def _prefill_media(self, prepared: Prepared) -> list[Prefilled]:
         """The vision tower over each image and the audio tower over the clips, then the prompt chunk by chunk
         (text, media embeddings, text)."""
+        if prepared.media.of(VIDEO):
+            return [self._prefill_video(prepared, prepared.media.of(VIDEO)[0])]
         t0 = time.perf_counter()
         media = prepared.media
         images = [self.projector.encode(pixels) for pixels in media.images]
@@ -241,6 +248,31 @@ class ClefModel:
         t2 = time.perf_counter()
         hidden = self.projector.prefill(prepared.encoded.input_ids, images, audio)
         return [Prefilled(prepared, hidden, time.perf_counter() - t2, 1, vision_s=t1 - t0, audio_s=t2 - t1)]
+
+    def _prefill_video(self, prepared: Prepared, plan: VideoPrompt) -> Prefilled:
+        """Images, audio items and frame pairs through their towers, then the whole prompt at the reference's M-RoPE
+        positions (rope_positions: llama.cpp's mtmd numbers a video as plain frames and knows no audio in video)."""
+        t0 = time.perf_counter()
+        ids = prepared.encoded.input_ids
+        images = [self.projector.encode(pixels) for pixels in prepared.media.images]
+        frames = np.concatenate([self.projector.encode_frames(f) for f in plan.frames])
+        t1 = time.perf_counter()
+        sound = self.audio_tower.encode(plan.audio) if plan.audio else []
+        t2 = time.perf_counter()
+        grids = [(1, i.rows * MERGE, i.cols * MERGE) for i in images]
+        positions = rope_positions(ids, grids, plan.grids, plan.audio_counts, plan.seconds_per_grid,
+                                   plan.audio_in_video, MERGE)
+        width = self.backbone.n_embd_inp
+        rows = {self.projector.image_pad: np.concatenate([i.embd for i in images]) if images else np.zeros((0, width)),
+                self._pad(VIDEO_PAD): frames}
+        if sound:
+            rows[self._pad(AUDIO_PAD)] = np.concatenate(sound)
+        hidden = self.backbone.decode_media(rope_chunks(ids, positions, rows, width))
+        return Prefilled(prepared, hidden, time.perf_counter() - t2, 1, vision_s=t1 - t0, audio_s=t2 - t1)
+
+    def _pad(self, text: str) -> int:
+        (token,) = self.backbone.tokenize(text, True)
+        return token
 
     def score(self, item: Prefilled) -> Scored:
         """The head and the answers for one prefilled request."""

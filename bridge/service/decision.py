@@ -96,7 +96,7 @@ async def off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
 def find_media(call: DecisionInput, server: ServerSpec) -> Extracted:
     """The body's media found and checked from their headers; its text (the JSON without inlined media) must fit
     max_body_bytes."""
-    found = extract(call.body, call.parts, server.images, server.limits, server.audio)
+    found = extract(call.body, call.parts, server.images, server.limits, server.audio, server.videos)
     if call.json_bytes - found.inline_chars > server.max_body_bytes:
         raise BodyTooLarge(f"the request's JSON exceeds {server.max_body_bytes} bytes"
                            f"{' without its images and audio' if found.inline_chars else ''} (max_body_bytes "
