@@ -102,3 +102,14 @@ def test_video_limits_are_server_keys(tmp_path):
     assert registry.server.videos == VideoLimits(max_videos=1, max_bytes=1000, max_seconds=2.5)
     assert registry.server.media_limits["video"] is registry.server.videos
     assert VideoLimits().max_count == 2 and VideoLimits().max_seconds == 60 and VideoLimits().max_bytes == 16 * 2**20
+
+
+def test_a_model_without_video_refuses_it_by_name():
+    from clef_bridge.bridge.media.request import VIDEO, Media, refuse_unsupported
+    from clef_bridge.head.errors import RequestInvalid
+
+    with pytest.raises(RequestInvalid) as caught:
+        refuse_unsupported(Media({VIDEO: ("clip",)}), ("image",), "clef")
+    [problem] = caught.value.problems
+    assert problem.type == "videos_not_supported" and problem.loc == ("body", "videos") and "'clef'" in problem.msg
+    refuse_unsupported(Media({VIDEO: ("clip",)}), ("image", "audio", "video"), "clef-omni")
