@@ -87,6 +87,13 @@ def test_huge_frames_and_a_header_claiming_more_than_the_bytes_hold():
     assert not isinstance(caught.value, VideoTooLarge)
 
 
+def test_frames_the_processor_cannot_size_are_a_422():
+    data = mp4(1.0, 4020, 20, 2, 10)
+    with pytest.raises(VideoRejected, match="200-fold") as caught:
+        check(sniff(data, LOC), len(data), VideoLimits(), LOC)
+    assert not isinstance(caught.value, VideoTooLarge)
+
+
 def test_not_a_video_and_an_mp4_without_its_index():
     for data in (b"", b"\x89PNG\r\n\x1a\n" + bytes(20), b"RIFF\x00\x00\x00\x00WAVEfmt "):
         with pytest.raises(VideoRejected, match="not an MP4"):

@@ -56,3 +56,21 @@ def test_chunks_take_each_pad_kinds_rows_in_order():
     assert chunks[1].pos.shape == (4, 3) and chunks[0].tokens.tolist() == [1, VS, AS]
     with pytest.raises(ValueError, match="differ"):
         rope_chunks(ids, pos, {V: rows[V], A: rows[A][:1]}, 4)
+
+
+def test_a_frame_pair_costs_the_tower_less_than_the_largest_image():
+    """`fit` sizes the projector's compute buffer for the largest image Clef-omni takes (1,024 tokens): every frame
+    pair the reference keeps (at most about 262,144 pixels, sides at most 200-fold apart) makes fewer, so video
+    frames' compute is inside what `fit` counts (their tokens are in n_ctx like any other)."""
+    from clef_bridge.bridge.gguf.projector import max_image_tokens
+    from clef_bridge.bridge.media.video import kept_size, smart_resize
+
+    most = 0
+    for width in (16, 100, 320, 512, 640, 1280, 1920, 3840, 8192):
+        for height in (16, 90, 240, 480, 720, 1080, 2160, 8192):
+            if max(width, height) > 200 * min(width, height):
+                continue
+            w, h = kept_size(width, height)
+            rows, cols = smart_resize(h, w)
+            most = max(most, rows // 32 * cols // 32)
+    assert 200 < most <= 320 < max_image_tokens("qwen3vlmoe")  # 306: 8192 x 90 kept as 4884 x 54, then 4896 x 64

@@ -35,6 +35,7 @@ FPS = 2.0  # the reference's VIDEO_FPS: frames kept per second, and the processo
 MAX_FRAME_PIXELS = 256 * 32 * 32  # the reference's MAX_VIDEO_FRAME_PIXELS: 262,144
 MAX_SOURCE_FPS = 120  # source frames decoded per second of clip at most (each is decoded, even when not kept)
 MAX_SOURCE_PIXELS = 8192 * 8192  # a source frame larger than this is refused before decoding (FFmpeg's 16384 cap)
+MAX_ASPECT = 200  # the processor's smart_resize refuses a longer side over 200 times the shorter one
 MP4, MATROSKA = "mp4", "matroska"  # PyAV's demuxers (mov,mp4,m4a,... and matroska,webm)
 FORMATS = ("mp4", "mov", "webm", "mkv")  # what an asset's `format` may declare; the bytes decide
 
@@ -282,6 +283,8 @@ def check(header: VideoHeader, n_bytes: int, limits: VideoLimits, loc: tuple[str
         raise VideoTooLarge(loc, f"has {header.width} x {header.height} frames; at most {MAX_SOURCE_PIXELS} pixels "
                                  "per source frame are decoded (each kept frame is scaled to 262,144)",
                             "value_error.video.pixels")
+    if header.width and header.height:
+        check_aspect(header.width, header.height, loc)
     if header.frames and header.frames > MAX_SOURCE_FPS * limits.max_seconds:
         raise VideoTooLarge(loc, f"holds {header.frames} frames; at most {MAX_SOURCE_FPS} per second of the "
                                  f"{limits.max_seconds:g} s allowed (max_video_seconds) are decoded",
@@ -289,6 +292,13 @@ def check(header: VideoHeader, n_bytes: int, limits: VideoLimits, loc: tuple[str
     if header.sample_bytes is not None and header.sample_bytes > n_bytes:
         raise VideoRejected(loc, f"its headers claim {header.sample_bytes} bytes of video samples, but the file "
                                  f"holds {n_bytes} bytes: truncated or corrupt", "value_error.video.corrupt")
+
+
+def check_aspect(width: int, height: int, loc: tuple[str | int, ...]) -> None:
+    """The reference's processor fails on frames whose sides differ more than 200-fold: a 422 here instead."""
+    if max(width, height) > MAX_ASPECT * min(width, height):
+        raise VideoRejected(loc, f"has {width} x {height} frames; the sides may differ at most {MAX_ASPECT}-fold "
+                                 "(the reference's video processor refuses longer ones)", "value_error.video.aspect")
 
 
 def too_long(loc: tuple[str | int, ...], seconds: float, limits: VideoLimits, at_least: bool = False) -> VideoTooLarge:
@@ -330,6 +340,7 @@ def _frames(container, loc: tuple[str | int, ...], limits: VideoLimits) -> list[
         if frame.time is None or frame.time + 1e-6 < len(frames) / FPS:
             continue
         width, height = kept_size(frame.width, frame.height)
+        check_aspect(width, height, loc)
         frames.append(frame.to_ndarray(format="rgb24", width=width, height=height))
     return frames
 
