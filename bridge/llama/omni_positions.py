@@ -149,7 +149,10 @@ def rope_chunks(input_ids: Sequence[int], positions: np.ndarray, rows: dict[int,
         embd[order == pad, :r.shape[1]] = r
     pos4 = np.concatenate([positions, np.zeros((1, len(ids)), np.int64)]).astype(np.int32)
     chunks, at, used = [], 0, 0
-    edges = np.flatnonzero(np.diff(is_row.astype(np.int8))) + 1
+    # a new chunk (a llama_decode of its own) wherever the kind of token changes, between a video's frame and sound
+    # tokens too: llama.cpp masks by position, not by order, and a frame token sharing its temporal position with
+    # a later sound token would otherwise see it (the reference's mask is causal by token order)
+    edges = np.flatnonzero(np.diff(np.where(is_row, ids, -1))) + 1
     for end in [*edges.tolist(), len(ids)]:
         if is_row[at]:
             chunks.append(MediaChunk(pos=pos4[:, at:end], embd=embd[used:used + end - at]))
