@@ -29,7 +29,7 @@ import llama_cpp as lc
 import numpy as np
 from llama_cpp import mtmd_cpp as mt
 
-from ...head.encoder import AUDIO_END, AUDIO_PAD, AUDIO_START, IMAGE_PAD, VISION_END, VISION_START
+from ...head.encoder import AUDIO_END, AUDIO_PAD, AUDIO_START, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
 from ...head.errors import Problem, RequestInvalid
 from ..catalogue.architectures import QWEN35_IMAGE_TOKENS
 from ..gguf.projector import ProjectorError, pairing_problems, projector_info
@@ -100,6 +100,8 @@ class Projector:
         # Qwen3-Omni's audio markup, where the vocabulary has it (the rows come from the numpy audio tower)
         audio = [backbone.tokenize(t, True) for t in (AUDIO_START, AUDIO_END, AUDIO_PAD)]
         self._audio_marks = tuple(ids[0] for ids in audio) if all(len(ids) == 1 for ids in audio) else None
+        video = backbone.tokenize(VIDEO_PAD, True)  # Qwen3-Omni's video markup, where the vocabulary has it
+        self.video_pad = video[0] if len(video) == 1 else None
         llama_log.install_mtmd(options.verbose)
         params = mt.mtmd_context_params_default()
         params.use_gpu = backbone.on_gpu
@@ -118,6 +120,11 @@ class Projector:
             self.close()
             raise ProjectorError(f"{self.path}: not a Qwen3.5 or Qwen3-Omni projector (no M-RoPE or non-causal image "
                                  "decoding)")
+
+    @property
+    def audio_pad(self) -> int | None:
+        """<|audio_pad|>'s id where the vocabulary has Qwen3-Omni's audio markup."""
+        return self._audio_marks[2] if self._audio_marks else None
 
     def _single_token(self, text: str) -> int:
         ids = self.backbone.tokenize(text, True)

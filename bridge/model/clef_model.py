@@ -15,7 +15,7 @@ import numpy as np
 
 from ...head.answer import AnswerOptions, answers
 from ...head.config import HeadConfig
-from ...head.encoder import AUDIO_PAD, VIDEO_PAD, Encoded, EncodeOptions, encode
+from ...head.encoder import Encoded, EncodeOptions, encode
 from ...head.errors import Problem, RequestInvalid
 from ...head.model import Layout, hidden_memory, option_logits
 from ...head.schema import DecisionRequest, Limits, Question
@@ -159,7 +159,9 @@ class ClefModel:
     @property
     def media(self) -> tuple[str, ...]:
         """What it reads besides text, as /v1/models' x_media lists it."""
-        return ((IMAGE,) if self.projector is not None else ()) + ((AUDIO, VIDEO) if self.takes_audio else ())
+        video = self.takes_audio and self.projector.video_pad is not None  # the demo's vocabulary has no <|video_pad|>
+        return ((IMAGE,) if self.projector is not None else ()) + ((AUDIO,) if self.takes_audio else ()) + (
+            (VIDEO,) if video else ())
 
     def close(self) -> None:
         if self.projector is not None:
@@ -264,15 +266,11 @@ class ClefModel:
                                    plan.audio_in_video, MERGE)
         width = self.backbone.n_embd_inp
         rows = {self.projector.image_pad: np.concatenate([i.embd for i in images]) if images else np.zeros((0, width)),
-                self._pad(VIDEO_PAD): frames}
+                self.projector.video_pad: frames}
         if sound:
-            rows[self._pad(AUDIO_PAD)] = np.concatenate(sound)
+            rows[self.projector.audio_pad] = np.concatenate(sound)
         hidden = self.backbone.decode_media(rope_chunks(ids, positions, rows, width))
         return Prefilled(prepared, hidden, time.perf_counter() - t2, 1, vision_s=t1 - t0, audio_s=t2 - t1)
-
-    def _pad(self, text: str) -> int:
-        (token,) = self.backbone.tokenize(text, True)
-        return token
 
     def score(self, item: Prefilled) -> Scored:
         """The head and the answers for one prefilled request."""
