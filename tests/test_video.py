@@ -113,3 +113,19 @@ def test_garbage_and_truncated_clips_are_422s(clips):
     with pytest.raises(VideoRejected) as caught:
         decode_video_all([type("V", (), {"data": mkv[:200], "loc": LOC})()])
     assert caught.value.loc == LOC and not isinstance(caught.value, VideoTooLarge)
+
+
+def test_decode_kind_decodes_videos_to_picklable_values(clips):
+    """What an isolated decoder process returns travels by pickle (bridge/media/request.decode_kind)."""
+    import pickle
+
+    from clef_bridge.bridge.media.request import VIDEO, DecodeSettings, decode_kind
+    from clef_bridge.bridge.media.video import VideoInput
+
+    data = clips["webm_sounded"].read_bytes()
+    item = VideoInput(LOC, data, sniff(data, LOC), b"")
+    [got] = decode_kind(VIDEO, [item], DecodeSettings(None, {VIDEO: VideoLimits()}))
+    back = pickle.loads(pickle.dumps(got))
+    assert np.array_equal(back.frames, got.frames) and np.array_equal(back.audio, got.audio)
+    with pytest.raises(VideoTooLarge):
+        decode_kind(VIDEO, [item], DecodeSettings(None, {VIDEO: VideoLimits(max_seconds=0.4)}))

@@ -56,6 +56,7 @@ def test_a_video_asset_and_a_multipart_part(server, vfx):  # noqa: F811
         "assets": {"<clip>": {"type": "video", "format": "mp4", "data_base64": base64.b64encode(clip).decode()}}})
     assert status == 200, reply
     same_as_reference(vfx, "video_silent", reply)
+    assert reply["x_timings"]["videos_ms"] > 0 and reply["x_timings"]["vision_ms"] > 0
     boundary = "clefvideo"
     request = json.dumps({"model": "omni", "state": STATE, "questions": SCHEMA,
                           "assets": {"<clip>": {"type": "video", "part": "asset-0"}}}).encode()

@@ -21,6 +21,7 @@ from ..config.registry import ServerSpec, resolve
 from ..media.request import (
     FIELDS,
     IMAGE,
+    VIDEO,
     DecodeSettings,
     Extracted,
     FormPart,
@@ -36,7 +37,7 @@ from .errors import BodyTooLarge, DeadlineExceeded
 # a JSON body up to this size is decompressed, parsed, searched for media and validated on the event loop; bigger
 # ones off it
 INLINE_BYTES = 64 * 1024
-TOWER_STAGES = {IMAGE: "vision"}  # a kind whose tower's time x_timings reports, under this stage
+TOWER_STAGES = {IMAGE: "vision", VIDEO: "vision"}  # a kind whose tower's time x_timings reports, under this stage
 
 
 @dataclass(frozen=True)
