@@ -38,9 +38,10 @@ ORACLE_PINS = ("torch==2.13.0", "torchvision==0.28.0", "transformers==5.20.2", "
                "safetensors==0.8.0", "pillow==13.0.0")
 ORACLE_SCRIPT = ROOT / "tests" / "video_oracle.py"
 # Qwen3-Omni's released preprocessor_config.json gives min_pixels 3,136 / max_pixels 12,845,056 (Qwen2-VL's
-# bounds) and no video_preprocessor_config.json: the video processor is built from those keys. transformers'
-# class defaults (100,352..602,112 in 5.20.2, 131,072..786,432 in later ones) would upscale a small frame; the
-# fixture pins the released bounds, and a clip of frames under 131,072 pixels tells them apart.
+# bounds) and no video_preprocessor_config.json: the video processor is built from those keys, pinned here. Yet
+# the processor passes its own defaults (Qwen3OmniMoeProcessorKwargs: 131,072..786,432) to the video processor as
+# call arguments, and under transformers 5.20.2 they win: the 320 x 240 clip's frames become 448 x 320, not
+# 320 x 256 (tests/test_video_reference.py). The bridge sizes frames as the reference run does.
 VIDEO_PROCESSOR = {"size": {"shortest_edge": 3136, "longest_edge": 12845056}, "patch_size": 16,
                    "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
                    "image_std": [0.5, 0.5, 0.5]}
