@@ -52,3 +52,33 @@ def video_costs(seconds: float = 10.0) -> list[dict[str, Any]]:
                         "tower_gflop_per_s": round(tower_gflop(gh * gw) * t / seconds),
                         "prefill_gflop_per_s": round(2 * ACTIVE_PARAMS * tokens / seconds / 1e9)})
     return out
+
+
+def real_vision_pair(threads: int, repeats: int = 2) -> dict[str, Any]:
+    """One frame pair of a 16:9 clip (672 x 384 at the tower: 1,008 patches, 252 tokens) through mtmd with a vision
+    tower of Qwen3-Omni's shape (random weights, ~2.2 GB of float32) beside a one-layer backbone of its width."""
+    import numpy as np
+    from clef_bridge.bridge.demo.mmproj import VisionDims, write_projector
+    from clef_bridge.bridge.demo.moe import MoeDims, write_qwen3vlmoe_gguf
+    from clef_bridge.bridge.llama.backbone import BackboneOptions
+    from clef_bridge.bridge.llama.omni import OmniBackbone
+    from clef_bridge.bridge.llama.vision import Projector
+
+    with tempfile.TemporaryDirectory() as folder:
+        gguf = write_qwen3vlmoe_gguf(Path(folder) / "b.gguf", MoeDims(hidden=2048, layers=1, heads=16, kv_heads=4,
+                                     head_dim=128, experts=2, experts_used=1, expert_ff=64, deepstack=3), 0)
+        vision = VisionDims(width=VISION_WIDTH, ff=VISION_FF, blocks=VISION_BLOCKS, heads=16, patch=PATCH, merge=2,
+                            image_size=768, deepstack=tuple(i in (8, 16, 24) for i in range(VISION_BLOCKS)))
+        mmproj = write_projector(Path(folder) / "p.gguf", 2048, 0, vision)
+        frames = np.random.default_rng(0).integers(0, 255, (2, 384, 672, 3), dtype=np.uint8)
+        with OmniBackbone(gguf, BackboneOptions(n_ctx=4096, n_threads=threads), deepstack=3) as backbone:
+            with Projector(mmproj, backbone) as projector:
+                best = min(_timed(lambda: projector.encode_frames(frames)) for _ in range(repeats))
+    return {"frames": "672x384 pair", "patches": 1008, "tokens": 252, "seconds": round(best, 2),
+            "seconds_per_video_second": round(best, 2), "gflop": round(tower_gflop(1008))}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0

@@ -110,6 +110,10 @@ def _(result: OmniBench) -> str:
         lines.append(f"    {r['clip']}: decode {r['decode_ms_per_s']:.0f} ms, resize {r['resize_ms_per_s']:.0f} ms, "
                      f"frames {r['frame']}, {r['tokens_per_s']:.0f} tokens, vision tower "
                      f"{r['tower_gflop_per_s']} GFLOP, prefill {r['prefill_gflop_per_s']} GFLOP")
+    if result.vision:
+        v = result.vision
+        lines.append(f"    vision tower of Qwen3-Omni's shape: a {v['frames']} ({v['patches']} patches, {v['tokens']} "
+                     f"tokens, {v['gflop']} GFLOP) in {v['seconds']:.2f} s: per second of video at 2 fps")
     lines += [f"  {n}" for n in result.notes]
     return "\n".join(lines)
 
