@@ -80,3 +80,14 @@ def test_the_video_moves_the_answer_through_its_frames(omni, vfx):
     prepared = prepare(omni, BODY, Media({VIDEO: (swapped,)}))
     item = omni.prefill_batch([prepared])[0]
     assert max_dp(probabilities(omni, prepared, item.hidden), right) > 1e-5
+
+
+def test_a_soundtrack_too_short_to_frame_is_a_422(omni, vfx):
+    """The reference's feature extractor cannot frame under 201 samples: a 422, not a failure in the tower."""
+    from clef_bridge.head.errors import RequestInvalid
+
+    clip = decode(vfx.clips["webm_sounded"].read_bytes(), LOC)
+    short = type(clip)(clip.frames, clip.audio[:100])
+    with pytest.raises(RequestInvalid) as caught:
+        prepare(omni, BODY, Media({VIDEO: (short,)}))
+    assert caught.value.problems[0].type == "value_error.audio_too_short"

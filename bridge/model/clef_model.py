@@ -83,7 +83,8 @@ class Prepared:
     request: DecisionRequest
     encoded: Encoded
     tokenize_s: float
-    media: Media = NO_MEDIA  # decoded: uint8 [h, w, 3] pixels, float32 16 kHz mono samples, each in prompt order
+    media: Media = NO_MEDIA  # decoded: uint8 [h, w, 3] pixels, float32 16 kHz mono samples, each in prompt order;
+    # videos as ONE VideoPrompt (frames at the tower's size, grids, the audio items and token layouts)
 
     @property
     def has_media(self) -> bool:
@@ -152,8 +153,7 @@ class ClefModel:
 
     @property
     def takes_audio(self) -> bool:
-        """Clef-omni with its projector's audio encoder: audio clips in requests, and videos (frames through the vision
-        projector, soundtracks through the audio encoder)."""
+        """Clef-omni with its projector's audio encoder: audio clips in requests."""
         return self.audio_tower is not None
 
     @property
@@ -184,6 +184,11 @@ class ClefModel:
                                           "cannot frame a shorter clip", "value_error.audio_too_short")
                                   for i in short])
         plan = video_prompt(media.of(VIDEO), clips, self.projector.geometry.factor) if media.of(VIDEO) else None
+        if plan and plan.audio_in_video and any(len(a) < MIN_AUDIO_SAMPLES for a in plan.audio[len(clips):]):
+            raise RequestInvalid([Problem(("body", "videos"), f"a video's soundtrack holds under {MIN_AUDIO_SAMPLES} "
+                                          f"samples at {SAMPLE_RATE} Hz: the reference's feature extractor cannot "
+                                          "frame it; strip the sound or send a longer clip",
+                                          "value_error.audio_too_short")])
         audio_counts = plan.clip_counts if plan else audio_tokens([len(c) for c in clips])
         encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts,
                          audio_counts, plan.layouts if plan else ())
