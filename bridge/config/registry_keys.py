@@ -173,6 +173,7 @@ SERVER_KEYS: dict[str, Key] = {
     "max_videos": Key("videos", "max_videos", int, _positive),
     "max_video_bytes": Key("videos", "max_bytes", int, _positive),
     "max_video_seconds": Key("videos", "max_seconds", (int, float), _above_zero),
+    "max_media_bytes": Key("videos", "max_media_bytes", int, _positive),
 }
 
 RAY_KEYS: dict[str, Key] = {

@@ -472,7 +472,8 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
         raise RequestInvalid(problems + [p for e in errors for p in e.problems])
     images = _images(sources[IMAGE], limits, errors, "assets" if assets else "images")
     clips = _clips(sources[AUDIO], audio_limits, errors)
-    videos = _videos(sources[VIDEO], video_limits, errors)
+    videos = _videos(sources[VIDEO], video_limits, errors, sum(len(d) for s in sources.values() for _, d in s),
+                     "assets" if assets else FIELDS[VIDEO])
     if errors:
         raise _rejected(errors)
     if parts is not None and not images and not clips and not videos:
@@ -514,9 +515,14 @@ def _clips(sources: list[tuple[tuple[str | int, ...], bytes]], limits: AudioLimi
     return tuple(checked)
 
 
-def _videos(sources: list[tuple[tuple[str | int, ...], bytes]], limits: VideoLimits,
-            errors: list[MediaRejected]) -> tuple[VideoInput, ...]:
-    """The videos checked from their container headers and against the limits; problems appended to errors."""
+def _videos(sources: list[tuple[tuple[str | int, ...], bytes]], limits: VideoLimits, errors: list[MediaRejected],
+            media_bytes: int, field: str) -> tuple[VideoInput, ...]:
+    """The videos checked from their container headers and against the limits (media_bytes: all the request's media
+    together); problems appended to errors."""
+    if sources and media_bytes > limits.max_media_bytes:
+        errors.append(VideoTooLarge(("body", field), f"the media of this request hold {media_bytes} bytes together; "
+                                    f"with videos the limit is {limits.max_media_bytes} bytes (max_media_bytes)",
+                                    "value_error.video.total_bytes"))
     checked = []
     for loc, data in sources:
         try:

@@ -63,6 +63,7 @@ class VideoLimits:
     max_videos: int = 2  # per request
     max_bytes: int = 16 * 2**20  # per clip, encoded
     max_seconds: float = 60.0  # per clip: 120 frames at 2 fps
+    max_media_bytes: int = 16 * 2**20  # a request with videos: all its media together (images, audio, videos)
 
     @property
     def max_count(self) -> int:
