@@ -96,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "numpy audio tower, Clef-omni- against Clef-flash-shaped latency (tiny models)")
     p.add_argument("--tokens", type=int, default=4096, help="prompt length of the lm_head timing (default: 4096)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; the best is reported (default: 3)")
-    p.add_argument("--no-real-tower", action="store_true", help="skip the audio tower of Qwen3-Omni's shape "
-                                                                "(~2.5 GB of random float32 weights)")
+    p.add_argument("--no-real-tower", action="store_true", help="skip the audio and vision towers of Qwen3-Omni's "
+                                                                "shape (~2.5 and ~2.2 GB of random float32 weights)")
     p.add_argument("--pad-mb", type=int, default=512, help="size of the padded projector the split copies (MB)")
     p.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default: 1; more swing widely on a "
                                                           "shared machine)")

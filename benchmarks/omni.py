@@ -10,6 +10,8 @@
   (32 layers of width 1280, 480-channel convolutions, random weights: ~2.5 GB of float32).
 - latency of a Clef-omni-shaped request (qwen3vlmoe, MoE) against a Clef-flash-shaped one (qwen35, hybrid) on the
   tiny models, the same request, prefix cache off: text, and Clef-omni with an image and with audio.
+- video (benchmarks/omni_video.py): decoding and resizing per second of clip, tokens per second, the vision
+  tower's and the backbone's GFLOP per second of video at Qwen3-Omni's shape.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class OmniBench:
     split: list[dict[str, Any]] = field(default_factory=list)
     audio: list[dict[str, Any]] = field(default_factory=list)
     latency: list[dict[str, Any]] = field(default_factory=list)
+    video: list[dict[str, Any]] = field(default_factory=list)
+    vision: dict[str, Any] = field(default_factory=dict)  # a frame pair through a tower of Qwen3-Omni's shape
     notes: list[str] = field(default_factory=list)
 
 
@@ -237,6 +241,10 @@ def run(tokens: int = 4096, repeats: int = 3, real_tower: bool = True, pad_mb: i
     result.split = projector_split(ofx.mmproj_f32, pad_mb)
     result.audio = audio_tower(ofx.mmproj_f32, (1.0, 5.0, 30.0), real_tower, repeats)
     result.latency = latency(repeats + 2, threads)
+    from .omni_video import real_vision_pair, video_costs
+
+    result.video = video_costs()
+    result.vision = real_vision_pair(max(threads, 2)) if real_tower else {}
     vocab, hidden = 151936, 2048
     result.notes.append(f"lm_head at Clef-omni's shape: 2 x {hidden} x {vocab} = {2 * hidden * vocab / 1e9:.2f} GFLOP "
                         f"per token, {2 * hidden * vocab * 1000 / 1e12:.2f} TFLOP per 1k tokens, skipped by the stop")

@@ -106,6 +106,15 @@ def _(result: OmniBench) -> str:
                      f"{r['median_ms']:.0f}; backbone "
                      f"{r['backbone_ms']:.0f}, head {r['head_ms']:.0f}, vision {r['vision_ms']:.0f}, audio "
                      f"{r['audio_ms']:.0f})")
+    lines.append("  video, per second of clip (H.264 + AAC; tower and prefill at Qwen3-Omni's shape, counted):")
+    for r in result.video:
+        lines.append(f"    {r['clip']}: decode {r['decode_ms_per_s']:.0f} ms, resize {r['resize_ms_per_s']:.0f} ms, "
+                     f"frames {r['frame']}, {r['tokens_per_s']:.0f} tokens, vision tower "
+                     f"{r['tower_gflop_per_s']} GFLOP, prefill {r['prefill_gflop_per_s']} GFLOP")
+    if result.vision:
+        v = result.vision
+        lines.append(f"    vision tower of Qwen3-Omni's shape: a {v['frames']} ({v['patches']} patches, {v['tokens']} "
+                     f"tokens, {v['gflop']} GFLOP) in {v['seconds']:.2f} s: per second of video at 2 fps")
     lines += [f"  {n}" for n in result.notes]
     return "\n".join(lines)
 

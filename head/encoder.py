@@ -26,6 +26,7 @@ SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 # Qwen3-Omni's audio markup: one <|audio_pad|> per token of the audio tower's output
 AUDIO_START, AUDIO_PAD, AUDIO_END = "<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"
+VIDEO_PAD = "<|video_pad|>"  # a video's tokens (Qwen3-Omni), between VISION_START and VISION_END
 # How the media block after `STATE:\n` reads: "dense" (Clef, Clef-flash): every image's placeholder, then one
 # "\n" after them all; "omni" (Clef-omni): each placeholder followed by its own "\n", all images, then all audio.
 MEDIA_LAYOUTS = ("dense", "omni")
@@ -109,13 +110,16 @@ def _fields(request: DecisionRequest, options: EncodeOptions, min_tokens: MinTok
 
 
 def media_ids(tokenize: Tokenize, image_tokens: Sequence[int], audio_tokens: Sequence[int] = (),
-              layout: str = "dense") -> list[int]:
+              layout: str = "dense", video_tokens: Sequence[Sequence[bool]] = ()) -> list[int]:
     """The reference's media block for media of these token counts: per image <|vision_start|>, one <|image_pad|>
-    per image token, <|vision_end|>; per audio clip the same with <|audio_start|>, <|audio_pad|>, <|audio_end|>.
+    per image token, <|vision_end|>; per audio clip the same with <|audio_start|>, <|audio_pad|>, <|audio_end|>;
+    per video (video_tokens: each token a video token, True, or its soundtrack's, False) <|vision_start|>, its
+    <|video_pad|> tokens, <|vision_end|>, or with a soundtrack interleaved <|vision_start|><|audio_start|>, the
+    <|video_pad|> and <|audio_pad|> tokens in that order, <|audio_end|><|vision_end|>.
 
-    dense: one "\\n" after them all (none without media); omni: a "\\n" after each, images before audio.
+    dense: one "\\n" after them all (none without media); omni: a "\\n" after each, images, audio, then videos.
     """
-    if not image_tokens and not audio_tokens:
+    if not image_tokens and not audio_tokens and not video_tokens:
         return []
     image = [tokenize(t, True) for t in (VISION_START, IMAGE_PAD, VISION_END)] if image_tokens else []
     audio = [tokenize(t, True) for t in (AUDIO_START, AUDIO_PAD, AUDIO_END)] if audio_tokens else []
@@ -123,21 +127,31 @@ def media_ids(tokenize: Tokenize, image_tokens: Sequence[int], audio_tokens: Seq
     each = newline if layout == "omni" else []
     block = [t for n in image_tokens for t in image[0] + image[1] * n + image[2] + each]
     block += [t for n in audio_tokens for t in audio[0] + audio[1] * n + audio[2] + each]
+    if video_tokens:
+        start, end = tokenize(VISION_START, True), tokenize(VISION_END, True)
+        pad = {True: tokenize(VIDEO_PAD, True), False: tokenize(AUDIO_PAD, True)}
+        for layout_of in video_tokens:
+            sound = not all(layout_of)
+            open_, close = (start + tokenize(AUDIO_START, True), tokenize(AUDIO_END, True) + end) if sound else (
+                start, end)
+            block += open_ + [t for is_video in layout_of for t in pad[bool(is_video)]] + close + each
     return block if layout == "omni" else block + newline
 
 
 def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions = EncodeOptions(),
-           min_tokens: MinTokens = no_bound, image_tokens: Sequence[int] = (), audio_tokens: Sequence[int] = ()
-           ) -> Encoded:
+           min_tokens: MinTokens = no_bound, image_tokens: Sequence[int] = (), audio_tokens: Sequence[int] = (),
+           video_tokens: Sequence[Sequence[bool]] = ()) -> Encoded:
     """The prompt's token ids and spans; image_tokens / audio_tokens: the token count of each image / audio clip,
-    in prompt order (their pad runs sit right after PREFIX, where the reference puts them; see media_ids).
+    video_tokens: each video's token layout, in prompt order (their pad runs sit right after PREFIX, where the
+    reference puts them; see media_ids).
 
     The context check comes first and again before each user text is tokenized: every text's size
     bounds its tokens from below (min_tokens), so a request that cannot fit is refused (413) before
     its bulk is tokenized, whatever its size.
     """
     user = options.parse_special_in_user_text
-    prefix = tokenize(PREFIX, True) + media_ids(tokenize, image_tokens, audio_tokens, options.media_layout)
+    prefix = tokenize(PREFIX, True) + media_ids(tokenize, image_tokens, audio_tokens, options.media_layout,
+                                                video_tokens)
     suffix = tokenize(SUFFIX, True)
     state_text = _text(request.state, ("body", "state"))
     fields = _fields(request, options, min_tokens)

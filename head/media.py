@@ -12,7 +12,7 @@ class MediaKind:
 
     name: str
     field: str  # the body's list of them (the reference's and Workers AI's shape)
-    supported: bool  # some model here reads it; video is known but refused by every model
+    supported: bool  # some model here reads it
 
     @property
     def error_type(self) -> str:
@@ -22,6 +22,6 @@ class MediaKind:
 
 IMAGE = MediaKind("image", "images", True)
 AUDIO = MediaKind("audio", "audio", True)
-VIDEO = MediaKind("video", "videos", False)
+VIDEO = MediaKind("video", "videos", True)
 MEDIA_KINDS = {kind.name: kind for kind in (IMAGE, AUDIO, VIDEO)}
 ASSETS_FIELD = "assets"  # placeholder -> medium of any kind, its `type` naming the kind

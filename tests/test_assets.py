@@ -101,9 +101,9 @@ def problems(raw, parts=None, limits=LIMITS) -> list[tuple[str, str, str]]:
 
 
 BAD = [  # (name, body, expected (loc, type) pairs)
-    ("video list", body("s", videos=["x"]), [("body.videos", "videos_not_supported")]),
+    ("video list", body("s", videos=["x"]), [("body.videos.0", "value_error.video.base64")]),
     ("video asset", body("s", assets={"v": {"type": "video", "data_base64": "AAAA"}}),
-     [("body.assets.v.type", "videos_not_supported")]),
+     [("body.assets.v.format", "value_error")]),
     ("both fields", body("s", images=[b64(PNG["A"])], assets={"a": asset("A")}), [("body", "value_error")]),
     ("images not a list", body("s", images=b64(PNG["A"])), [("body.images", "type_error")]),
     ("assets not an object", body("s", assets=[asset("A")]), [("body.assets", "type_error")]),

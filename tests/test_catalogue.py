@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_architectures_and_their_capabilities():
     assert arch.CLEF_ARCHITECTURES == ("qwen35", "qwen35moe", "qwen3vlmoe", "clef")
     omni = arch.ARCHITECTURES["qwen3vlmoe"]
-    assert omni.media == ("image", "audio") and omni.experts and omni.deepstack and omni.full_attention
+    assert omni.media == ("image", "audio", "video") and omni.experts and omni.deepstack and omni.full_attention
     assert omni.every_token_output and omni.kv_cells_only and omni.image_tokens == (64, 1024)
     for name in ("qwen35", "qwen35moe", "clef"):
         a = arch.ARCHITECTURES[name]
@@ -66,7 +66,7 @@ def test_dtypes():
 
 def test_media_kinds():
     assert media.MEDIA_KINDS is head_media.MEDIA_KINDS  # head/ holds the words, without importing bridge/
-    assert media.READABLE == ("image", "audio")
+    assert media.READABLE == ("image", "audio", "video")
     assert media.FIELDS == ("images", "audio", "videos", "assets")
     assert [k.error_type for k in media.MEDIA_KINDS.values()] == ["images_not_supported", "audio_not_supported",
                                                                    "videos_not_supported"]

@@ -24,6 +24,9 @@ from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from llama_cpp import mtmd_cpp as mt
 
+from . import fixturegen_video
+from .fixturegen import FIXTURES
+
 pytestmark = pytest.mark.integration
 
 AUDIO_PREFIXES = ("a.", "mm.a.")
@@ -298,13 +301,18 @@ def test_serve_without_models_toml_answers_clef_omni_with_images_and_audio(tmp_p
     body = {"state": "A voicemail and a photo", "questions": {"urgent": {"type": "noul", "instructions": "Urgent?"}}}
     with RunningServer(demo_registry(tmp_path / "models.toml")) as server:
         [model] = [m for m in server.request("GET", "/v1/models").json()["models"] if m["name"] == OMNI_DEMO]
+        # its vocabulary has no <|video_pad|>: the demo takes no video (the converted Qwen3-Omni's does)
         assert model["x_media"] == ["image", "audio"] and "clef-omni" in model["x_aliases"]
         route = "/accounts/local/ai/run/@cf/cloudflare/clef-omni"
         text = server.request("POST", route, body)
         media = {"images": ["data:image/png;base64," + base64.b64encode(png).decode()],
                  "audio": ["data:audio/wav;base64," + base64.b64encode(wav).decode()]}
         both = server.request("POST", route, {**body, **media})
+        clip = fixturegen_video.build_clips(FIXTURES / "video")["webm_sounded"].read_bytes()  # 1 s, 256 x 192
+        video = server.request("POST", route, {**body, "videos": ["data:video/webm;base64," +
+                                                                  base64.b64encode(clip).decode()]})
     assert text.status == 200 and both.status == 200, both.body[:400]
+    assert video.status == 422 and "takes no videos" in video.body.decode(), video.body[:400]
     assert both.json()["result"]["model"] == "clef-omni" and both.headers["x-clef-demo"] == "random-weights"
     assert [w for w in both.json()["result"]["x_warnings"] if "RANDOM weights" in w and "pull clef-omni" in w]
     image = ImageGeometry(32, 64 * 32 * 32, 1024 * 32 * 32).tokens(320, 256)  # Qwen3-Omni's image sizes

@@ -27,7 +27,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from . import fixturegen_vision
+from . import fixturegen_video, fixturegen_vision
+from .fixturegen import FIXTURES
 from .fixturegen_vision import encoded, picture
 from .test_playground_code import run_with_stub_curl
 from .test_readme import blocks
@@ -431,15 +432,16 @@ def test_side_by_side_shows_differences(browser, server: ClefServer, timed):
 def test_media_inputs_follow_the_model(browser, server: ClefServer, timed):
     """The vision model's x_media brings an image input, whose image it answers; audio (announced here as
     Clef-omni will) goes as a Jev asset {"type": "audio", "format": "wav" | "mp3", "data_base64"}."""
-    with Page(browser, server.url, announce={"tiny-vl": ["image", "audio"]}) as p:
+    with Page(browser, server.url, announce={"tiny-vl": ["image", "audio", "video"]}) as p:
         page = p.page
         choose_model(page, "Model", "tiny-vl")
         assert p.served_media == {"demo": ["image"], "demo-seed1": [], "tiny-vl": ["image"]}  # the server's own
         page.get_by_role("button", name="Decide").click()  # nothing asked yet: said on the page, nothing sent
         playwright_sync.expect(page.locator("#error")).to_contain_text("add at least one question")
-        images, audio = page.get_by_label("Images"), page.get_by_label("Audio")
+        images, audio, videos = page.get_by_label("Images"), page.get_by_label("Audio"), page.get_by_label("Videos")
         playwright_sync.expect(images).to_be_visible()
         playwright_sync.expect(audio).to_be_visible()
+        playwright_sync.expect(videos).to_be_visible()
         page.get_by_role("button", name="load an example").click()
         png = encoded(picture(96, 64), "PNG")
         images.set_input_files(files=[{"name": "chart.png", "mimeType": "image/png", "buffer": png}])
@@ -464,6 +466,15 @@ def test_media_inputs_follow_the_model(browser, server: ClefServer, timed):
                                                             "data_base64": shortened(tiny_wav())}
         assert len(request_body(page)["assets"]) == 2
         playwright_sync.expect(page.locator("#code-python")).to_contain_text("audio is left out")
+        # videos: MP4, WebM or Matroska, as a Jev asset {"type": "video", "format", "data_base64"}
+        clip = fixturegen_video.build_clips(FIXTURES / "video")["mp4_silent_small"].read_bytes()
+        avi = {"name": "desk.avi", "mimeType": "video/x-msvideo", "buffer": b"RIFF" + bytes(60)}
+        videos.set_input_files(files=[{"name": "desk.mp4", "mimeType": "video/mp4", "buffer": clip}, avi])
+        playwright_sync.expect(page.locator("#media-error")).to_contain_text("Left out desk.avi")
+        playwright_sync.expect(page.locator("#media-error")).to_contain_text("MP4, WebM or Matroska")
+        assert request_body(page)["assets"]["<video1>"] == {"type": "video", "format": "mp4",
+                                                            "data_base64": shortened(clip)}
+        playwright_sync.expect(page.locator("#code-python")).to_contain_text("videos are left out")
         # the tiny model hears no audio: the server's 422 (audio_not_supported) is shown, the answers kept, greyed
         page.get_by_role("button", name="Decide").click()
         alert = page.locator("#error")
@@ -475,6 +486,7 @@ def test_media_inputs_follow_the_model(browser, server: ClefServer, timed):
         choose_model(page, "Compare with", "demo-seed1")
         playwright_sync.expect(images).to_be_hidden()
         playwright_sync.expect(audio).to_be_hidden()
+        playwright_sync.expect(videos).to_be_hidden()
         assert "assets" not in request_body(page)
         assert [e for e in p.errors if "422" not in e] == [], p.errors
 

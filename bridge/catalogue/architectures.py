@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .media import AUDIO, IMAGE
+from .media import AUDIO, IMAGE, VIDEO
 
 # Qwen3.5's preprocessor_config.json: 65,536 to 16,777,216 pixels, one token per 32 x 32
 QWEN35_IMAGE_TOKENS = (64, 16384)
@@ -37,7 +37,7 @@ QWEN35MOE = Architecture("qwen35moe", (IMAGE.name,), QWEN35_IMAGE_TOKENS, "qwen3
                          experts=True)
 CLEF = Architecture("clef", (IMAGE.name,), QWEN35_IMAGE_TOKENS, "qwen35", nfc=True, head_inside=True,
                     loads_as=QWEN35.name)
-QWEN3VLMOE = Architecture("qwen3vlmoe", (IMAGE.name, AUDIO.name), OMNI_IMAGE_TOKENS,
+QWEN3VLMOE = Architecture("qwen3vlmoe", (IMAGE.name, AUDIO.name, VIDEO.name), OMNI_IMAGE_TOKENS,
                           "qwen2", nfc=True, reference="omni", experts=True, deepstack=True, full_attention=True,
                           every_token_output=True, kv_cells_only=True)
 ARCHITECTURES = {a.name: a for a in (QWEN35, QWEN35MOE, QWEN3VLMOE, CLEF)}

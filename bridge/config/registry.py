@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ...head.answer import AnswerOptions
 from ...head.encoder import EncodeOptions
 from ...head.errors import Category, ClefError, Problem, RequestInvalid, did_you_mean
-from ...head.media import AUDIO, IMAGE
+from ...head.media import AUDIO, IMAGE, VIDEO
 from ...head.schema import Limits
 from ..catalogue.releases import CLOUDFLARE_NAMES, NAMED_BY_ARCHITECTURE
 from ..llama.backbone import BackboneOptions
@@ -24,6 +24,7 @@ from ..llama.prefix_cache import PrefixCacheOptions
 from ..media.audio import AudioLimits
 from ..media.decoders import DecoderLimits
 from ..media.images import ImageLimits
+from ..media.video import VideoLimits
 from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
 from .registry_names import MAX_NAME_CHARS, MAX_REQUESTED_CHARS, name_problem, shown
 
@@ -86,11 +87,12 @@ class ServerSpec:
     images: ImageLimits = ImageLimits()
     audio: AudioLimits = AudioLimits()
     decoders: DecoderLimits = DecoderLimits()  # the processes that decode media (bridge/media/decoders.py)
+    videos: VideoLimits = VideoLimits()
 
     @property
     def media_limits(self) -> dict[str, Any]:
         """Each medium's limits by its kind's name: what its decoding and the body's size cap read."""
-        return {IMAGE.name: self.images, AUDIO.name: self.audio}
+        return {IMAGE.name: self.images, AUDIO.name: self.audio, VIDEO.name: self.videos}
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,8 @@ def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec
         top["api_keys_file"] = _absolute(base / top["api_keys_file"])
     return ServerSpec(**top, limits=Limits(**groups.get("limits", {})),
                       images=ImageLimits(**groups.get("images", {})), audio=AudioLimits(**groups.get("audio", {})),
-                      decoders=DecoderLimits(**groups.get("decoders", {})))
+                      decoders=DecoderLimits(**groups.get("decoders", {})),
+                      videos=VideoLimits(**groups.get("videos", {})))
 
 
 def _ray(raw: Any, where: str, problems: list[str]) -> RaySpec:

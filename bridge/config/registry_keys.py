@@ -186,6 +186,11 @@ SERVER_KEYS: dict[str, Key] = {
     "decode_workers": Key("decoders", "workers", int, _positive),
     "decode_memory_mb": Key("decoders", "memory_mb", int, _decoder_memory),
     "decode_timeout_s": Key("decoders", "seconds", (int, float), _above_zero),
+    "decode_video_timeout_s": Key("decoders", "video_seconds", (int, float), _above_zero),
+    "max_videos": Key("videos", "max_videos", int, _positive),
+    "max_video_bytes": Key("videos", "max_bytes", int, _positive),
+    "max_video_seconds": Key("videos", "max_seconds", (int, float), _above_zero),
+    "max_media_bytes": Key("videos", "max_media_bytes", int, _positive),
 }
 
 RAY_KEYS: dict[str, Key] = {

@@ -29,7 +29,7 @@ import llama_cpp as lc
 import numpy as np
 from llama_cpp import mtmd_cpp as mt
 
-from ...head.encoder import AUDIO_END, AUDIO_PAD, AUDIO_START, IMAGE_PAD, VISION_END, VISION_START
+from ...head.encoder import AUDIO_END, AUDIO_PAD, AUDIO_START, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
 from ...head.errors import Problem, RequestInvalid
 from ..catalogue.architectures import QWEN35_IMAGE_TOKENS
 from ..gguf.projector import ProjectorError, pairing_problems, projector_info
@@ -100,6 +100,8 @@ class Projector:
         # Qwen3-Omni's audio markup, where the vocabulary has it (the rows come from the numpy audio tower)
         audio = [backbone.tokenize(t, True) for t in (AUDIO_START, AUDIO_END, AUDIO_PAD)]
         self._audio_marks = tuple(ids[0] for ids in audio) if all(len(ids) == 1 for ids in audio) else None
+        video = backbone.tokenize(VIDEO_PAD, True)  # Qwen3-Omni's video markup, where the vocabulary has it
+        self.video_pad = video[0] if len(video) == 1 else None
         llama_log.install_mtmd(options.verbose)
         params = mt.mtmd_context_params_default()
         params.use_gpu = backbone.on_gpu
@@ -118,6 +120,11 @@ class Projector:
             self.close()
             raise ProjectorError(f"{self.path}: not a Qwen3.5 or Qwen3-Omni projector (no M-RoPE or non-causal image "
                                  "decoding)")
+
+    @property
+    def audio_pad(self) -> int | None:
+        """<|audio_pad|>'s id where the vocabulary has Qwen3-Omni's audio markup."""
+        return self._audio_marks[2] if self._audio_marks else None
 
     def _single_token(self, text: str) -> int:
         ids = self.backbone.tokenize(text, True)
@@ -168,6 +175,42 @@ class Projector:
         finally:
             mt.mtmd_input_chunks_free(chunks)
             mt.mtmd_bitmap_free(bitmap)
+
+    def encode_frames(self, frames: np.ndarray) -> np.ndarray:
+        """uint8 [n, h, w, 3] RGB frames at the processor's size, n even -> float32 [n / 2 * rows * cols, n_embd_inp]:
+        each pair of frames is ONE temporal patch (Qwen2-VL's Conv3d over two frames: mtmd's qwen3vl graph puts the
+        first through patch_embeddings_0 and the second through patch_embeddings_1 when two mergeable bitmaps of
+        one size come together), deepstack slices included."""
+        n, h, w, channels = frames.shape
+        factor = self.geometry.factor
+        if channels != 3 or n % 2 or h % factor or w % factor:
+            raise ValueError(f"frames of shape {frames.shape}: need [2k, h, w, 3] in multiples of {factor}")
+        rows, cols = h // factor, w // factor
+        out = np.empty((n // 2 * rows * cols, self.backbone.n_embd_inp), dtype=np.float32)
+        for k in range(n // 2):
+            pair = [np.ascontiguousarray(frames[2 * k + i], dtype=np.uint8) for i in range(2)]
+            bitmaps = [mt.mtmd_bitmap_init(w, h, f.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))) for f in pair]
+            chunks = mt.mtmd_input_chunks_init()
+            try:
+                for bitmap in bitmaps:
+                    mt.mtmd_bitmap_set_mergeable(bitmap, True)
+                held = [mt.mtmd_input_part(None, b) for b in bitmaps]
+                parts = (ctypes.POINTER(mt.mtmd_input_part) * 2)(*(ctypes.pointer(p) for p in held))
+                if mt.mtmd_tokenize_from_parts(self._ctx, chunks, parts, 2, False) != 0:
+                    raise ProjectorError(f"mtmd could not preprocess a pair of {w}x{h} frames")
+                chunk = _image_chunk(chunks)  # one chunk: the two frames merged
+                if mt.mtmd_input_chunk_get_n_tokens(chunk) != rows * cols:
+                    raise ProjectorError(f"mtmd made {mt.mtmd_input_chunk_get_n_tokens(chunk)} tokens of a {w}x{h} "
+                                         f"frame pair; the processor makes {rows * cols}")
+                if mt.mtmd_encode_chunk(self._ctx, chunk) != 0:
+                    raise ProjectorError(f"the vision tower failed on a pair of {w}x{h} frames (out of memory?)")
+                dst = out[k * rows * cols:(k + 1) * rows * cols]
+                ctypes.memmove(dst.ctypes.data, mt.mtmd_get_output_embd(self._ctx), dst.nbytes)
+            finally:
+                mt.mtmd_input_chunks_free(chunks)
+                for bitmap in bitmaps:
+                    mt.mtmd_bitmap_free(bitmap)
+        return out
 
     @staticmethod
     def _check_positions(image_tokens, rows: int, cols: int) -> None:

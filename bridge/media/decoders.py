@@ -31,14 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ...head.media import AUDIO
+from ...head.media import AUDIO, VIDEO
 from .errors import DecodeOverMemory, DecodeOverTime, DecoderStopped, MediaRejected
 
 log = logging.getLogger("clef_bridge.decoders")
 
-# The kinds decoded here. Images stay in a thread: their pixels are bounded from the header before decoding
-# (max_image_pixels), and shipping them back costs more than decoding them (docs/media.md has the numbers).
-ISOLATED = frozenset({AUDIO.name})
+# The kinds decoded here: containers and codecs from anyone. Images stay in a thread: their pixels are bounded from
+# the header before decoding (max_image_pixels), and shipping them back costs more than decoding them (docs/media.md
+# has the numbers).
+ISOLATED = frozenset({AUDIO.name, VIDEO.name})
 # What the forkserver imports once, so that a worker forked from it starts in milliseconds: this module (the
 # workers' main), the decoders (request.py imports audio.py and images.py) and their libraries.
 PRELOAD = ("numpy", "av", "PIL.Image", "clef_bridge.bridge.media.request", __name__)
@@ -50,13 +51,23 @@ _TIMEOUT, _STOPPED = "timeout", "stopped"  # what the server finds when none cam
 
 @dataclass(frozen=True)
 class DecoderLimits:
-    """[server] decode_workers, decode_memory_mb, decode_timeout_s: the pool's size and each job's caps."""
+    """[server] decode_workers, decode_memory_mb, decode_timeout_s, decode_video_timeout_s: the pool's size and each
+    job's caps."""
 
     workers: int = 2  # processes decoding at once; more jobs wait for one
     # one worker's address space, its ~260 MB of libraries included: four 60 s clips peak at 340 MB
     memory_mb: int = 768
     # one job's wall clock (a request's clips), sending and answering included: four 60 s MP3s take 0.3 s on one core
     seconds: float = 5.0
+    # a request's videos: a 60 s 1080p clip decodes in 10-30 s on one loaded core (docs/media.md)
+    video_seconds: float = 60.0
+
+    def seconds_for(self, kind: str) -> float:
+        """A job's wall-clock limit for one kind of media."""
+        return self.video_seconds if kind == VIDEO.name else self.seconds
+
+    def timeout_key(self, kind: str) -> str:
+        return "decode_video_timeout_s" if kind == VIDEO.name else "decode_timeout_s"
 
 
 # --- the worker process ---------------------------------------------------------------------------
@@ -176,11 +187,13 @@ class DecoderPool:
         self._threads.shutdown(wait=False, cancel_futures=True)
         self._finalizer()
 
-    async def run(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...]) -> Any:
-        """fn(*args) in a worker (fn: a module-level function); a job over a limit raises its error at loc."""
-        return await asyncio.get_running_loop().run_in_executor(self._threads, self._job, fn, args, loc)
+    async def run(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...], kind: str = AUDIO.name
+                  ) -> Any:
+        """fn(*args) in a worker (fn: a module-level function); a job over a limit (kind's time limit) raises its
+        error at loc."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self._job, fn, args, loc, kind)
 
-    def _job(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...]) -> Any:
+    def _job(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...], kind: str) -> Any:
         worker = self._idle.get()
         if worker is not None and not worker.process.is_alive():  # lost while idle: not this job's doing
             self._discard(worker)
@@ -191,7 +204,7 @@ class DecoderPool:
                 raise RuntimeError("the decoder pool is closed")
         status = _REJECTED  # what leaves _exchange as an exception (a pickling error included): the worker is fine
         try:
-            status, value = self._exchange(worker, (fn, args))
+            status, value = self._exchange(worker, (fn, args), self.limits.seconds_for(kind))
         finally:
             if status in (_OK, _REJECTED, _FAULT):
                 self._idle.put(worker)
@@ -199,22 +212,23 @@ class DecoderPool:
                 self._retire(worker)
         if status == _OK:
             return value
-        raise self._error(status, value, worker, loc)
+        raise self._error(status, value, worker, loc, kind)
 
-    def _exchange(self, worker: _Worker, job: tuple) -> tuple[str, Any]:
+    def _exchange(self, worker: _Worker, job: tuple, seconds: float) -> tuple[str, Any]:
         try:
             worker.conn.send(job)
-            if not worker.conn.poll(self.limits.seconds):
+            if not worker.conn.poll(seconds):
                 return _TIMEOUT, None
             return _receive(worker.conn)
         except (EOFError, OSError):  # it died (or the pool closed) before or while it worked
             return _STOPPED, None
 
-    def _error(self, status: str, value: Any, worker: _Worker, loc: tuple[str | int, ...]) -> Exception:
+    def _error(self, status: str, value: Any, worker: _Worker, loc: tuple[str | int, ...], kind: str) -> Exception:
         limits = self.limits
         if status == _TIMEOUT:
-            return DecodeOverTime(loc, f"took more than {limits.seconds:g} s to decode, the limit per request and "
-                                       "medium (decode_timeout_s in models.toml [server]); its decoder was stopped",
+            return DecodeOverTime(loc, f"took more than {limits.seconds_for(kind):g} s to decode, the limit per request "
+                                       f"and medium ({limits.timeout_key(kind)} in models.toml [server]); its decoder "
+                                       "was stopped",
                                   "value_error.decode.timeout")
         if status == _MEMORY:
             return DecodeOverMemory(loc, f"needed more than {limits.memory_mb} MB to decode, the limit per decoder "

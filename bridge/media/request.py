@@ -27,6 +27,7 @@ from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ...head.schema import MEDIA_FIELDS, Limits, json_depth, option_order
 from ..gguf.projector import PROJECTOR_HOME
 from . import audio as audio_files
+from . import video as video_files
 from .audio import AudioInput, AudioLimits, AudioRejected, AudioTooLarge
 from .errors import MediaRejected, MediaTooLarge, detached
 from .images import (
@@ -39,20 +40,17 @@ from .images import (
     decode,
     sniff,
 )
+from .video import VideoInput, VideoLimits, VideoRejected, VideoTooLarge
 
 FORM = "multipart/form-data"
 
 IMAGE, AUDIO = media_kinds.IMAGE.name, media_kinds.AUDIO.name  # an asset's `type`, its marker's word, a Media kind
-KINDS = (IMAGE, AUDIO)  # the prompt's order of kinds: all images, then all audio clips (the reference's)
+VIDEO = media_kinds.VIDEO.name
+KINDS = (IMAGE, AUDIO, VIDEO)  # the prompt's order of kinds: images, audio clips, then videos (the reference's)
 FIELDS = {kind: media_kinds.MEDIA_KINDS[kind].field for kind in KINDS}  # each kind's body field and decode stage
 MARKERS = {kind: f"[{kind} {{}}]" for kind in KINDS}
 MARKER = MARKERS[IMAGE]
 FORMATS = ("png", "jpeg", "jpg", "webp")  # what an image's `format` may declare; the bytes decide
-NO_VIDEO = ("videos are not supported by any model here: the reference's video processor needs torchvision, "
-            "which has no CPU build beside the CPU torch our tests run the reference with, so its frame sizing "
-            "(2 fps, each frame scaled to at most 262,144 pixels) and Clef-omni's interleaving of a video's "
-            "frames and soundtrack by time could not be run and proven equal; send key frames as images (and "
-            "the soundtrack as audio, to a Clef-omni model)")
 _SPACE = re.compile(rb"\s+")
 _DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.ASCII | re.IGNORECASE)
 DATA_URL_HEAD = 1024  # a data: URL's media type and parameters come within this many characters of its start
@@ -145,7 +143,14 @@ def no_audio(model: str) -> RequestInvalid:
                                    "to a Clef-omni model, or leave it out", "audio_not_supported")])
 
 
-REFUSALS = {IMAGE: no_projector, AUDIO: no_audio}  # a kind's 422 for a model that cannot take it
+def no_video(model: str) -> RequestInvalid:
+    return RequestInvalid([Problem(("body", "videos"), f"model {model!r} takes no videos: Clef-omni reads them "
+                                   "(frames through its vision tower, the soundtrack through its audio encoder); Clef "
+                                   "and Clef-flash do not: send key frames as images, or send the video to a "
+                                   "Clef-omni model", media_kinds.VIDEO.error_type)])
+
+
+REFUSALS = {IMAGE: no_projector, AUDIO: no_audio, VIDEO: no_video}  # a kind's 422 for a model that cannot take it
 
 
 def refuse_unsupported(media: Media, takes: Sequence[str], model: str) -> None:
@@ -163,10 +168,13 @@ class DecodeSettings:
     limits: Mapping[str, Any]  # each kind's limits by its name: ServerSpec.media_limits
 
 
-def decode_kind(kind: str, inputs: Sequence[Any], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
-    """One kind's media decoded (Pillow, PyAV: run it off the event loop): pixels or samples, all failures at once."""
+def decode_kind(kind: str, inputs: Sequence[Any], settings: DecodeSettings) -> tuple[Any, ...]:
+    """One kind's media decoded (Pillow, PyAV: run it off the event loop): pixels, samples or a video's frames and
+    soundtrack (DecodedVideo), all failures at once; picklable, for a decoder in another process."""
     if kind == IMAGE:
         return decode_all(inputs, settings.geometry)
+    if kind == VIDEO:
+        return video_files.decode_video_all(inputs, settings.limits[VIDEO])
     return audio_files.decode_audio_all(inputs, settings.limits[AUDIO])
 
 
@@ -209,23 +217,31 @@ MEDIUM_DOCS = {
     AUDIO: MediumDoc("audio clip", "audio/wav", audio_files.FORMATS, "max_audio_clips",
                      "WAV or MP3 clips as data: URLs, base64 or {content_type, base64}, heard after the images; needs "
                      "a model with audio (x_media lists \"audio\"); max_audio_clips counts the assets' clips too"),
+    VIDEO: MediumDoc("video", "video/mp4", video_files.FORMATS, "max_videos",
+                     "MP4, WebM or Matroska videos as data: URLs, base64 or {content_type, base64}, seen after the "
+                     "audio clips: frames at 2 fps and, when every video has one, the soundtrack; needs a model with "
+                     "video (x_media lists \"video\"); max_videos counts the assets' videos too"),
 }
 
 
-def _media(limits: ImageLimits, audio_limits: AudioLimits) -> dict[str, _Medium]:
-    image, audio = MEDIUM_DOCS[IMAGE], MEDIUM_DOCS[AUDIO]
+def _media(limits: ImageLimits, audio_limits: AudioLimits, video_limits: VideoLimits) -> dict[str, _Medium]:
+    image, audio, video = MEDIUM_DOCS[IMAGE], MEDIUM_DOCS[AUDIO], MEDIUM_DOCS[VIDEO]
     return {IMAGE: _Medium(IMAGE, FIELDS[IMAGE], image.noun, image.formats, limits.max_count, image.count_key,
                            limits.max_bytes, "max_image_bytes", ImageRejected, ImageTooLarge, image.content_type),
             AUDIO: _Medium(AUDIO, FIELDS[AUDIO], audio.noun, audio.formats, audio_limits.max_count,
                            audio.count_key, audio_limits.max_bytes, "max_audio_bytes", AudioRejected,
-                           AudioTooLarge, audio.content_type)}
+                           AudioTooLarge, audio.content_type),
+            VIDEO: _Medium(VIDEO, FIELDS[VIDEO], video.noun, video.formats, video_limits.max_count, video.count_key,
+                           video_limits.max_bytes, "max_video_bytes", VideoRejected, VideoTooLarge,
+                           video.content_type)}
 
 
 def _rejected(errors: list[MediaRejected]) -> MediaRejected:
     """Several media's problems as one error: too large (413) when every one is about size, else 422; typed by
     its medium when they share one."""
     too_large = all(isinstance(e, MediaTooLarge) for e in errors)
-    for base, big in ((ImageRejected, ImageTooLarge), (AudioRejected, AudioTooLarge), (MediaRejected, MediaTooLarge)):
+    for base, big in ((ImageRejected, ImageTooLarge), (AudioRejected, AudioTooLarge), (VideoRejected, VideoTooLarge),
+                      (MediaRejected, MediaTooLarge)):
         if all(isinstance(e, base) for e in errors):
             return (big if too_large else base)(errors[0].loc, problems=[p for e in errors for p in e.problems])
     raise TypeError("not media errors")  # unreachable: every error is a MediaRejected
@@ -288,21 +304,20 @@ def _inline(entry: Any, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
 
 def _kind(asset: Any) -> str:
     """The medium an asset claims to be (images by default, as the Jev API's `type` is optional)."""
-    return AUDIO if isinstance(asset, dict) and asset.get("type") == AUDIO else IMAGE
+    kind = asset.get("type") if isinstance(asset, dict) else None
+    return kind if kind in (AUDIO, VIDEO) else IMAGE
 
 
 def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: set[str], media: dict[str, _Medium],
            problems: _Problems) -> bytes | None:
     loc = ("body", "assets", name)
     if not isinstance(asset, dict):
-        problems.add(loc, "an asset must be an object: {\"type\": \"image\" or \"audio\", \"format\", \"data_base64\"} "
+        problems.add(loc, "an asset must be an object: {\"type\": \"image\", \"audio\" or \"video\", \"format\", "
+                          "\"data_base64\"} "
                           f"or, in a {FORM} request, {{\"type\", \"part\"}}", "type_error")
         return None
-    if asset.get("type") == "video":
-        problems.add(loc + ("type",), NO_VIDEO, "videos_not_supported")
-        return None
-    if asset.get("type") not in (IMAGE, AUDIO, None):
-        problems.add(loc + ("type",), f"type must be \"image\" or \"audio\", got {asset.get('type')!r}")
+    if asset.get("type") not in (*KINDS, None):
+        problems.add(loc + ("type",), f"type must be \"image\", \"audio\" or \"video\", got {asset.get('type')!r}")
         return None
     medium = media[_kind(asset)]
     part = asset.get("part")
@@ -396,12 +411,10 @@ def _question(question: Any, walk) -> Any:
 def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
     """The media fields' types and counts (max_images, max_audio_clips), before anything is decoded."""
     problems = _Problems()
-    if body.get("videos"):
-        problems.add(("body", "videos"), NO_VIDEO, "videos_not_supported")
     assets = body.get("assets")
     lists = {kind: body.get(m.field) for kind, m in media.items()}
     if assets and any(lists.values()):
-        problems.add(("body",), "send media in `images` and `audio` or in `assets`, not both")
+        problems.add(("body",), "send media in `images`, `audio` and `videos` or in `assets`, not both")
     for kind, value in lists.items():
         if value is not None and not isinstance(value, list):
             problems.add(("body", media[kind].field), f"{media[kind].field} must be an array of data: URLs, base64 "
@@ -420,12 +433,12 @@ def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
 
 
 def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, text_limits: Limits = Limits(),
-            audio_limits: AudioLimits = AudioLimits()) -> Extracted:
+            audio_limits: AudioLimits = AudioLimits(), video_limits: VideoLimits = VideoLimits()) -> Extracted:
     """The body's media, each kind in prompt order, checked from their headers; parts: a multipart body's media
     parts."""
     if not isinstance(body, dict):
         return Extracted(body, NO_MEDIA)
-    media = _media(limits, audio_limits)
+    media = _media(limits, audio_limits, video_limits)
     problems = _shape(body, media)
     if problems:
         raise RequestInvalid(problems)
@@ -465,12 +478,14 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
         raise RequestInvalid(problems + [p for e in errors for p in e.problems])
     images = _images(sources[IMAGE], limits, errors, "assets" if assets else "images")
     clips = _clips(sources[AUDIO], audio_limits, errors)
+    videos = _videos(sources[VIDEO], video_limits, errors, sum(len(d) for s in sources.values() for _, d in s),
+                     "assets" if assets else FIELDS[VIDEO])
     if errors:
         raise _rejected(errors)
-    if parts is not None and not images and not clips:
-        raise UnsupportedMediaType(f"a {FORM} body carries images or audio; send a request without them as "
+    if parts is not None and not images and not clips and not videos:
+        raise UnsupportedMediaType(f"a {FORM} body carries images, audio or videos; send a request without them as "
                                    "application/json")
-    return Extracted(text, found_media({IMAGE: images, AUDIO: clips}), inline)
+    return Extracted(text, found_media({IMAGE: images, AUDIO: clips, VIDEO: videos}), inline)
 
 
 def _images(sources: list[tuple[tuple[str | int, ...], bytes]], limits: ImageLimits, errors: list[MediaRejected],
@@ -504,6 +519,25 @@ def _clips(sources: list[tuple[tuple[str | int, ...], bytes]], limits: AudioLimi
             checked.append(AudioInput(loc, data, header, hashlib.sha256(data).digest()))
         except AudioRejected as exc:
             errors.append(detached(exc))
+    return tuple(checked)
+
+
+def _videos(sources: list[tuple[tuple[str | int, ...], bytes]], limits: VideoLimits, errors: list[MediaRejected],
+            media_bytes: int, field: str) -> tuple[VideoInput, ...]:
+    """The videos checked from their container headers and against the limits (media_bytes: all the request's media
+    together); problems appended to errors."""
+    if sources and media_bytes > limits.max_media_bytes:
+        errors.append(VideoTooLarge(("body", field), f"the media of this request hold {media_bytes} bytes together; "
+                                    f"with videos the limit is {limits.max_media_bytes} bytes (max_media_bytes)",
+                                    "value_error.video.total_bytes"))
+    checked = []
+    for loc, data in sources:
+        try:
+            header = video_files.sniff(data, loc)
+            video_files.check(header, len(data), limits, loc)
+            checked.append(VideoInput(loc, data, header, hashlib.sha256(data).digest()))
+        except VideoRejected as exc:
+            errors.append(exc)
     return tuple(checked)
 
 

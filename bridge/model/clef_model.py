@@ -22,11 +22,13 @@ from ...head.schema import DecisionRequest, Limits, Question
 from ..host.gpu import device_out_of_memory, to_device
 from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
+from ..llama.omni_positions import rope_chunks, rope_positions
 from ..llama.prefix_cache import PrefillRequest
 from ..llama.vision import EncodedAudio, Projector
 from ..media.audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE, AudioTower, audio_tokens
 from ..media.images import ImageGeometry
-from ..media.request import AUDIO, IMAGE, NO_MEDIA, Media
+from ..media.request import AUDIO, IMAGE, NO_MEDIA, VIDEO, Media
+from .video_prompt import MERGE, VideoPrompt, video_prompt
 
 MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; option_logits the rest
 
@@ -81,7 +83,8 @@ class Prepared:
     request: DecisionRequest
     encoded: Encoded
     tokenize_s: float
-    media: Media = NO_MEDIA  # decoded: uint8 [h, w, 3] pixels, float32 16 kHz mono samples, each in prompt order
+    media: Media = NO_MEDIA  # decoded: uint8 [h, w, 3] pixels, float32 16 kHz mono samples, each in prompt order;
+    # videos as ONE VideoPrompt (frames at the tower's size, grids, the audio items and token layouts)
     partition: tuple[str, ...] = ()  # the prefix cache's partition (PrefillRequest.partition): the worker sets it
 
     @property
@@ -157,7 +160,9 @@ class ClefModel:
     @property
     def media(self) -> tuple[str, ...]:
         """What it reads besides text, as /v1/models' x_media lists it."""
-        return ((IMAGE,) if self.projector is not None else ()) + ((AUDIO,) if self.takes_audio else ())
+        video = self.takes_audio and self.projector.video_pad is not None  # the demo's vocabulary has no <|video_pad|>
+        return ((IMAGE,) if self.projector is not None else ()) + ((AUDIO,) if self.takes_audio else ()) + (
+            (VIDEO,) if video else ())
 
     def close(self) -> None:
         if self.projector is not None:
@@ -179,10 +184,17 @@ class ClefModel:
                                           f"at {SAMPLE_RATE} Hz) are needed: the reference's feature extractor "
                                           "cannot frame a shorter clip", "value_error.audio_too_short")
                                   for i in short])
-        audio_counts = audio_tokens([len(c) for c in clips])
+        plan = video_prompt(media.of(VIDEO), clips, self.projector.geometry.factor) if media.of(VIDEO) else None
+        if plan and plan.audio_in_video and any(len(a) < MIN_AUDIO_SAMPLES for a in plan.audio[len(clips):]):
+            raise RequestInvalid([Problem(("body", "videos"), f"a video's soundtrack holds under {MIN_AUDIO_SAMPLES} "
+                                          f"samples at {SAMPLE_RATE} Hz: the reference's feature extractor cannot "
+                                          "frame it; strip the sound or send a longer clip",
+                                          "value_error.audio_too_short")])
+        audio_counts = plan.clip_counts if plan else audio_tokens([len(c) for c in clips])
         encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts,
-                         audio_counts)
-        decoded = media.decoded({**media.items, AUDIO: clips}) if clips else media
+                         audio_counts, plan.layouts if plan else ())
+        decoded = media.decoded({**media.items, AUDIO: clips} | ({VIDEO: (plan,)} if plan else {})) if (
+            clips or plan) else media
         return Prepared(request, encoded, time.perf_counter() - t0, decoded)
 
     @_device_memory_errors
@@ -234,6 +246,8 @@ class ClefModel:
     def _prefill_media(self, prepared: Prepared) -> list[Prefilled]:
         """The vision tower over each image and the audio tower over the clips, then the prompt chunk by chunk
         (text, media embeddings, text)."""
+        if prepared.media.of(VIDEO):
+            return [self._prefill_video(prepared, prepared.media.of(VIDEO)[0])]
         t0 = time.perf_counter()
         media = prepared.media
         images = [self.projector.encode(pixels) for pixels in media.images]
@@ -242,6 +256,27 @@ class ClefModel:
         t2 = time.perf_counter()
         hidden = self.projector.prefill(prepared.encoded.input_ids, images, audio)
         return [Prefilled(prepared, hidden, time.perf_counter() - t2, 1, vision_s=t1 - t0, audio_s=t2 - t1)]
+
+    def _prefill_video(self, prepared: Prepared, plan: VideoPrompt) -> Prefilled:
+        """Images, audio items and frame pairs through their towers, then the whole prompt at the reference's M-RoPE
+        positions (rope_positions: llama.cpp's mtmd numbers a video as plain frames and knows no audio in video)."""
+        t0 = time.perf_counter()
+        ids = prepared.encoded.input_ids
+        images = [self.projector.encode(pixels) for pixels in prepared.media.images]
+        frames = np.concatenate([self.projector.encode_frames(f) for f in plan.frames])
+        t1 = time.perf_counter()
+        sound = self.audio_tower.encode(plan.audio) if plan.audio else []
+        t2 = time.perf_counter()
+        grids = [(1, i.rows * MERGE, i.cols * MERGE) for i in images]
+        positions = rope_positions(ids, grids, plan.grids, plan.audio_counts, plan.seconds_per_grid,
+                                   plan.audio_in_video, MERGE)
+        width = self.backbone.n_embd_inp
+        rows = {self.projector.image_pad: np.concatenate([i.embd for i in images]) if images else np.zeros((0, width)),
+                self.projector.video_pad: frames}
+        if sound:
+            rows[self.projector.audio_pad] = np.concatenate(sound)
+        hidden = self.backbone.decode_media(rope_chunks(ids, positions, rows, width))
+        return Prefilled(prepared, hidden, time.perf_counter() - t2, 1, vision_s=t1 - t0, audio_s=t2 - t1)
 
     def score(self, item: Prefilled) -> Scored:
         """The head and the answers for one prefilled request."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...head.schema import QUESTION_TYPES
-from ..catalogue.media import IMAGE, READABLE, VIDEO
+from ..catalogue.media import IMAGE, READABLE
 from ..config.registry import LATEST, Registry, ServerSpec
 from ..media.request import FIELDS, MARKERS, MEDIUM_DOCS
 from .doors import openapi_paths as door_paths
@@ -57,8 +57,6 @@ def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
                 **{FIELDS[kind]: {"type": "array", "items": _inline(kind, doc.content_type),
                                   "maxItems": server.media_limits[kind].max_count, "description": doc.description}
                    for kind, doc in MEDIUM_DOCS.items()},
-                VIDEO.field: {"type": "array", "description": f"refused by every model: 422 {VIDEO.error_type} (the "
-                                                              "reference's video path is not proven equal here)"},
                 "options": {"type": "object", "description": "Workers AI routes only: {rejectIfBusy: true} answers "
                                                             "429 (code 3040) instead of waiting behind other requests",
                             "properties": {"rejectIfBusy": {"type": "boolean"}}},

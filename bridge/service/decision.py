@@ -23,6 +23,7 @@ from ..media.decoders import ISOLATED, DecoderPool
 from ..media.request import (
     FIELDS,
     IMAGE,
+    VIDEO,
     DecodeSettings,
     Extracted,
     FormPart,
@@ -38,7 +39,7 @@ from .errors import BodyTooLarge, DeadlineExceeded
 # a JSON body up to this size is decompressed, parsed, searched for media and validated on the event loop; bigger
 # ones off it
 INLINE_BYTES = 64 * 1024
-TOWER_STAGES = {IMAGE: "vision"}  # a kind whose tower's time x_timings reports, under this stage
+TOWER_STAGES = {IMAGE: "vision", VIDEO: "vision"}  # a kind whose tower's time x_timings reports, under this stage
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ async def off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
 def find_media(call: DecisionInput, server: ServerSpec) -> Extracted:
     """The body's media found and checked from their headers; its text (the JSON without inlined media) must fit
     max_body_bytes."""
-    found = extract(call.body, call.parts, server.images, server.limits, server.audio)
+    found = extract(call.body, call.parts, server.images, server.limits, server.audio, server.videos)
     if call.json_bytes - found.inline_chars > server.max_body_bytes:
         raise BodyTooLarge(f"the request's JSON exceeds {server.max_body_bytes} bytes"
                            f"{' without its images and audio' if found.inline_chars else ''} (max_body_bytes "
@@ -169,7 +170,8 @@ class DecisionService:
             t0 = time.perf_counter()
             inputs = media.of(kind)
             if kind in ISOLATED:
-                items[kind] = await self.decoders.run(decode_kind, (kind, inputs, settings), inputs[0].loc[:2])
+                items[kind] = await self.decoders.run(decode_kind, (kind, inputs, settings), inputs[0].loc[:2],
+                                                      kind)
             else:
                 items[kind] = await asyncio.get_running_loop().run_in_executor(None, decode_kind, kind, inputs,
                                                                                settings)

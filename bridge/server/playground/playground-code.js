@@ -66,6 +66,7 @@ export function pythonText(body, models, media) {
   const used = new Set(Object.values(body.questions).map((q) => cls[q.type]));
   const images = media.filter((m) => m.kind === 'image');
   const audio = media.filter((m) => m.kind === 'audio');
+  const videos = media.filter((m) => m.kind === 'video');
   const imports = [...used, ...(images.length ? ['Image'] : []), 'TypeSafeClient'].sort();
   const out = ['import os'];
   if (images.length) out.push('from pathlib import Path');
@@ -100,6 +101,9 @@ export function pythonText(body, models, media) {
     }
     if (audio.length) {
       out.push('        # typesafe-sdk has no audio asset type: this request\'s audio is left out here');
+    }
+    if (videos.length) {
+      out.push('        # typesafe-sdk has no video asset type: this request\'s videos are left out here');
     }
     out.push('    )');
   }

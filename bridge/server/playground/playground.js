@@ -25,7 +25,9 @@ const ROUTER_EXAMPLE = {
     },
   },
 };
-const MEDIA_TYPES = { image: 'image', audio: 'audio' };
+const MEDIA_TYPES = { image: 'image', audio: 'audio', video: 'video' };
+// each kind's file input (its list and field ids follow: images-list, images-field)
+const MEDIA_INPUTS = { image: 'images', audio: 'audio', video: 'videos' };
 
 // --- state ------------------------------------------------------------------------------------
 
@@ -34,6 +36,7 @@ const ui = {
   questions: [],       // {uid, id, type, instructions, criteria}
   images: [],          // {name, file, format, base64}
   audio: [],
+  videos: [],
   nextUid: 1,
   busy: false,
   modelsKey: null,     // the API key the model list was last asked with
@@ -173,13 +176,15 @@ function updateMedia() {
   const takes = (kind) => picked.length > 0 && picked.every((m) => mediaOf(m).includes(kind));
   $('images-field').hidden = !takes('image');
   $('audio-field').hidden = !takes('audio');
-  $('media').hidden = $('images-field').hidden && $('audio-field').hidden;
+  $('videos-field').hidden = !takes('video');
+  $('media').hidden = $('images-field').hidden && $('audio-field').hidden && $('videos-field').hidden;
 }
 
 function activeMedia() {
   const out = [];
   if (!$('images-field').hidden) out.push(...ui.images);
   if (!$('audio-field').hidden) out.push(...ui.audio);
+  if (!$('videos-field').hidden) out.push(...ui.videos);
   return out;
 }
 
@@ -190,8 +195,11 @@ const FORMATS = {
     webp: 'webp' },
   audio: { 'audio/wav': 'wav', 'audio/x-wav': 'wav', 'audio/wave': 'wav', 'audio/vnd.wave': 'wav',
     'audio/mpeg': 'mp3', 'audio/mp3': 'mp3', wav: 'wav', mp3: 'mp3' },
+  video: { 'video/mp4': 'mp4', 'video/quicktime': 'mov', 'video/webm': 'webm', 'video/x-matroska': 'mkv', mp4: 'mp4',
+    m4v: 'mp4', mov: 'mov', webm: 'webm', mkv: 'mkv' },
 };
-const FORMAT_NAMES = { image: 'PNG, JPEG or WebP', audio: 'WAV or MP3' };
+const FORMAT_NAMES = { image: 'PNG, JPEG or WebP', audio: 'WAV or MP3', video: 'MP4, WebM or Matroska' };
+const listOf = (kind) => (kind === 'image' ? ui.images : kind === 'audio' ? ui.audio : ui.videos);
 
 function formatOf(kind, file) {
   const table = FORMATS[kind];
@@ -208,8 +216,8 @@ function toBase64(buffer) {
 }
 
 async function onFiles(kind) {
-  const input = $(kind === 'image' ? 'images' : 'audio');
-  const list = kind === 'image' ? ui.images : ui.audio;
+  const input = $(MEDIA_INPUTS[kind]);
+  const list = listOf(kind);
   const refused = [];
   for (const file of input.files) {
     const format = formatOf(kind, file);
@@ -224,18 +232,18 @@ async function onFiles(kind) {
   const note = $('media-error');
   note.hidden = !refused.length;
   note.textContent = refused.length
-    ? `Left out ${refused.join(', ')}: ${kind === 'image' ? 'images' : 'audio'} go as ${FORMAT_NAMES[kind]}; convert first.`
+    ? `Left out ${refused.join(', ')}: ${MEDIA_INPUTS[kind]} go as ${FORMAT_NAMES[kind]}; convert first.`
     : '';
   renderMedia(kind);
   renderCode();
 }
 
 function renderMedia(kind) {
-  const list = kind === 'image' ? ui.images : ui.audio;
-  const box = $(kind === 'image' ? 'images-list' : 'audio-list');
+  const list = listOf(kind);
+  const box = $(`${MEDIA_INPUTS[kind]}-list`);
   box.replaceChildren(...list.map((item, i) => el('div', { class: 'media-item' },
     kind === 'image' ? el('img', { src: item.url, alt: item.file.name })
-                     : el('audio', { src: item.url, controls: true, 'aria-label': item.file.name }),
+                     : el(kind, { src: item.url, controls: true, 'aria-label': item.file.name }),
     el('code', { text: item.name }),
     el('span', { class: 'dim', text: `${item.file.name} · ${kb(item.file.size)}` }),
     el('button', { type: 'button', class: 'icon', 'aria-label': `Remove ${item.file.name}`, text: '✕',
@@ -440,7 +448,8 @@ function buildBody(model) {
   const media = activeMedia();
   if (media.length) {
     // Jev assets: {"type": "image", "format": "png" | "jpeg" | "webp", "data_base64"} and
-    // {"type": "audio", "format": "wav" | "mp3", "data_base64"}, named <image1>, <audio1>, ... in the state
+    // {"type": "audio", "format": "wav" | "mp3", "data_base64"}, {"type": "video", "format": "mp4" | "webm" | ...},
+    // named <image1>, <audio1>, <video1>, ... in the state
     body.assets = Object.fromEntries(media.map((m) => [m.name,
       { type: m.kind, format: m.format, data_base64: m.base64 }]));
   }
@@ -572,6 +581,7 @@ function init() {
   $('api-key').addEventListener('change', () => { onKeyChange(); if (apiKey() !== ui.modelsKey) loadModels(); });
   $('images').addEventListener('change', () => onFiles('image'));
   $('audio').addEventListener('change', () => onFiles('audio'));
+  $('videos').addEventListener('change', () => onFiles('video'));
   $('send').addEventListener('click', send);
   document.addEventListener('keydown', (e) => {
     if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); send(); }

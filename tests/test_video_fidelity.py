@@ -1,0 +1,93 @@
+"""Video answers through the bridge equal to Cloudflare's clef-omni reference on the tiny random Qwen3-Omni:
+silent and sounded clips (mp4/H.264 + AAC, WebM/VP9 + Opus, Matroska/MPEG-4 + MP3), odd frame counts, frames
+scaled down and up, two videos, and a video beside an image and an audio clip. The reference's answers come from
+its own environment (tests/fixturegen_video.py); ours from llama.cpp (frame pairs through mtmd's qwen3vl graph,
+positions from bridge/llama/omni_positions.py) and the numpy audio tower.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from clef_bridge.bridge.media.audio import decode as decode_audio
+from clef_bridge.bridge.media.audio import sniff as sniff_audio
+from clef_bridge.bridge.media.images import decode as decode_image
+from clef_bridge.bridge.media.images import sniff as sniff_image
+from clef_bridge.bridge.media.request import AUDIO, IMAGE, VIDEO, Media
+from clef_bridge.bridge.media.video import decode
+
+from . import fixturegen_video
+from .deciding import prepare
+from .omni_cases import SCHEMA, STATE, max_dp, probabilities
+from .test_omni import open_omni
+
+pytestmark = pytest.mark.slow  # the oracle environment, and a model per module
+
+TOLERANCE = 1e-2
+LOC = ("body", "videos", 0)
+CASES = {name: case for name, case in fixturegen_video.CASES.items() if case.videos and not case.media_kwargs}
+BODY = {"model": "clef-omni", "state": STATE, "questions": SCHEMA}
+
+
+@pytest.fixture(scope="module")
+def vfx():
+    return fixturegen_video.build()
+
+
+@pytest.fixture(scope="module")
+def omni(ofx, tmp_path_factory):
+    model = open_omni(ofx, tmp_path_factory.mktemp("cache"), mmproj=ofx.mmproj_f32, kv_type="f32")
+    yield model
+    model.close()
+
+
+def media(model, vfx, case: fixturegen_video.VideoCase) -> Media:
+    read = {name: vfx.clips[name].read_bytes() for name in case.images + case.audio + case.videos}
+    items = {IMAGE: tuple(decode_image(read[i], sniff_image(read[i], LOC), LOC, model.geometry) for i in case.images),
+             AUDIO: tuple(decode_audio(read[a], sniff_audio(read[a], LOC), LOC) for a in case.audio),
+             VIDEO: tuple(decode(read[v], LOC) for v in case.videos)}
+    return Media({kind: value for kind, value in items.items() if value})
+
+
+def run(model, vfx, case):
+    prepared = prepare(model, BODY, media(model, vfx, case))
+    item = model.prefill_batch([prepared])[0]
+    return prepared, probabilities(model, prepared, item.hidden), model.score(item)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_answers_equal_the_reference(omni, vfx, name):
+    want = vfx.load()[name]
+    prepared, got, decision = run(omni, vfx, CASES[name])
+    assert prepared.encoded.input_ids.tolist() == want["input_ids"]  # every frame and sound token where it is
+    assert decision.response["usage"] == want["answer"]["usage"]
+    ref = {q: np.array(p) for q, p in want["probabilities"].items()}
+    dp = max_dp(got, ref)
+    print(f"{name}: {len(want['input_ids'])} tokens, max |dp| {dp:.2e}")
+    assert dp <= TOLERANCE
+    text = {q: np.array(p) for q, p in vfx.load()["text"]["probabilities"].items()}
+    assert max_dp(got, text) > TOLERANCE  # the video moved our answer as it moved the reference's
+
+
+def test_the_video_moves_the_answer_through_its_frames(omni, vfx):
+    """A path that encoded frame pairs wrongly (both from the first frame, as mtmd does for an image) is caught:
+    the same clip with its frames swapped in each pair answers otherwise."""
+    case = CASES["video_silent"]
+    _, right, _ = run(omni, vfx, case)
+    clip = decode(vfx.clips[case.videos[0]].read_bytes(), LOC)
+    swapped = type(clip)(np.ascontiguousarray(clip.frames.reshape(-1, 2, *clip.frames.shape[1:])[:, ::-1]
+                                              .reshape(clip.frames.shape)), clip.audio)
+    prepared = prepare(omni, BODY, Media({VIDEO: (swapped,)}))
+    item = omni.prefill_batch([prepared])[0]
+    assert max_dp(probabilities(omni, prepared, item.hidden), right) > 1e-5
+
+
+def test_a_soundtrack_too_short_to_frame_is_a_422(omni, vfx):
+    """The reference's feature extractor cannot frame under 201 samples: a 422, not a failure in the tower."""
+    from clef_bridge.head.errors import RequestInvalid
+
+    clip = decode(vfx.clips["webm_sounded"].read_bytes(), LOC)
+    short = type(clip)(clip.frames, clip.audio[:100])
+    with pytest.raises(RequestInvalid) as caught:
+        prepare(omni, BODY, Media({VIDEO: (short,)}))
+    assert caught.value.problems[0].type == "value_error.audio_too_short"

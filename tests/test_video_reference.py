@@ -1,0 +1,121 @@
+"""Videos against Cloudflare's clef-omni reference run in its own environment (tests/fixturegen_video.py: torch
+2.13's index build, torchvision 0.28, transformers 5.20.2, made under .fixtures/video/oracle on first use):
+the pixels the vision tower sees, the frame grids, the audio-in-video rule, the audio token counts of clips and
+soundtracks, and every token's M-RoPE position (bridge/llama/omni_positions.py) equal to the reference's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from clef_bridge.bridge.llama.omni_positions import rope_positions
+from clef_bridge.bridge.media.audio import decode as decode_audio
+from clef_bridge.bridge.media.audio import sniff as sniff_audio
+from clef_bridge.bridge.media.audio_tower import audio_tokens, request_frames
+from clef_bridge.bridge.media.images import ImageGeometry
+from clef_bridge.bridge.media.video import decode, patches, smart_resize, tower_frames
+
+from . import fixturegen_video
+
+pytestmark = pytest.mark.slow  # the first run builds the oracle environment (about 5 GB, minutes)
+
+LOC = ("body", "videos", 0)
+# the reference's own requests (not the one run with the processor's default fps, the mistake to catch)
+CASES = {name: case for name, case in fixturegen_video.CASES.items() if case.videos and not case.media_kwargs}
+
+
+@pytest.fixture(scope="module")
+def fx():
+    return fixturegen_video.build()
+
+
+@pytest.fixture(scope="module")
+def answers(fx):
+    return fx.load()
+
+
+@pytest.fixture(scope="module")
+def decoded(fx):
+    return {name: decode(path.read_bytes(), LOC) for name, path in fx.clips.items() if name in fixturegen_video.CLIPS}
+
+
+def _audio(fx, name: str) -> np.ndarray:
+    data = fx.clips[name].read_bytes()
+    return decode_audio(data, sniff_audio(data, LOC), LOC)
+
+
+def test_the_oracle_ran_the_pinned_transformers(answers):
+    assert answers["_versions"]["transformers"] == "5.20.2"  # 5.24 fails on sounded videos (issue 29)
+
+
+@pytest.mark.parametrize("name, clip", [("video_silent", "mp4_silent_small"), ("video_sounded", "mp4_sounded_big")])
+def test_pixels_are_the_processors(fx, decoded, name, clip):
+    want = np.load(fx.arrays)[f"{name}.pixel_values_videos"]
+    got = patches(tower_frames(decoded[clip].frames))
+    assert got.shape == want.shape
+    off = np.abs(got - want)
+    # upscaled frames are equal; downscaled ones differ by up to two uint8 steps (Pillow's vs torch's antialiased
+    # bicubic; one step is 2/255 after normalizing) in 0.3 % of the values
+    assert off.max() <= 4 / 255 + 1e-6 and (off > 1e-5).mean() < 0.01
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_frame_grids_and_the_audio_in_video_rule(answers, decoded, case):
+    want = answers[case]
+    videos = [decoded[v] for v in CASES[case].videos]
+    grids = [[len(v.frames) // 2, *(s // 16 for s in smart_resize(*v.frames.shape[1:3]))] for v in videos]
+    assert grids == want["video_grid_thw"]
+    assert all(v.audio is not None for v in videos) == want["use_audio_in_video"]
+
+
+def test_a_small_frame_is_upscaled_as_the_reference_does(decoded, answers):
+    """76,800-pixel frames: the processor's 131,072-pixel floor applies (320 x 448), not the release config's
+    3,136 (which would keep 256 x 320)."""
+    frames = decoded["mp4_silent_small"].frames
+    assert frames.shape[1] * frames.shape[2] < 131_072
+    assert answers["video_silent"]["video_grid_thw"] == [[2, 20, 28]]
+    assert smart_resize(*frames.shape[1:3]) == (320, 448)
+    assert smart_resize(*frames.shape[1:3], ImageGeometry(32, 3136, 12845056)) == (256, 320)
+
+
+def _audio_items(fx, decoded, case: str, in_video: bool) -> list[np.ndarray]:
+    clips = [_audio(fx, a) for a in fixturegen_video.CASES[case].audio]
+    return clips + ([decoded[v].audio for v in fixturegen_video.CASES[case].videos] if in_video else [])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_audio_frames_of_clips_and_soundtracks(fx, answers, decoded, case):
+    want = answers[case]
+    items = _audio_items(fx, decoded, case, want["use_audio_in_video"])
+    assert request_frames([len(x) for x in items]) == want["audio_frames"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_positions_are_the_references(fx, answers, decoded, case):
+    want = answers[case]
+    in_video = want["use_audio_in_video"]
+    counts = audio_tokens([len(x) for x in _audio_items(fx, decoded, case, in_video)])
+    spg = [decoded[v].seconds_per_grid for v in CASES[case].videos]
+    got = rope_positions(want["input_ids"], want["image_grid_thw"], want["video_grid_thw"], counts, spg, in_video)
+    assert np.array_equal(got, np.array(want["position_ids"]))
+
+
+def test_positions_catch_the_processors_default_fps(answers, fx, decoded):
+    """Passing the processor nothing (fps 1.0) gives each frame pair 2 s: the reference's fps-1 answer has other
+    positions than ours, which are the fps-2 answer's (its probabilities move by under 1e-2 on the tiny model, so
+    the positions are what catches it)."""
+    right, wrong = answers["video_sounded"], answers["video_sounded_fps1"]
+    assert right["video_second_per_grid"] == [1.0] and wrong["video_second_per_grid"] == [2.0]
+    counts = audio_tokens([len(decoded["mp4_sounded_big"].audio)])
+    ours = rope_positions(right["input_ids"], [], right["video_grid_thw"], counts,
+                          [decoded["mp4_sounded_big"].seconds_per_grid], True)
+    assert np.array_equal(ours, np.array(right["position_ids"]))
+    assert not np.array_equal(ours, np.array(wrong["position_ids"]))
+
+
+def test_every_video_moves_the_references_answer(answers):
+    """The fidelity cases are worth comparing: a path that ignored the video would be off by more than 1e-2."""
+    text = answers["text"]["probabilities"]
+    for case in CASES:
+        got = answers[case]["probabilities"]
+        assert max(np.abs(np.subtract(got[q], text[q])).max() for q in text) > 1e-2, case

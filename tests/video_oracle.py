@@ -1,0 +1,113 @@
+"""The clef-omni reference on video requests, run in the oracle environment (tests/fixturegen_video.py makes it).
+
+`python tests/video_oracle.py SPEC.json`, in a venv with torch 2.13 (the index's build), torchvision 0.28 and
+transformers 5.20.2: nothing of the project is imported (its venv's torch cannot load torchvision). The spec
+names the pinned reference file, the tiny Qwen3-Omni and its head, the processors' settings and the cases; the
+answers land in SPEC's `out` folder: answers.json (per case: token ids, unrounded probabilities, the answer,
+the 3 x T position ids of the thinker's M-RoPE, the image and video grids, the audio items' mel frames) and
+arrays.npz.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def load_reference(path: str, sha256: str):
+    data = Path(path).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SystemExit(f"{path}: sha256 {hashlib.sha256(data).hexdigest()} is not the pinned {sha256}")
+    spec = importlib.util.spec_from_file_location("clef_omni_reference_video", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def processor(spec: dict, tokenizer):
+    from transformers import (
+        Qwen2VLImageProcessorPil,
+        Qwen2VLVideoProcessor,
+        Qwen3OmniMoeProcessor,
+        WhisperFeatureExtractor,
+    )
+
+    # the image processor the project's image fidelity tests use (tests/fixturegen_omni.py), for equal images
+    return Qwen3OmniMoeProcessor(image_processor=Qwen2VLImageProcessorPil(**spec["image_processor"]),
+                                 video_processor=Qwen2VLVideoProcessor(**spec["video_processor"]),
+                                 feature_extractor=WhisperFeatureExtractor(**spec["feature_extractor"]),
+                                 tokenizer=tokenizer)
+
+
+def joined(rows) -> np.ndarray:
+    import torch
+
+    return (torch.cat(list(rows)) if isinstance(rows, (tuple, list)) else rows).numpy()
+
+
+def main(spec_path: str) -> None:
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+
+    spec = json.loads(Path(spec_path).read_text())
+    ref = load_reference(spec["reference"], spec["reference_sha256"])
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(spec["model"])
+    config.enable_audio_output = False
+    backbone = Qwen3OmniMoeForConditionalGeneration.from_pretrained(spec["model"], config=config, dtype=torch.float32)
+    head = ref.JointSchemaHead(**json.loads((Path(spec["head"]).parent / "joint_head_config.json").read_text()))
+    head.load_state_dict(load_file(spec["head"]), strict=True)
+    model = ref.ClefModel(backbone.thinker, head.float()).eval()
+    proc = processor(spec, AutoTokenizer.from_pretrained(spec["model"]))
+    seen: dict[str, object] = {}
+    model.thinker.model.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.__setitem__("position_ids", kwargs["position_ids"]), with_kwargs=True)
+    model.thinker.visual.register_forward_hook(lambda m, args, out: seen.__setitem__("visual", out))
+    answers: dict[str, dict] = {"_versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
+    arrays: dict[str, np.ndarray] = {}
+    for name, case in spec["cases"].items():
+        record = dict(case["record"], images=case["images"], audio=case["audio"], videos=case["videos"])
+        if case["media_kwargs"]:
+            record["media_kwargs"] = case["media_kwargs"]
+        with torch.inference_mode():
+            encoded = ref.encode_record(proc.tokenizer, record, processor=proc)
+            seen.clear()
+            logits = model(ref.collate_records([encoded], proc.tokenizer.pad_token_id, torch.device("cpu")))
+            full = ref.systemone(model, proc, record)  # encodes and runs the record again: the answer's shape
+        media = encoded.media or {}
+        answers[name] = {
+            "input_ids": list(map(int, encoded.input_ids)),
+            "probabilities": {q.question_id: ql.double().softmax(-1).tolist()
+                              for q, ql in zip(encoded.questions, logits[0])},
+            "answer": full,
+            "position_ids": seen["position_ids"][:, 0].to(torch.int64).tolist() if "position_ids" in seen else None,
+            "video_grid_thw": media["video_grid_thw"].tolist() if "video_grid_thw" in media else [],
+            "image_grid_thw": media["image_grid_thw"].tolist() if "image_grid_thw" in media else [],
+            # mel frames of each audio item (the request's clips, then the soundtracks), as the processor pads them
+            "audio_frames": media["feature_attention_mask"].sum(-1).tolist() if "feature_attention_mask" in media
+            else [],
+            "video_second_per_grid": [float(s) for s in media.get("video_second_per_grid", [])],
+            "use_audio_in_video": bool(media.get("use_audio_in_video", False)),
+        }
+        if name in spec["arrays_for"]:
+            arrays[f"{name}.pixel_values_videos"] = media["pixel_values_videos"].numpy()
+            visual = seen["visual"]  # get_video_features splits its rows per video in place afterwards: rejoin
+            arrays[f"{name}.video_embeds"] = joined(visual.pooler_output)
+            for i, feat in enumerate(visual.deepstack_features):
+                arrays[f"{name}.deepstack{i}"] = joined(feat)
+        print(f"video oracle: {name}: {len(encoded.input_ids)} tokens", file=sys.stderr, flush=True)
+    out = Path(spec["out"])
+    np.savez(out / "arrays.npz", **arrays)
+    (out / "answers.json").write_text(json.dumps(answers))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
