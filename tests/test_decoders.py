@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import signal
 import struct
 import time
@@ -16,12 +17,16 @@ import time
 import numpy as np
 import pytest
 from clef_bridge.bridge.config.registry import ServerSpec
+from clef_bridge.bridge.media import video
 from clef_bridge.bridge.media.audio import AudioInput, AudioRejected
-from clef_bridge.bridge.media.decoders import DecoderLimits, DecoderPool
+from clef_bridge.bridge.media.decoders import ISOLATED, DecoderLimits, DecoderPool
 from clef_bridge.bridge.media.errors import DecodeOverMemory, DecodeOverTime, DecoderStopped
-from clef_bridge.bridge.media.request import AUDIO, DecodeSettings, decode_kind
+from clef_bridge.bridge.media.request import AUDIO, VIDEO, DecodeSettings, decode_kind
+from clef_bridge.bridge.media.video import VideoInput
 from clef_bridge.bridge.service.local import LocalService
 
+from . import fixturegen_video
+from .fixturegen import FIXTURES
 from .test_audio import _input, clip
 from .test_media_cycles import codec
 from .test_service import BODY, WAV, FakeModel, with_media
@@ -166,3 +171,24 @@ def lying_wav(rate: int) -> bytes:
     fmt = struct.pack("<HHIIHH", 1, 1, rate, rate, 1, 8)
     body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", 4096) + bytes(4096)
     return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def test_a_video_decodes_in_a_worker_to_the_frames_the_thread_makes(pool):
+    """Video is an ISOLATED kind: its frames and soundtrack come back from a worker equal to the thread's."""
+    data = fixturegen_video.build_clips(FIXTURES / "video")["mp4_sounded_big"].read_bytes()
+    videos = (VideoInput(("body", "videos", 0), data, video.sniff(data, LOC), b""),)
+    got = run(pool.run(decode_kind, (VIDEO, videos, SETTINGS), LOC, VIDEO))
+    want = decode_kind(VIDEO, videos, SETTINGS)
+    assert VIDEO in ISOLATED and LIMITS.seconds_for(VIDEO) == LIMITS.video_seconds != LIMITS.seconds
+    assert pickle.dumps(got) == pickle.dumps(want)
+
+
+def test_a_videos_time_limit_is_its_own_key():
+    limits = DecoderLimits(workers=1, memory_mb=512, seconds=1.0, video_seconds=0.5)
+    decoders = DecoderPool(limits)
+    try:
+        with pytest.raises(DecodeOverTime) as info:
+            run(decoders.run(time.sleep, (30,), LOC, VIDEO))
+        assert "decode_video_timeout_s" in str(info.value) and "0.5 s" in str(info.value)
+    finally:
+        decoders.close()

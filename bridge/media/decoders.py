@@ -226,9 +226,9 @@ class DecoderPool:
     def _error(self, status: str, value: Any, worker: _Worker, loc: tuple[str | int, ...], kind: str) -> Exception:
         limits = self.limits
         if status == _TIMEOUT:
-            return DecodeOverTime(loc, f"took more than {limits.seconds_for(kind):g} s to decode, the limit per request "
-                                       f"and medium ({limits.timeout_key(kind)} in models.toml [server]); its decoder "
-                                       "was stopped",
+            return DecodeOverTime(loc, f"took more than {limits.seconds_for(kind):g} s to decode, the limit per "
+                                       f"request and medium ({limits.timeout_key(kind)} in models.toml [server]); its "
+                                       "decoder was stopped",
                                   "value_error.decode.timeout")
         if status == _MEMORY:
             return DecodeOverMemory(loc, f"needed more than {limits.memory_mb} MB to decode, the limit per decoder "
