@@ -53,7 +53,7 @@ class DecodeOverMemory(MediaTooLarge):
 
 
 class DecodeOverTime(MediaRejected):
-    """Decoding a request's media took longer than decode_timeout_s (decode_video_timeout_s for videos): its decoder process was stopped."""
+    """Decoding took longer than decode_timeout_s (decode_video_timeout_s for videos): its decoder was stopped."""
 
     error_type = "decode_timeout"
 
