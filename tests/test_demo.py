@@ -48,7 +48,7 @@ def test_serve_without_models_toml_serves_the_demo(tmp_path, monkeypatch):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
             models = json.load(r)["models"]
         assert [m["name"] for m in models] == ["demo", "demo-omni"] and models[0]["description"] == DEMO_DESCRIPTION
-        assert [m["x_media"] for m in models] == [["image"], ["image", "audio"]]
+        assert [m["x_media"] for m in models] == [["image"], ["image", "audio", "video"]]
         assert "RANDOM weights" in models[0]["description"]
         assert all(m["x_warnings"][0].startswith("demo: the built-in demo model has RANDOM weights") for m in models)
         body = json.dumps({"model": "jev-latest", "state": "The printer is on fire.",

@@ -287,7 +287,7 @@ def _wav(seconds: float) -> bytes:
 
 def test_serve_without_models_toml_answers_clef_omni_with_images_and_audio(tmp_path, monkeypatch):
     """The demo registry's Clef-omni demo answers to `clef-omni` on the Workers AI route, its usage counting each
-    image's and each clip's tokens (with Qwen3-Omni's markup: start, end and a "\\n" each)."""
+    image's and each clip's tokens (with Qwen3-Omni's markup: start, end and a "\\n" each); a video moves it."""
     import base64
 
     from clef_bridge.bridge.media.images import ImageGeometry
@@ -301,8 +301,7 @@ def test_serve_without_models_toml_answers_clef_omni_with_images_and_audio(tmp_p
     body = {"state": "A voicemail and a photo", "questions": {"urgent": {"type": "noul", "instructions": "Urgent?"}}}
     with RunningServer(demo_registry(tmp_path / "models.toml")) as server:
         [model] = [m for m in server.request("GET", "/v1/models").json()["models"] if m["name"] == OMNI_DEMO]
-        # its vocabulary has no <|video_pad|>: the demo takes no video (the converted Qwen3-Omni's does)
-        assert model["x_media"] == ["image", "audio"] and "clef-omni" in model["x_aliases"]
+        assert model["x_media"] == ["image", "audio", "video"] and "clef-omni" in model["x_aliases"]
         route = "/accounts/local/ai/run/@cf/cloudflare/clef-omni"
         text = server.request("POST", route, body)
         media = {"images": ["data:image/png;base64," + base64.b64encode(png).decode()],
@@ -312,7 +311,10 @@ def test_serve_without_models_toml_answers_clef_omni_with_images_and_audio(tmp_p
         video = server.request("POST", route, {**body, "videos": ["data:video/webm;base64," +
                                                                   base64.b64encode(clip).decode()]})
     assert text.status == 200 and both.status == 200, both.body[:400]
-    assert video.status == 422 and "takes no videos" in video.body.decode(), video.body[:400]
+    assert video.status == 200, video.body[:400]  # frames and soundtrack, through the demo's random towers
+    text_tokens = text.json()["result"]["usage"]["input_tokens"]
+    assert video.json()["result"]["usage"]["input_tokens"] > text_tokens + 2 * 4  # two frames' tokens at least
+    assert video.json()["result"]["answers"] != text.json()["result"]["answers"]
     assert both.json()["result"]["model"] == "clef-omni" and both.headers["x-clef-demo"] == "random-weights"
     assert [w for w in both.json()["result"]["x_warnings"] if "RANDOM weights" in w and "pull clef-omni" in w]
     image = ImageGeometry(32, 64 * 32 * 32, 1024 * 32 * 32).tokens(320, 256)  # Qwen3-Omni's image sizes

@@ -35,7 +35,7 @@ from .weights import (
     random_tensor,
 )
 
-DEMO_VERSION = 2  # 2: the media placeholders in the vocabulary, the projectors, Clef-omni
+DEMO_VERSION = 3  # 2: the media placeholders in the vocabulary, the projectors, Clef-omni; 3: <|video_pad|>
 DEMO_DESCRIPTION = ("built-in demo: RANDOM weights, its answers are meaningless; configure a real Clef model in "
                     f"models.toml ({CLEF_FLASH.pull_command})")
 

@@ -12,7 +12,7 @@ from ...head.weights import expected_shapes
 SPECIALS = [("<|endoftext|>", 3), ("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4), ("</think>", 4)]
 # the media placeholders of Qwen3.5's and Qwen3-Omni's prompts (head/encoder.py), control tokens as in theirs
 MEDIA_SPECIALS = [("<|vision_start|>", 3), ("<|vision_end|>", 3), ("<|image_pad|>", 3), ("<|audio_start|>", 3),
-                  ("<|audio_end|>", 3), ("<|audio_pad|>", 3)]
+                  ("<|audio_end|>", 3), ("<|audio_pad|>", 3), ("<|video_pad|>", 3)]
 MERGES = ["Ġ t", "Ġ a", "h e", "i n", "t h", "e r", "Ġ s", "o n", "r e", "Ġ o", "a n", "e s"]
 
 Vocab = tuple[list[str], list[int], list[str]]  # tokens, token types, merges

@@ -160,7 +160,7 @@ class ClefModel:
     @property
     def media(self) -> tuple[str, ...]:
         """What it reads besides text, as /v1/models' x_media lists it."""
-        video = self.takes_audio and self.projector.video_pad is not None  # the demo's vocabulary has no <|video_pad|>
+        video = self.takes_audio and self.projector.video_pad is not None  # no <|video_pad|>: no video
         return ((IMAGE,) if self.projector is not None else ()) + ((AUDIO,) if self.takes_audio else ()) + (
             (VIDEO,) if video else ())
 
