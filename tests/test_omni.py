@@ -117,7 +117,7 @@ def test_the_bars_see_a_broken_medium(omni, omni_oracle):
 
 
 def test_media_and_limits_of_the_served_model(omni):
-    assert omni.media == ("image", "audio") and omni.takes_audio
+    assert omni.media == ("image", "audio", "video") and omni.takes_audio  # its vocabulary has <|video_pad|>
     assert omni.encode_options.media_layout == "omni" and omni.encode_options.max_length == 64000
     assert omni.backbone.options.n_ctx == 64000 and omni.backbone.deepstack == 2
     assert omni.backbone.n_embd_inp == 64 * 3 and omni.geometry.max_pixels == 1024 * 32 * 32
