@@ -26,6 +26,7 @@ from clef_bridge.bridge.media.audio import (
 from clef_bridge.bridge.media.errors import DecodeOverMemory, DecodeOverTime, DecoderStopped, MediaRejected
 from clef_bridge.bridge.media.images import ImageLimits, ImageRejected
 from clef_bridge.bridge.media.request import extract
+from clef_bridge.bridge.media.video import VideoRejected
 from clef_bridge.head.errors import Problem
 
 pytestmark = pytest.mark.unit
@@ -79,6 +80,16 @@ def test_clips_refused_from_their_headers_leave_no_cycle(audio):
     with no_collector():
         before = live_media_errors()
         with pytest.raises(AudioRejected):
+            extract(body, None, ImageLimits())
+        assert live_media_errors() == before
+
+
+def test_videos_refused_from_their_headers_leave_no_cycle():
+    garbage = "data:video/mp4;base64," + base64.b64encode(b"\x00\x00\x00\x18ftypisom" + bytes(64)).decode()
+    body = {"state": "s", "questions": {"q": {"type": "noul"}}, "videos": [garbage, garbage]}
+    with no_collector():
+        before = live_media_errors()
+        with pytest.raises(VideoRejected):
             extract(body, None, ImageLimits())
         assert live_media_errors() == before
 

@@ -18,7 +18,7 @@ import binascii
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -488,57 +488,66 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
     return Extracted(text, found_media({IMAGE: images, AUDIO: clips, VIDEO: videos}), inline)
 
 
-def _images(sources: list[tuple[tuple[str | int, ...], bytes]], limits: ImageLimits, errors: list[MediaRejected],
-            field: str) -> tuple[ImageInput, ...]:
-    """The images checked from their headers and against the limits; problems appended to errors."""
+Sources = list[tuple[tuple[str | int, ...], bytes]]
+
+
+def _checked(sources: Sources, inspect: Callable[[tuple[str | int, ...], bytes], Any], rejected: type[MediaRejected],
+             errors: list[MediaRejected]) -> tuple[Any, ...]:
+    """Each medium checked from its header and against the limits by inspect (loc, bytes -> its input); refusals
+    appended to errors, detached from their frames (a kept traceback would hold the request's bytes)."""
     checked = []
     for loc, data in sources:
         try:
-            header = sniff(data, loc)
-            check(header, len(data), limits, loc)
-            checked.append(ImageInput(loc, data, header, hashlib.sha256(data).digest()))
-        except ImageRejected as exc:
+            checked.append(inspect(loc, data))
+        except rejected as exc:
             errors.append(detached(exc))
+    return tuple(checked)
+
+
+def _image(loc: tuple[str | int, ...], data: bytes, limits: ImageLimits) -> ImageInput:
+    header = sniff(data, loc)
+    check(header, len(data), limits, loc)
+    return ImageInput(loc, data, header, hashlib.sha256(data).digest())
+
+
+def _clip(loc: tuple[str | int, ...], data: bytes, limits: AudioLimits) -> AudioInput:
+    audio_files.check_bytes(len(data), limits, loc)  # before anything parses the bytes
+    header = audio_files.sniff(data, loc, limits)
+    audio_files.check(header, len(data), limits, loc)
+    return AudioInput(loc, data, header, hashlib.sha256(data).digest())
+
+
+def _video(loc: tuple[str | int, ...], data: bytes, limits: VideoLimits) -> VideoInput:
+    header = video_files.sniff(data, loc)
+    video_files.check(header, len(data), limits, loc)
+    return VideoInput(loc, data, header, hashlib.sha256(data).digest())
+
+
+def _images(sources: Sources, limits: ImageLimits, errors: list[MediaRejected], field: str) -> tuple[ImageInput, ...]:
+    """The images checked from their headers and against the limits; problems appended to errors."""
+    checked = _checked(sources, lambda loc, data: _image(loc, data, limits), ImageRejected, errors)
     total = sum(len(d) for _, d in sources)
     if total > limits.max_total_bytes:
         errors.append(ImageTooLarge(("body", field), f"the images hold {total} bytes together; the limit is "
                                     f"{limits.max_total_bytes} bytes per request (max_image_total_bytes)",
                                     "value_error.image.total_bytes"))
-    return tuple(checked)
+    return checked
 
 
-def _clips(sources: list[tuple[tuple[str | int, ...], bytes]], limits: AudioLimits,
-           errors: list[MediaRejected]) -> tuple[AudioInput, ...]:
+def _clips(sources: Sources, limits: AudioLimits, errors: list[MediaRejected]) -> tuple[AudioInput, ...]:
     """The audio clips checked from their headers and against the limits; problems appended to errors."""
-    checked = []
-    for loc, data in sources:
-        try:
-            audio_files.check_bytes(len(data), limits, loc)  # before anything parses the bytes
-            header = audio_files.sniff(data, loc, limits)
-            audio_files.check(header, len(data), limits, loc)
-            checked.append(AudioInput(loc, data, header, hashlib.sha256(data).digest()))
-        except AudioRejected as exc:
-            errors.append(detached(exc))
-    return tuple(checked)
+    return _checked(sources, lambda loc, data: _clip(loc, data, limits), AudioRejected, errors)
 
 
-def _videos(sources: list[tuple[tuple[str | int, ...], bytes]], limits: VideoLimits, errors: list[MediaRejected],
-            media_bytes: int, field: str) -> tuple[VideoInput, ...]:
+def _videos(sources: Sources, limits: VideoLimits, errors: list[MediaRejected], media_bytes: int,
+            field: str) -> tuple[VideoInput, ...]:
     """The videos checked from their container headers and against the limits (media_bytes: all the request's media
     together); problems appended to errors."""
     if sources and media_bytes > limits.max_media_bytes:
         errors.append(VideoTooLarge(("body", field), f"the media of this request hold {media_bytes} bytes together; "
                                     f"with videos the limit is {limits.max_media_bytes} bytes (max_media_bytes)",
                                     "value_error.video.total_bytes"))
-    checked = []
-    for loc, data in sources:
-        try:
-            header = video_files.sniff(data, loc)
-            video_files.check(header, len(data), limits, loc)
-            checked.append(VideoInput(loc, data, header, hashlib.sha256(data).digest()))
-        except VideoRejected as exc:
-            errors.append(exc)
-    return tuple(checked)
+    return _checked(sources, lambda loc, data: _video(loc, data, limits), VideoRejected, errors)
 
 
 def decode_all(images: Sequence[ImageInput], geometry: ImageGeometry) -> tuple[np.ndarray, ...]:
