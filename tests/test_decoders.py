@@ -192,3 +192,43 @@ def test_a_videos_time_limit_is_its_own_key():
         assert "decode_video_timeout_s" in str(info.value) and "0.5 s" in str(info.value)
     finally:
         decoders.close()
+
+
+def test_a_job_whose_request_went_away_frees_its_decoder_at_once():
+    """A request dropped mid-decode (its client hung up) stops its decoder, so its client's retry does not wait out
+    the abandoned job's time limit behind it (issue 37's shape in the pool)."""
+    decoders = DecoderPool(DecoderLimits(workers=1, memory_mb=512, seconds=30))
+
+    async def main():
+        abandoned = asyncio.create_task(decoders.run(time.sleep, (30,), LOC))
+        for _ in range(3000):  # until its job holds the one worker (sent to it, or about to be)
+            if decoders._workers and decoders._idle.qsize() == 0:
+                break
+            await asyncio.sleep(0.01)
+        abandoned.cancel()
+        assert await asyncio.wait_for(decoders.run(abs, (-2,), LOC), 10) == 2
+
+    try:
+        run(main())
+        assert decoders.replaced == 1  # the abandoned job's decoder, stopped
+    finally:
+        decoders.close()
+
+
+def test_a_failed_fork_leaves_no_slot_lost():
+    decoders = DecoderPool(DecoderLimits(workers=1, memory_mb=512, seconds=5))
+    real_fork, calls = decoders._fork, []
+
+    def fork_once_failing():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(12, "Cannot allocate memory")
+        return real_fork()
+
+    decoders._fork = fork_once_failing
+    try:
+        with pytest.raises(OSError):
+            run(decoders.run(abs, (-1,), LOC))
+        assert run(asyncio.wait_for(decoders.run(abs, (-4,), LOC), 10)) == 4  # the slot came back: no wait forever
+    finally:
+        decoders.close()

@@ -25,6 +25,7 @@ import queue
 import resource
 import signal
 import threading
+import time
 import traceback
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,8 @@ DECODER_NICE = 10
 MIN_MEMORY_MB = 384  # an idle worker (Python, numpy, PyAV with FFmpeg, Pillow) maps about 260 MB
 _OK, _REJECTED, _MEMORY, _FAULT = "ok", "rejected", "memory", "fault"  # a worker's answers
 _TIMEOUT, _STOPPED = "timeout", "stopped"  # what the server finds when none came
+_ABANDONED = "abandoned"  # the request went away (its client hung up): its decoder is stopped, not waited for
+POLL_S = 0.05  # how often a job's thread looks whether its request is still there
 
 
 @dataclass(frozen=True)
@@ -190,21 +193,29 @@ class DecoderPool:
     async def run(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...], kind: str = AUDIO.name
                   ) -> Any:
         """fn(*args) in a worker (fn: a module-level function); a job over a limit (kind's time limit) raises its
-        error at loc."""
-        return await asyncio.get_running_loop().run_in_executor(self._threads, self._job, fn, args, loc, kind)
+        error at loc. A request that goes away mid-decode stops its job's decoder (a fresh one replaces it), so
+        abandoned jobs never hold the pool while their clients' retries wait."""
+        abandoned = threading.Event()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._threads, self._job, fn, args, loc, kind,
+                                                                    abandoned)
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
 
-    def _job(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...], kind: str) -> Any:
+    def _job(self, fn: Callable[..., Any], args: tuple, loc: tuple[str | int, ...], kind: str,
+             abandoned: threading.Event) -> Any:
         worker = self._idle.get()
         if worker is not None and not worker.process.is_alive():  # lost while idle: not this job's doing
             self._discard(worker)
             worker = None
         if worker is None:
-            worker = self._fork()
+            worker = self._fork_or_free_slot()
             if worker is None:
                 raise RuntimeError("the decoder pool is closed")
         status = _REJECTED  # what leaves _exchange as an exception (a pickling error included): the worker is fine
         try:
-            status, value = self._exchange(worker, (fn, args), self.limits.seconds_for(kind))
+            status, value = self._exchange(worker, (fn, args), self.limits.seconds_for(kind), abandoned)
         finally:
             if status in (_OK, _REJECTED, _FAULT):
                 self._idle.put(worker)
@@ -214,14 +225,28 @@ class DecoderPool:
             return value
         raise self._error(status, value, worker, loc, kind)
 
-    def _exchange(self, worker: _Worker, job: tuple, seconds: float) -> tuple[str, Any]:
+    def _exchange(self, worker: _Worker, job: tuple, seconds: float, abandoned: threading.Event
+                  ) -> tuple[str, Any]:
         try:
             worker.conn.send(job)
-            if not worker.conn.poll(seconds):
-                return _TIMEOUT, None
+            deadline = time.monotonic() + seconds
+            while not worker.conn.poll(max(0.0, min(POLL_S, deadline - time.monotonic()))):
+                if abandoned.is_set():
+                    return _ABANDONED, None
+                if time.monotonic() >= deadline:
+                    return _TIMEOUT, None
             return _receive(worker.conn)
         except (EOFError, OSError):  # it died (or the pool closed) before or while it worked
             return _STOPPED, None
+
+    def _fork_or_free_slot(self) -> _Worker | None:
+        """A new worker for a slot; where forking fails the slot goes back empty (a later job forks again), so a
+        failed fork never leaves the pool a slot short and later jobs waiting forever."""
+        try:
+            return self._fork()
+        except BaseException:
+            self._idle.put(None)
+            raise
 
     def _error(self, status: str, value: Any, worker: _Worker, loc: tuple[str | int, ...], kind: str) -> Exception:
         limits = self.limits
@@ -245,7 +270,14 @@ class DecoderPool:
     def _retire(self, worker: _Worker) -> None:
         """Kill a worker and fork its successor in the background (the next job need not wait for it)."""
         self._discard(worker)
-        threading.Thread(target=lambda: self._idle.put(self._fork()), name="clef-decoder-start", daemon=True).start()
+        threading.Thread(target=self._replace, name="clef-decoder-start", daemon=True).start()
+
+    def _replace(self) -> None:
+        try:
+            self._idle.put(self._fork())
+        except Exception:  # noqa: BLE001 - the slot goes back empty: the next job forks it
+            log.exception("could not start a decoder; the next job will try again")
+            self._idle.put(None)
 
     def _discard(self, worker: _Worker) -> None:
         worker.kill()

@@ -21,6 +21,7 @@ log = logging.getLogger("clef_bridge.worker")
 # Media requests wait with their decoded pixels (up to 4 x 48 MiB at the default limits) and audio samples
 # (4 x 3.7 MiB): this many per model bounds that memory; more get 429 before their media are decoded.
 MAX_MEDIA_JOBS = 8
+CANCELLED = object()  # what _deliver gives a job that nobody waits for: its future is cancelled
 
 
 class Overloaded(ClefError):
@@ -59,7 +60,7 @@ class Job:
     media: Media = NO_MEDIA  # decoded (bridge.media.request.decode_kind), each kind in prompt order
     partition: tuple[str, ...] = ()  # the prefix cache's partition (PrefillRequest.partition)
     enqueued: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False  # set from the event loop when the client is gone or the deadline passed
+    cancelled: bool = False  # set from the event loop when nobody waits for it any more (InferenceWorker.withdraw)
     queue_s: float = 0.0
 
 
@@ -99,13 +100,17 @@ class InferenceWorker:
         self._head_thread.start()
 
     def stop(self) -> None:
-        """Finish what is queued, then end both threads."""
+        """Finish what is queued, then end both threads; a job still queued after that (the prefill thread died)
+        answers WorkerStopped."""
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+        self._drop_queued()
         self._heads.put(None)
-        self._head_thread.join()
+        if self._head_thread.ident is not None:
+            self._head_thread.join()
 
     @property
     def alive(self) -> bool:
@@ -140,6 +145,25 @@ class InferenceWorker:
             self._cv.notify()
         return job
 
+    def withdraw(self, job: Job) -> None:
+        """Nobody waits for job any more (call from the event loop): it leaves the queue at once, freeing its slot,
+        and its future is cancelled; a job the prefill thread has taken already runs on, its answer dropped."""
+        job.cancelled = True
+        with self._cv:
+            try:
+                self._queue.remove(job)
+            except ValueError:  # taken already
+                pass
+        job.future.cancel()
+
+    def _drop_queued(self) -> None:
+        """Answer every job still queued WorkerStopped and refuse new ones: no future is left pending."""
+        with self._cv:
+            self._stopping = True
+            jobs, self._queue = list(self._queue), collections.deque()
+        for job in jobs:
+            self._deliver(job, WorkerStopped(f"model {self.name!r} stopped before deciding the request; retry"))
+
     def _take(self) -> list[Job]:
         with self._cv:
             self._idle = not self._queue
@@ -152,6 +176,14 @@ class InferenceWorker:
             return jobs
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception:  # noqa: BLE001 - a bug of ours: logged, the model refuses requests from now on
+            log.exception("the prefill thread of model %r stopped; restart the server", self.name)
+        finally:  # ended or died: what is still queued is answered, never left waiting
+            self._drop_queued()
+
+    def _serve(self) -> None:
         while True:
             jobs = self._take()
             if not jobs:
@@ -159,7 +191,8 @@ class InferenceWorker:
             now = time.perf_counter()
             ready: list[tuple[Job, Prepared]] = []
             for job in jobs:
-                if job.cancelled:
+                if job.cancelled:  # withdrawn as it was taken: its future is cancelled already, or is now
+                    self._deliver(job, CANCELLED)
                     continue
                 job.queue_s = now - job.enqueued
                 try:
@@ -201,7 +234,10 @@ class InferenceWorker:
             for item in batch:
                 self._prefill([item])
             return
-        self._on_batch(BatchStats(len(batch), sum(len(p.encoded.input_ids) for _, p in batch)))
+        try:
+            self._on_batch(BatchStats(len(batch), sum(len(p.encoded.input_ids) for _, p in batch)))
+        except Exception:  # noqa: BLE001 - a metrics fault must not cost the batch its answers
+            log.exception("the batch callback failed")
         work = [(job, item) for (job, _), item in zip(batch, items)]
         if self.overlap:
             self._heads.put(work)
@@ -220,11 +256,14 @@ class InferenceWorker:
                 self._deliver(job, exc)
 
     @staticmethod
-    def _deliver(job: Job, outcome: Scored | BaseException) -> None:
+    def _deliver(job: Job, outcome: Scored | BaseException | object) -> None:
+        """Resolve job's future on its loop: an answer, an error, or CANCELLED."""
         def resolve() -> None:
             if job.future.done():
                 return
-            if isinstance(outcome, BaseException):
+            if outcome is CANCELLED:
+                job.future.cancel()
+            elif isinstance(outcome, BaseException):
                 job.future.set_exception(outcome)
             else:
                 job.future.set_result(outcome)

@@ -1,7 +1,9 @@
 """Identical requests share one computation: in flight always, and from an LRU answer cache when sized.
 
 Clients retry on timeouts (the official SDK up to 3 times), so the same body can arrive while its
-first copy is still queued; it waits on that job instead of queueing another.
+first copy is still queued; it waits on that job instead of queueing another. A computation nobody waits
+for any more (its clients hung up, or their deadlines passed) is withdrawn from the worker and forgotten
+at once, so a retry that comes after computes afresh rather than joining a job that will never answer.
 
 The prefix cache's partition (a client's prompt_cache_key) is part of the key: identical bodies under
 different keys would give the same probabilities, but sharing their computation or a cached answer would
@@ -32,6 +34,7 @@ class Shared:
 
     future: asyncio.Future
     job: Job | None
+    abandon: Callable[[], None] = lambda: None  # called when the last waiter leaves before the answer
     waiters: int = 0
 
     @property
@@ -39,10 +42,11 @@ class Shared:
         return self.job.queue_s if self.job is not None else 0.0
 
     def leave(self) -> None:
-        """One waiter is gone; when none is left the worker skips the job if it has not started."""
+        """One waiter is gone; when none is left before the answer, the computation is abandoned: its job leaves
+        the worker's queue (or its answer is dropped) and its future is cancelled."""
         self.waiters -= 1
-        if self.waiters == 0 and self.job is not None and not self.future.done():
-            self.job.cancelled = True
+        if self.waiters == 0 and not self.future.done():
+            self.abandon()
 
 
 def request_key(model: str, body: Any, media: Media = NO_MEDIA, partition: tuple[str, ...] = ()) -> Key | None:
@@ -76,15 +80,27 @@ class Coalescer:
             done = asyncio.get_running_loop().create_future()
             done.set_result(self._cache[key])
             return self._join(Shared(done, None))
-        if key is not None and key in self._inflight:
+        running = self._inflight.get(key) if key is not None else None
+        if running is not None and not running.future.cancelled():
             self._on_shared(worker.name, "in_flight")
-            return self._join(self._inflight[key])
+            return self._join(running)
         job = worker.submit(request, media, reject_if_busy=reject_if_busy, partition=partition)
         shared = Shared(job.future, job)
+        shared.abandon = lambda: self._abandon(key, shared, worker)
         if key is not None:
             self._inflight[key] = shared
             job.future.add_done_callback(lambda future: self._finished(key, future))
         return self._join(shared)
+
+    @property
+    def in_flight(self) -> int:
+        """Computations under way that requests can still join."""
+        return len(self._inflight)
+
+    def _abandon(self, key: Key | None, shared: Shared, worker: InferenceWorker) -> None:
+        if key is not None and self._inflight.get(key) is shared:
+            del self._inflight[key]
+        worker.withdraw(shared.job)
 
     @staticmethod
     def _join(shared: Shared) -> Shared:
@@ -92,7 +108,8 @@ class Coalescer:
         return shared
 
     def _finished(self, key: Key, future: asyncio.Future) -> None:
-        self._inflight.pop(key, None)
+        if key in self._inflight and self._inflight[key].future is future:  # not a fresh copy of an abandoned one
+            del self._inflight[key]
         if self.cache_size and not future.cancelled() and future.exception() is None:
             self._cache[key] = future.result()
             while len(self._cache) > self.cache_size:

@@ -142,8 +142,8 @@ class DecisionService:
         request = await off_loop(big, validate, body, model.limits)
         shared = self.coalescer.submit(worker, body, request, media, reject_if_busy=call.reject_if_busy,
                                        partition=call.partition)
-        self._on_queued(name, worker.depth)
         try:
+            self._on_queued(name, worker.depth)
             scored = await asyncio.wait_for(asyncio.shield(shared.future), self.timeout_s)
         except asyncio.TimeoutError:
             raise DeadlineExceeded(f"no answer within {self.timeout_s:g} s (request_timeout_s); the server is busy, "
