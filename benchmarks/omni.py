@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import llama_cpp as lc
 import numpy as np
+from clef_bridge.bridge.llama.native import lc
 
 
 @dataclass

@@ -106,7 +106,7 @@ def test_hidden_states_are_read_after_an_explicit_synchronize(fx, monkeypatch):
     calls = []
     sync, read = llama_cpp.llama_synchronize, backbone_module.lc_ext.llama_get_embeddings_nextn
     monkeypatch.setattr(llama_cpp, "llama_synchronize", lambda ctx: (calls.append("sync"), sync(ctx))[1])
-    monkeypatch.setattr(backbone_module.lc_ext, "llama_get_embeddings_nextn",
+    monkeypatch.setattr(backbone_module.lc_ext.load(), "llama_get_embeddings_nextn",
                         lambda ctx: (calls.append("read"), read(ctx))[1])
     given = []
 

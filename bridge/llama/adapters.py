@@ -16,11 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import llama_cpp as lc
 import numpy as np
 
 from .backbone import Backbone, BackboneError, Tokenizer
 from .media_batch import MediaChunk
+from .native import lc
 from .prefix_cache import CachedPrefill, PrefillRequest
 
 

@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import llama_cpp as lc
 import numpy as np
-from llama_cpp import mtmd_cpp as mt
 
 from ...head.encoder import AUDIO_END, AUDIO_PAD, AUDIO_START, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
 from ...head.errors import Problem, RequestInvalid
@@ -37,6 +35,8 @@ from ..media.images import ImageGeometry
 from . import log as llama_log
 from .backbone import Backbone
 from .media_batch import MediaChunk
+from .native import lc
+from .native import mtmd as mt
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,10 @@ from ..gguf.reader import read_gguf
 from ..host.gpu import host_rows_for, release_cached
 from ..host.paths import cache_dir
 from ..llama.adapters import BackbonePool
-from ..llama.backbone import Backbone, BackboneOptions
+from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
 from ..llama.omni import OmniBackbone
+from ..llama.options import BackboneOptions
 from ..llama.vision import Projector, ProjectorOptions
 from ..media.audio_tower import AudioTower
 from .clef_model import ClefModel, Head
