@@ -1,4 +1,4 @@
-"""bridge/server/openai_decisions.py without a server: an OpenAI request's System One equivalent (the message
+"""bridge/server/doors/openai_decisions.py without a server: an OpenAI request's System One equivalent (the message
 list's JSON state, typed choice values, levels, images as assets), the answers back in OpenAI's shape, and its
 errors' param and shape."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from clef_bridge.bridge.media.images import ImageTooLarge
-from clef_bridge.bridge.server.openai_decisions import openai_error, param, to_openai, to_systemone
+from clef_bridge.bridge.server.doors.openai_decisions import openai_error, param, to_openai, to_systemone
 from clef_bridge.head.errors import Problem, RequestInvalid
 from clef_bridge.head.schema import parse_request
 from hypothesis import given, settings

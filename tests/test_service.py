@@ -18,9 +18,9 @@ from clef_bridge.bridge.media.images import ImageGeometry
 from clef_bridge.bridge.media.request import AUDIO, IMAGE, FormPart, Media
 from clef_bridge.bridge.model.clef_model import Scored, Timings
 from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded
-from clef_bridge.bridge.server.decisions import decision_input
+from clef_bridge.bridge.server.doors.decisions import decision_input
 from clef_bridge.bridge.server.multipart import RequestBody
-from clef_bridge.bridge.server.systemone import no_model_warning
+from clef_bridge.bridge.server.doors.systemone import no_model_warning
 from clef_bridge.bridge.service import decision as service_module
 from clef_bridge.bridge.service.coalesce import Coalescer, request_key
 from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService

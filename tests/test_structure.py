@@ -2,7 +2,7 @@
 room only as each room's docstring allows (catalogue < host < gguf < demo < media < llama < config < model <
 server < scale); no
 module imports itself round a cycle (lazy imports inside functions count too); the installed package
-never imports the checkout's tests/ or benchmarks/; no module outgrows 600 lines; every module of bridge/ and head/
+never imports the checkout's tests/ or benchmarks/; no module outgrows 600 lines nor a folder of bridge/ 15 modules; every module of bridge/ and head/
 is imported by a test; llama-cpp-python is imported by bridge/llama/native.py alone, so the rest loads without it."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ PACKAGES = ("head", "bridge", "tools")  # installed as clef_bridge.<name>
 LAYERS = ("head", "bridge.catalogue", "bridge.host", "bridge.gguf", "bridge.demo", "bridge.media", "bridge.llama",
           "bridge.config", "bridge.model", "bridge.service", "bridge.server", "bridge.scale", "tools")
 MAX_LINES = 600
+MAX_MODULES = 15  # a folder of bridge/ with more is several rooms: give them folders (as server/doors/)
 
 
 def modules() -> dict[str, Path]:
@@ -128,6 +129,17 @@ def test_modules_stay_within_the_limit():
     long = {name: n for name, path in MODULES.items()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them along their seams): {long}"
+
+
+def test_folders_stay_within_the_limit():
+    counts: dict[str, int] = {}
+    for name, path in MODULES.items():
+        if name.startswith("bridge"):
+            folder = str(path.parent.relative_to(ROOT))
+            counts[folder] = counts.get(folder, 0) + 1
+    crowded = {folder: n for folder, n in counts.items() if n > MAX_MODULES}
+    assert "bridge/server/doors" in counts and not crowded, \
+        f"folders over {MAX_MODULES} modules (__init__ counted; split them into rooms): {crowded}"
 
 
 def modules_imported_by(path: Path) -> set[str]:

@@ -10,7 +10,7 @@ import json
 import aiohttp
 import pytest
 from clef_bridge.bridge.server.appstate import SERVED
-from clef_bridge.bridge.server.workers_ai import MAX_BODY_BYTES
+from clef_bridge.bridge.server.doors.workers_ai import MAX_BODY_BYTES
 
 from .conftest import tiny_spec
 from .serverkit import RunningServer, registry_for, slow_loader, strip_extensions

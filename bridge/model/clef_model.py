@@ -20,10 +20,10 @@ from ...head.errors import Problem, RequestInvalid
 from ...head.model import Layout, hidden_memory, option_logits
 from ...head.schema import DecisionRequest, Limits, Question
 from ..host.gpu import device_out_of_memory, to_device
-from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
 from ..llama.omni_positions import rope_chunks, rope_positions
 from ..llama.prefix_cache import PrefillRequest
+from ..llama.protocol import BackboneProtocol
 from ..llama.vision import EncodedAudio, Projector
 from ..media.audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE, AudioTower, audio_tokens
 from ..media.images import ImageGeometry
@@ -128,7 +128,7 @@ class ClefModel:
     """A GGUF backbone and its joint head (and its vision projector and audio tower, if any), with the options of
     one models.toml entry."""
 
-    def __init__(self, name: str, backbone: Backbone, embedding: OutputEmbedding, head: Head,
+    def __init__(self, name: str, backbone: BackboneProtocol, embedding: OutputEmbedding, head: Head,
                  encode_options: EncodeOptions, answer_options: AnswerOptions, limits: Limits = Limits(),
                  projector: Projector | None = None, audio_tower: AudioTower | None = None):
         if audio_tower is not None and projector is None:

@@ -36,6 +36,7 @@ from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
 from ..llama.omni import OmniBackbone
 from ..llama.options import BackboneOptions
+from ..llama.protocol import BackboneProtocol
 from ..llama.vision import Projector, ProjectorOptions
 from ..media.audio_tower import AudioTower
 from .clef_model import ClefModel, Head
@@ -80,7 +81,7 @@ def inspect_spec(spec: ModelSpec) -> CheckReport:
     return report
 
 
-def open_projector(spec: ModelSpec, report: CheckReport, backbone: Backbone) -> Projector | None:
+def open_projector(spec: ModelSpec, report: CheckReport, backbone: BackboneProtocol) -> Projector | None:
     """The entry's checked vision projector on the backbone's device, or None when it has none. Qwen3-Omni's
     combined vision + audio projector loads as its vision half, written once into the cache (mtmd refuses the
     combined file)."""

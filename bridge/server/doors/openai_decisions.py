@@ -14,14 +14,14 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ...head.errors import Problem, RequestInvalid, printable
-from ...head.schema import BOX, NO_BOX_HEAD, render
-from ..media.errors import MediaRejected
-from ..media.request import FORMATS, UnsupportedMediaType
-from ..service.decision import Decision
-from .context import INFO, Door, json_response
+from ....head.errors import Problem, RequestInvalid, printable
+from ....head.schema import BOX, NO_BOX_HEAD, render
+from ...media.errors import MediaRejected
+from ...media.request import FORMATS, UnsupportedMediaType
+from ...service.decision import Decision
+from ..context import INFO, Door, json_response
+from ..routes import OPENAI_SHAPE, PATHS
 from .decisions import decide, decision_input, read_body, reply
-from .routes import OPENAI_SHAPE, PATHS
 
 Loc = tuple[str | int, ...]
 # What Clef asks for each of OpenAI's question types

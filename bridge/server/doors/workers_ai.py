@@ -12,12 +12,12 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ...head.errors import Problem, RequestInvalid
-from ...head.schema import MAX_TEXT_PROBLEMS, Limits
-from ..service.decision import Contract
-from .context import Door, json_response
+from ....head.errors import Problem, RequestInvalid
+from ....head.schema import MAX_TEXT_PROBLEMS, Limits
+from ...service.decision import Contract
+from ..context import Door, json_response
+from ..routes import PATHS, WORKERS_AI_ROUTES, WORKERS_AI_SHAPE
 from .decisions import decide, decision_input, read_body, reply
-from .routes import PATHS, WORKERS_AI_ROUTES, WORKERS_AI_SHAPE
 
 MAX_QUESTIONS = 64
 MAX_BODY_BYTES = 13 * 2**20

@@ -9,13 +9,13 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from ..catalogue.releases import REAL_RELEASES, RELEASES
-from ..service.decision import INLINE_BYTES, Decision, DecisionInput
-from .appstate import METRICS, REGISTRY, SERVED, SERVICE
-from .assets import body_limit
-from .body import BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
-from .context import INFO, BodyTimeout
-from .multipart import RequestBody, is_form, parse_body
+from ...catalogue.releases import REAL_RELEASES, RELEASES
+from ...service.decision import INLINE_BYTES, Decision, DecisionInput
+from ..appstate import METRICS, REGISTRY, SERVED, SERVICE
+from ..assets import body_limit
+from ..body import BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
+from ..context import INFO, BodyTimeout
+from ..multipart import RequestBody, is_form, parse_body
 
 # every answer of the built-in demo says what the banner says: its weights are random
 DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
@@ -87,10 +87,10 @@ def reply(request: web.Request, decision: Decision, start: float, warnings: list
     info = request[INFO]
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
     info.timings["total_ms"] = total_ms
-    request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
+    request.app[METRICS].latency.labels(decision.model, "total").observe(total_ms / 1e3)
     extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
     headers = {}
-    builtin = request.app[SERVED][info.model].spec.builtin
+    builtin = request.app[SERVED][decision.model].spec.builtin
     if builtin:
         warnings = warnings + [demo_warning(builtin)]
         headers[DEMO_HEADER] = DEMO_HEADER_VALUE

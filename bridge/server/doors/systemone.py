@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from .appstate import REGISTRY
-from .context import Door, jev_error, json_response
+from ..appstate import REGISTRY
+from ..context import Door, jev_error, json_response
+from ..routes import JEV_SHAPE, PATHS
 from .decisions import decide, decision_input, read_body, reply
-from .routes import JEV_SHAPE, PATHS
 
 
 def no_model_warning(default: str) -> str:
