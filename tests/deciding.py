@@ -7,7 +7,7 @@ from typing import Any
 
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.media.request import NO_MEDIA, Media
-from clef_bridge.bridge.model.clef_model import Prepared
+from clef_bridge.bridge.model.clef_model import Prepared, Scored
 from clef_bridge.bridge.service.local import LocalService
 from clef_bridge.head.schema import parse_request
 
@@ -21,3 +21,8 @@ def respond(model: Any, body: Any, server: ServerSpec = ServerSpec()) -> dict[st
 def prepare(model: Any, body: Any, media: Media = NO_MEDIA) -> Prepared:
     """A body validated and encoded with its decoded media, no decode in llama.cpp."""
     return model.prepare(parse_request(body, model.limits), media)
+
+
+def score_batch(model: Any, batch: list[Prepared]) -> list[Scored]:
+    """One batched prefill, then the head per request: the worker's two steps without its thread."""
+    return [model.score(item) for item in model.prefill_batch(batch)]

@@ -29,7 +29,7 @@ from clef_bridge.bridge.model.loading import load_checked, reference_spec
 from clef_bridge.head.errors import RequestInvalid
 
 from . import fixturegen_omni, fixturegen_vision
-from .deciding import prepare
+from .deciding import prepare, score_batch
 from .omni_cases import answer_probabilities, answer_problems, cases, max_dp, probabilities, tone
 
 pytestmark = pytest.mark.slow
@@ -258,15 +258,15 @@ def test_the_prefix_cache_reuses_omni_prefixes(ofx, omni, tmp_path):
         cache = model.backbone.prefix_cache
         assert cache is not None and model.backbone.save_state(0).nbytes == 0
         body = CASES["text_long"].body
-        first = model.score_batch([prepare(model, body)])[0]
-        second = model.score_batch([prepare(model, body)])[0]
+        first = score_batch(model, [prepare(model, body)])[0]
+        second = score_batch(model, [prepare(model, body)])[0]
         grown = dict(body, state={**body["state"], "more": "and the status page says all green"})
-        third = model.score_batch([prepare(model, grown)])[0]
+        third = score_batch(model, [prepare(model, grown)])[0]
         stats = cache.stats()
         assert stats.hits == 2 and second.timings.reused_tokens > 100 and third.timings.reused_tokens > 100
         assert stats.bytes > 0 and stats.cells > 0  # the head's memory rows and the cached KV cells
         for got, request in ((first, body), (second, body), (third, grown)):
-            want = omni.score_batch([prepare(omni, request)])[0].response["answers"]  # no prefix cache
+            want = score_batch(omni, [prepare(omni, request)])[0].response["answers"]  # no prefix cache
             assert answer_problems(got.response["answers"], want, answer_probabilities(want), 1e-4) == []
     finally:
         model.close()

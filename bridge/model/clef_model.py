@@ -293,10 +293,6 @@ class ClefModel:
                           item.vision_s, item.audio_s)
         return Scored(body, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets))
 
-    def score_batch(self, batch: list[Prepared]) -> list[Scored]:
-        """One batched prefill, then the head per request."""
-        return [self.score(item) for item in self.prefill_batch(batch)]
-
     def uncached_logits(self, prepared: Prepared) -> tuple[tuple[Question, np.ndarray], ...]:
         """Per-question logits of a text request prefilled in full, the prefix cache untouched (the load-time
         canaries: a model's own check must leave no trace in what it serves)."""

@@ -21,6 +21,7 @@ from ...head.schema import DecisionRequest, Limits, Question, is_unicode, parse_
 from ..config.registry import ServerSpec, resolve
 from ..media.decoders import ISOLATED, DecoderPool
 from ..media.request import (
+    AUDIO,
     FIELDS,
     IMAGE,
     VIDEO,
@@ -39,7 +40,10 @@ from .errors import BodyTooLarge, DeadlineExceeded
 # a JSON body up to this size is decompressed, parsed, searched for media and validated on the event loop; bigger
 # ones off it
 INLINE_BYTES = 64 * 1024
-TOWER_STAGES = {IMAGE: "vision", VIDEO: "vision"}  # a kind whose tower's time x_timings reports, under this stage
+# the towers a kind runs in the worker, whose times x_timings reports: stage -> its Timings field (a video's
+# soundtrack goes through the audio tower; 0 for a silent one)
+TOWER_STAGES = {IMAGE: {"vision": "vision"}, AUDIO: {"audio_tower": "audio"},
+                VIDEO: {"vision": "vision", "audio_tower": "audio"}}
 
 
 @dataclass(frozen=True)
@@ -154,8 +158,8 @@ class DecisionService:
         stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
         for kind in media.kinds:  # decoding here (Pillow, PyAV), a tower's time in the worker
             stages[FIELDS[kind]] = decode_s[kind]
-            if kind in TOWER_STAGES:
-                stages[TOWER_STAGES[kind]] = getattr(t, TOWER_STAGES[kind])
+            for stage, timing in TOWER_STAGES[kind].items():
+                stages[stage] = getattr(t, timing)
         return Decision(name, scored.response, scored.input_tokens, stages, t.reused_tokens, t.batch_size,
                         scored.logits)
 
