@@ -19,8 +19,8 @@ from clef_bridge.bridge.media.request import AUDIO, IMAGE, FormPart, Media
 from clef_bridge.bridge.model.clef_model import Scored, Timings
 from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded
 from clef_bridge.bridge.server.doors.decisions import decision_input
-from clef_bridge.bridge.server.multipart import RequestBody
 from clef_bridge.bridge.server.doors.systemone import no_model_warning
+from clef_bridge.bridge.server.multipart import RequestBody
 from clef_bridge.bridge.service import decision as service_module
 from clef_bridge.bridge.service.coalesce import Coalescer, request_key
 from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService
@@ -74,6 +74,18 @@ class FakeModel:
         timings = Timings(0.001, 0.002, 0.003, item.batch_size, 2, vision=0.004 if item.prepared.media.images else 0)
         return Scored({"model": request.model, "answers": {q.id: {"noul": 0.73} for q in request.questions}},
                       len(item.prepared.encoded.input_ids), timings, logits)
+
+
+class Joins(list):
+    """The coalescer's record of shared answers, with an event set at each: a test waits for a join, not a time."""
+
+    def __init__(self):
+        super().__init__()
+        self.event = asyncio.Event()
+
+    def append(self, source: str) -> None:
+        super().append(source)
+        self.event.set()
 
 
 def service_for(*models: FakeModel, cache_size: int = 0, shared: list | None = None, max_media_jobs: int = 8,
@@ -186,14 +198,14 @@ def test_media_are_decoded_into_one_value_with_their_digests_and_timed():
 def test_identical_requests_in_flight_share_one_computation():
     gate = threading.Event()
     model = FakeModel(gate=gate)
-    shared: list[str] = []
+    shared = Joins()
     service, workers = service_for(model, shared=shared)
 
     async def main():
         first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
         await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
         second = asyncio.ensure_future(service.decide(DecisionInput(dict(BODY), "fake")))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(shared.event.wait(), 5)  # the second has joined the first's computation
         gate.set()
         return await asyncio.gather(first, second)
 
@@ -229,7 +241,8 @@ def test_the_key_holds_the_prefix_caches_partition():
 def test_reject_if_busy_refuses_while_the_model_works_but_joins_an_answer_under_way():
     gate = threading.Event()
     model = FakeModel(gate=gate)
-    service, workers = service_for(model)
+    shared = Joins()
+    service, workers = service_for(model, shared=shared)
 
     async def main():
         first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
@@ -238,12 +251,12 @@ def test_reject_if_busy_refuses_while_the_model_works_but_joins_an_answer_under_
         with pytest.raises(Busy):
             await service.decide(DecisionInput(other, "fake", reject_if_busy=True))
         joined = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake", reject_if_busy=True)))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(shared.event.wait(), 5)  # it joined the answer under way rather than being refused
         gate.set()
         return await asyncio.gather(first, joined)
 
     a, b = run(workers, main)
-    assert a.response == b.response and len(model.prepared) == 1
+    assert a.response == b.response and len(model.prepared) == 1 and shared == ["in_flight"]
 
 
 def test_a_front_doors_contract_is_reported_with_the_bodys_other_problems():

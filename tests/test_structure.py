@@ -1,9 +1,9 @@
 """The house's shape, checked: imports point tools -> bridge -> head, and inside bridge/ from room to
 room only as each room's docstring allows (catalogue < host < gguf < demo < media < llama < config < model <
-server < scale); no
-module imports itself round a cycle (lazy imports inside functions count too); the installed package
-never imports the checkout's tests/ or benchmarks/; no module outgrows 600 lines nor a folder of bridge/ 15 modules; every module of bridge/ and head/
-is imported by a test; llama-cpp-python is imported by bridge/llama/native.py alone, so the rest loads without it."""
+server < scale); no module imports itself round a cycle (lazy imports inside functions count too); the installed
+package never imports the checkout's tests/ or benchmarks/; no module outgrows 600 lines nor a folder of bridge/ 15
+modules; every module of bridge/ and head/ is imported by a test; llama-cpp-python is imported by
+bridge/llama/native.py alone, so the rest loads without it."""
 
 from __future__ import annotations
 
