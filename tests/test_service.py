@@ -23,9 +23,10 @@ from clef_bridge.bridge.server.doors.systemone import no_model_warning
 from clef_bridge.bridge.server.multipart import RequestBody
 from clef_bridge.bridge.service import decision as service_module
 from clef_bridge.bridge.service.coalesce import Coalescer, request_key
-from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService
+from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService, systemone_body
 from clef_bridge.bridge.service.errors import DeadlineExceeded
 from clef_bridge.bridge.service.local import LocalService
+from clef_bridge.head.answer import NoulAnswer
 from clef_bridge.head.errors import Problem, RequestInvalid
 from clef_bridge.head.schema import DecisionRequest, Limits
 from clef_bridge.tools.drift import drift
@@ -72,7 +73,7 @@ class FakeModel:
         request = item.prepared.request
         logits = tuple((q, np.array([0.5, -0.5])) for q in request.questions)
         timings = Timings(0.001, 0.002, 0.003, item.batch_size, 2, vision=0.004 if item.prepared.media.images else 0)
-        return Scored({"model": request.model, "answers": {q.id: {"noul": 0.73} for q in request.questions}},
+        return Scored(tuple(NoulAnswer(q.id, 0.73) for q in request.questions),
                       len(item.prepared.encoded.input_ids), timings, logits)
 
 
@@ -113,7 +114,10 @@ def test_a_decision_carries_its_model_answer_tokens_timings_and_logits():
     resolved = []
     decision = run(workers, lambda: service.decide(DecisionInput(BODY, "alias"), resolved.append))
     assert decision.model == "fake" and resolved == ["fake"]  # an alias resolves to the served name
-    assert decision.response == {"model": "fake", "answers": {"urgent": {"noul": 0.73}}}
+    assert decision.requested == "fake" and decision.answers == (NoulAnswer("urgent", 0.73),)  # the body's model
+    # Jev's and Workers AI's shape of it
+    assert systemone_body(decision) == {"model": "fake", "answers": {"urgent": {"type": "noul", "noul": 0.73}},
+                                        "usage": {"input_tokens": 4, "output_tokens": 0}}
     assert decision.input_tokens == 4 and decision.reused_tokens == 2 and decision.batch_size == 1
     assert list(decision.timings) == ["queue", "tokenize", "backbone", "head"]  # text: no media stage
     assert [(q.id, z.tolist()) for q, z in decision.logits] == [("urgent", [0.5, -0.5])]
@@ -210,7 +214,7 @@ def test_identical_requests_in_flight_share_one_computation():
         return await asyncio.gather(first, second)
 
     a, b = run(workers, main)
-    assert a.response == b.response and len(model.prepared) == 1 and shared == ["in_flight"]
+    assert a.answers == b.answers and len(model.prepared) == 1 and shared == ["in_flight"]
 
 
 def test_a_repeat_is_answered_from_the_cache_and_media_key_it():
@@ -256,7 +260,7 @@ def test_reject_if_busy_refuses_while_the_model_works_but_joins_an_answer_under_
         return await asyncio.gather(first, joined)
 
     a, b = run(workers, main)
-    assert a.response == b.response and len(model.prepared) == 1 and shared == ["in_flight"]
+    assert a.answers == b.answers and len(model.prepared) == 1 and shared == ["in_flight"]
 
 
 def test_a_front_doors_contract_is_reported_with_the_bodys_other_problems():
@@ -275,7 +279,7 @@ def test_a_front_doors_contract_is_reported_with_the_bodys_other_problems():
 def test_the_local_service_runs_the_same_path_for_the_tools():
     with LocalService(FakeModel()) as service:
         decision = service.decide({**BODY, "model": "whatever the file says"})
-    assert decision.model == "fake" and decision.response["model"] == "whatever the file says"
+    assert decision.model == "fake" and decision.requested == "whatever the file says"
 
 
 def test_drift_refuses_audio_for_a_model_without_audio_as_the_server_does():

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...head.answer import AnswerOptions, answers
+from ...head.answer import Answer, AnswerOptions, answers
 from ...head.config import HeadConfig
 from ...head.encoder import Encoded, EncodeOptions, encode
 from ...head.errors import Problem, RequestInvalid
@@ -67,10 +67,10 @@ class Timings:
 
 @dataclass(frozen=True)
 class Scored:
-    """One request through the head: its response body, and each question's unrounded option logits (prompt order,
-    before any temperature) for the tools that fit or compare them."""
+    """One request through the head: its typed answers (request order), and each question's unrounded option logits
+    (prompt order, before any temperature) for the tools that fit or compare them."""
 
-    response: dict[str, Any]
+    answers: tuple[Answer, ...]
     input_tokens: int
     timings: Timings = field(compare=False)
     logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)
@@ -284,14 +284,10 @@ class ClefModel:
         prepared = item.prepared
         logits = self.cached_logits(item)
         offsets = prepared.encoded.layout.option_offsets
-        body = {
-            "model": prepared.request.model,
-            "answers": answers(prepared.request, logits, offsets, self.answer_options),
-            "usage": {"input_tokens": int(len(prepared.encoded.input_ids)), "output_tokens": 0},
-        }
+        typed = answers(prepared.request, logits, offsets, self.answer_options)
         timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused,
                           item.vision_s, item.audio_s)
-        return Scored(body, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets))
+        return Scored(typed, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets))
 
     def uncached_logits(self, prepared: Prepared) -> tuple[tuple[Question, np.ndarray], ...]:
         """Per-question logits of a text request prefilled in full, the prefix cache untouched (the load-time

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...head.answer import Answer, systemone_answers
 from ...head.errors import Problem, RequestInvalid
 from ...head.schema import DecisionRequest, Limits, Question, is_unicode, parse_request
 from ..config.registry import ServerSpec, resolve
@@ -70,15 +71,23 @@ class DecisionInput:
 
 @dataclass(frozen=True)
 class Decision:
-    """A request decided: the response body, and what its front door and the tools report about it."""
+    """A request decided: its typed answers, and what its front door and the tools report about it. Each door
+    renders its own wire shape from it (systemone_body: Jev's and Workers AI's; OpenAI's door its own)."""
 
     model: str  # the served model that answered
-    response: dict[str, Any]
+    requested: str  # the model as the body named it (an alias, a route's name): Jev's answer echoes it
+    answers: tuple[Answer, ...]  # per question, in the request's order
     input_tokens: int
     timings: dict[str, float]  # seconds per stage: queue, tokenize, backbone, head, then each medium's
     reused_tokens: int  # prompt tokens restored from the prefix cache
     batch_size: int
     logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)  # unrounded, per question
+
+
+def systemone_body(decision: Decision) -> dict[str, Any]:
+    """The System One response (the reference's shape): Jev's answer, Workers AI's result, the CLI's output."""
+    return {"model": decision.requested, "answers": systemone_answers(decision.answers),
+            "usage": {"input_tokens": decision.input_tokens, "output_tokens": 0}}
 
 
 def validate(body: Any, limits: Limits = Limits(), contract: Contract | None = None) -> DecisionRequest:
@@ -160,8 +169,8 @@ class DecisionService:
             stages[FIELDS[kind]] = decode_s[kind]
             for stage, timing in TOWER_STAGES[kind].items():
                 stages[stage] = getattr(t, timing)
-        return Decision(name, scored.response, scored.input_tokens, stages, t.reused_tokens, t.batch_size,
-                        scored.logits)
+        return Decision(name, request.model, scored.answers, scored.input_tokens, stages, t.reused_tokens,
+                        t.batch_size, scored.logits)
 
     def _takes(self, name: str, media: Media) -> bool:
         """Whether the served model takes every kind of the request's media."""

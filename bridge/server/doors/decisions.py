@@ -1,5 +1,6 @@
 """What the decision routes share: reading a body (JSON or multipart, capped), handing it to the decision
-service with the request's context, and the answer's x_ extensions, timings and metrics."""
+service with the request's context, and the answer's x_ extensions, timings and metrics (each door renders its
+own shape of the Decision's answers)."""
 
 from __future__ import annotations
 
@@ -81,19 +82,19 @@ async def decide(request: web.Request, call: DecisionInput) -> Decision:
     return decision
 
 
-def reply(request: web.Request, decision: Decision, start: float, warnings: list[str]
-          ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The response with its x_ extensions (latency, timings, warnings), and its extra headers."""
+def extensions(request: web.Request, decision: Decision, start: float, warnings: list[str]
+               ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The x_ extensions every door's answer carries (latency, timings, warnings), and its extra headers."""
     info = request[INFO]
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
     info.timings["total_ms"] = total_ms
     request.app[METRICS].latency.labels(decision.model, "total").observe(total_ms / 1e3)
-    extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+    out: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
     headers = {}
     builtin = request.app[SERVED][decision.model].spec.builtin
     if builtin:
         warnings = warnings + [demo_warning(builtin)]
         headers[DEMO_HEADER] = DEMO_HEADER_VALUE
     if warnings:
-        extensions["x_warnings"] = warnings
-    return {**decision.response, **extensions}, headers
+        out["x_warnings"] = warnings
+    return out, headers

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from ....head.answer import Answer, ChoiceAnswer, NoulAnswer
 from ....head.errors import Problem, RequestInvalid, printable
 from ....head.schema import BOX, NO_BOX_HEAD, render
 from ...media.errors import MediaRejected
@@ -21,7 +22,7 @@ from ...media.request import FORMATS, UnsupportedMediaType
 from ...service.decision import Decision
 from ..context import INFO, Door, json_response
 from ..routes import OPENAI_SHAPE, PATHS
-from .decisions import decide, decision_input, read_body, reply
+from .decisions import decide, decision_input, extensions, read_body
 
 Loc = tuple[str | int, ...]
 # What Clef asks for each of OpenAI's question types
@@ -365,30 +366,30 @@ def to_systemone(body: Any) -> Translated:
 
 # --- the answer --------------------------------------------------------------------------------------------
 
-def _answer(answer: dict[str, Any], name: str | None, values: list[Any]) -> dict[str, Any]:
-    if answer["type"] == "noul":
-        return {"type": "predicate", "name": name, "probability": answer["noul"]}
-    probabilities = list(answer["probabilities"].values())  # in the request's order, as System One answers
-    if answer["type"] == "choice":
-        best = list(answer["probabilities"]).index(answer["choice"])
-        return {"type": "choice", "name": name, "choice": values[best], "confidence": answer["confidence"],
+def _answer(answer: Answer, name: str | None, values: list[Any]) -> dict[str, Any]:
+    if isinstance(answer, NoulAnswer):
+        return {"type": "predicate", "name": name, "probability": answer.probability}
+    probabilities = [p for _, p in answer.probabilities]  # in the request's order: values' order
+    if isinstance(answer, ChoiceAnswer):
+        best = [key for key, _ in answer.probabilities].index(answer.choice)
+        return {"type": "choice", "name": name, "choice": values[best], "confidence": answer.confidence,
                 "probabilities": [{"value": v, "probability": p} for v, p in zip(values, probabilities)]}
-    return {"type": "score", "name": name, "score": answer["score"], "confidence": answer["confidence"],
+    return {"type": "score", "name": name, "score": answer.score, "confidence": answer.confidence,
             "probabilities": [{"value": k, "label": label, "probability": p}
                               for k, (label, p) in enumerate(zip(values, probabilities))]}
 
 
-def to_openai(t: Translated, response: dict[str, Any], reused_tokens: int) -> dict[str, Any]:
-    """System One's response as OpenAI's Decision: answers in question order, usage with the cached tokens."""
-    tokens = response["usage"]["input_tokens"]
-    answers = [_answer(response["answers"][qid], name, t.values.get(qid, []))
-               for qid, name in zip(t.body["questions"], t.names)]
-    extensions = {k: v for k, v in response.items() if k.startswith("x_")}
-    return {"model": response["model"], "answers": answers,
+def to_openai(t: Translated, decision: Decision, extra: dict[str, Any]) -> dict[str, Any]:
+    """The Decision's answers as OpenAI's Decision: in question order, usage with the cached tokens; extra: the
+    x_ extensions."""
+    tokens, by_id = decision.input_tokens, {a.id: a for a in decision.answers}
+    answers = [_answer(by_id[qid], name, t.values.get(qid, [])) for qid, name in zip(t.body["questions"], t.names)]
+    reused_tokens = decision.reused_tokens
+    return {"model": decision.requested, "answers": answers,
             "usage": {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": reused_tokens,
                                                                        "cache_write_tokens": 0},
                       "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
-                      "total_tokens": tokens}, **extensions}
+                      "total_tokens": tokens}, **extra}
 
 
 async def decisions_handler(request: web.Request) -> web.Response:
@@ -402,9 +403,9 @@ async def decisions_handler(request: web.Request) -> web.Response:
                                                                   partition=translated.partition))
     except RequestInvalid as exc:
         raise translated.relocated(exc) from None
-    response, headers = reply(request, decision, start, [])
+    extra, headers = extensions(request, decision, start, [])
     headers["x-request-id"] = request[INFO].id
-    return json_response(to_openai(translated, response, decision.reused_tokens), headers=headers)
+    return json_response(to_openai(translated, decision, extra), headers=headers)
 
 
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:

@@ -14,10 +14,10 @@ from aiohttp import web
 
 from ....head.errors import Problem, RequestInvalid
 from ....head.schema import MAX_TEXT_PROBLEMS, Limits
-from ...service.decision import Contract
+from ...service.decision import Contract, systemone_body
 from ..context import Door, json_response
 from ..routes import PATHS, WORKERS_AI_ROUTES, WORKERS_AI_SHAPE
-from .decisions import decide, decision_input, read_body, reply
+from .decisions import decide, decision_input, extensions, read_body
 
 MAX_QUESTIONS = 64
 MAX_BODY_BYTES = 13 * 2**20
@@ -88,8 +88,8 @@ async def workers_ai_handler(request: web.Request) -> web.Response:
         data["model"] = model
     decision = await decide(request, decision_input(body, data, model if isinstance(body.data, dict) else None,
                                                     reject_if_busy=options.reject_if_busy, contract=CONTRACT))
-    response, headers = reply(request, decision, start, [])
-    return json_response(workers_ai_envelope(response), headers=headers)
+    extra, headers = extensions(request, decision, start, [])
+    return json_response(workers_ai_envelope({**systemone_body(decision), **extra}), headers=headers)
 
 
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
