@@ -17,7 +17,7 @@ from clef_bridge.bridge.config.registry import ServerSpec, UnknownModel
 from clef_bridge.bridge.media.images import ImageGeometry
 from clef_bridge.bridge.media.request import AUDIO, IMAGE, FormPart, Media
 from clef_bridge.bridge.model.clef_model import Scored, Timings
-from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded
+from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded, RequestOptions
 from clef_bridge.bridge.server.doors.decisions import decision_input
 from clef_bridge.bridge.server.doors.systemone import no_model_warning
 from clef_bridge.bridge.server.multipart import RequestBody
@@ -38,6 +38,7 @@ pytestmark = pytest.mark.unit
 
 PNG = encoded(picture(64, 64, seed=3), "PNG")
 WAV = wav(np.zeros(1600, np.float32))
+BUSY_REFUSED = RequestOptions(reject_if_busy=True)
 BODY = {"model": "fake", "state": "a message", "questions": {"urgent": {"type": "noul", "instructions": "Urgent?"}}}
 
 
@@ -253,8 +254,8 @@ def test_reject_if_busy_refuses_while_the_model_works_but_joins_an_answer_under_
         await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
         other = {**BODY, "state": "another message"}
         with pytest.raises(Busy):
-            await service.decide(DecisionInput(other, "fake", reject_if_busy=True))
-        joined = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake", reject_if_busy=True)))
+            await service.decide(DecisionInput(other, "fake", options=BUSY_REFUSED))
+        joined = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake", options=BUSY_REFUSED)))
         await asyncio.wait_for(shared.event.wait(), 5)  # it joined the answer under way rather than being refused
         gate.set()
         return await asyncio.gather(first, joined)
@@ -311,7 +312,7 @@ def test_past_the_deadline_the_request_is_refused_and_its_queued_job_dropped():
 
 def test_the_http_adapters_hand_the_read_body_over_as_it_came():
     body = RequestBody({"state": "s"}, {"p": FormPart("p", "image/png", PNG)}, 1234)
-    call = decision_input(body, {"state": "s", "model": "m"}, "m", reject_if_busy=True)
-    assert (call.body, call.model, call.parts, call.json_bytes, call.reject_if_busy) == (
-        {"state": "s", "model": "m"}, "m", body.parts, 1234, True)
+    call = decision_input(body, {"state": "s", "model": "m"}, "m", options=BUSY_REFUSED)
+    assert (call.body, call.model, call.parts, call.json_bytes, call.options) == (
+        {"state": "s", "model": "m"}, "m", body.parts, 1234, BUSY_REFUSED)
     assert "'jev-latest'" in no_model_warning("jev-latest")

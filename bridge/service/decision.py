@@ -34,7 +34,7 @@ from ..media.request import (
     extract,
     refuse_unsupported,
 )
-from ..model.worker import InferenceWorker
+from ..model.worker import InferenceWorker, RequestOptions
 from .coalesce import Coalescer
 from .errors import BodyTooLarge, DeadlineExceeded
 
@@ -64,9 +64,8 @@ class DecisionInput:
     model: Any  # the model named (the body's `model`, or a route's), as sent: the service checks it
     parts: dict[str, FormPart] | None = None  # a multipart body's media parts
     json_bytes: int = 0  # the JSON text's size, media inlined (max_body_bytes caps it without them); 0: no cap
-    reject_if_busy: bool = False  # answer 429 at once rather than wait behind other requests
+    options: RequestOptions = RequestOptions()  # how to wait and which cache partition, as the door read them
     contract: Contract | None = None  # a front door's own limits (Workers AI's), in the same 422 as the body's
-    partition: tuple[str, ...] = ()  # the prefix cache's partition (OpenAI's prompt_cache_key): shares no KV across
 
 
 @dataclass(frozen=True)
@@ -153,8 +152,7 @@ class DecisionService:
         worker.check_media_room(bool(found.media))  # a full queue refuses before decoding
         media, decode_s = await self._decode(found.media, DecodeSettings(model.geometry, self.server.media_limits))
         request = await off_loop(big, validate, body, model.limits)
-        shared = self.coalescer.submit(worker, body, request, media, reject_if_busy=call.reject_if_busy,
-                                       partition=call.partition)
+        shared = self.coalescer.submit(worker, body, request, media, call.options)
         self._on_queued(name, worker.depth)
         try:
             scored = await asyncio.wait_for(asyncio.shield(shared.future), self.timeout_s)

@@ -19,6 +19,7 @@ from ....head.errors import Problem, RequestInvalid, printable
 from ....head.schema import BOX, NO_BOX_HEAD, render
 from ...media.errors import MediaRejected
 from ...media.request import FORMATS, UnsupportedMediaType
+from ...model.worker import RequestOptions
 from ...service.decision import Decision
 from ..context import INFO, Door, json_response
 from ..routes import OPENAI_SHAPE, PATHS
@@ -398,9 +399,10 @@ async def decisions_handler(request: web.Request) -> web.Response:
     if body.parts is not None:
         raise UnsupportedMediaType("POST /v1/decisions takes application/json; send images as input_image data URLs")
     translated = to_systemone(body.data)
+    options = RequestOptions(partition=translated.partition)
     try:
         decision: Decision = await decide(request, decision_input(body, translated.body, translated.model,
-                                                                  partition=translated.partition))
+                                                                  options=options))
     except RequestInvalid as exc:
         raise translated.relocated(exc) from None
     extra, headers = extensions(request, decision, start, [])
