@@ -25,6 +25,7 @@ from clef_bridge.bridge.model.clef_model import ClefModel, Timings
 from clef_bridge.bridge.model.loading import load_checked
 from clef_bridge.head.schema import parse_request
 from clef_bridge.tools.bench import ROUTER_QUESTIONS
+
 from tests.deciding import score_batch
 
 WORDS = ("the build failed again after the dependency update so I pinned the version and reran the tests "

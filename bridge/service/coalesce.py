@@ -67,8 +67,8 @@ class Coalescer:
                options: RequestOptions = RequestOptions()) -> Shared:
         """The computation for this body (request: it parsed) and its decoded media (keyed by their bytes' sha256
         digests) in the prefix cache's partition: a cached answer, one in flight, or a new job on the worker
-        (refused while it is busy with options.reject_if_busy: joining an answer that exists or is under way waits behind
-        nothing)."""
+        (refused while it is busy with options.reject_if_busy: joining an answer that exists or is under way waits
+        behind nothing)."""
         key = request_key(worker.name, body, media, options.partition)
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)

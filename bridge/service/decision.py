@@ -21,19 +21,8 @@ from ...head.errors import Problem, RequestInvalid
 from ...head.schema import DecisionRequest, Limits, Question, is_unicode, parse_request
 from ..config.registry import ServerSpec, resolve
 from ..media.decoders import ISOLATED, DecoderPool
-from ..media.request import (
-    AUDIO,
-    FIELDS,
-    IMAGE,
-    VIDEO,
-    DecodeSettings,
-    Extracted,
-    FormPart,
-    Media,
-    decode_kind,
-    extract,
-    refuse_unsupported,
-)
+from ..media.kinds import TABLE, DecodeSettings
+from ..media.request import Extracted, FormPart, Media, decode_kind, extract, refuse_unsupported
 from ..model.worker import InferenceWorker, RequestOptions
 from .coalesce import Coalescer
 from .errors import BodyTooLarge, DeadlineExceeded
@@ -41,10 +30,6 @@ from .errors import BodyTooLarge, DeadlineExceeded
 # a JSON body up to this size is decompressed, parsed, searched for media and validated on the event loop; bigger
 # ones off it
 INLINE_BYTES = 64 * 1024
-# the towers a kind runs in the worker, whose times x_timings reports: stage -> its Timings field (a video's
-# soundtrack goes through the audio tower; 0 for a silent one)
-TOWER_STAGES = {IMAGE: {"vision": "vision"}, AUDIO: {"audio_tower": "audio"},
-                VIDEO: {"vision": "vision", "audio_tower": "audio"}}
 
 
 @dataclass(frozen=True)
@@ -164,8 +149,8 @@ class DecisionService:
         t = scored.timings
         stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
         for kind in media.kinds:  # decoding here (Pillow, PyAV), a tower's time in the worker
-            stages[FIELDS[kind]] = decode_s[kind]
-            for stage, timing in TOWER_STAGES[kind].items():
+            stages[TABLE[kind].field] = decode_s[kind]
+            for stage, timing in TABLE[kind].towers.items():
                 stages[stage] = getattr(t, timing)
         return Decision(name, request.model, scored.answers, scored.input_tokens, stages, t.reused_tokens,
                         t.batch_size, scored.logits)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import openai_decisions, systemone, workers_ai
 from ..context import Door, ErrorShape, Handler, jev_error
 from ..routes import JEV_SHAPE
+from . import openai_decisions, systemone, workers_ai
 
 DOORS: tuple[Door, ...] = (systemone.DOOR, workers_ai.DOOR, openai_decisions.DOOR)
 

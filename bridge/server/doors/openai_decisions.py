@@ -5,9 +5,7 @@ input message list into Clef's state is described in docs/api.md ("OpenAI's Deci
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,7 +16,8 @@ from ....head.answer import Answer, ChoiceAnswer, NoulAnswer
 from ....head.errors import Problem, RequestInvalid, printable
 from ....head.schema import BOX, NO_BOX_HEAD, render
 from ...media.errors import MediaRejected
-from ...media.request import FORMATS, UnsupportedMediaType
+from ...media.kinds import IMAGE, TABLE
+from ...media.request import UnsupportedMediaType, data_url
 from ...model.worker import RequestOptions
 from ...service.decision import Decision
 from ..context import INFO, Door, json_response
@@ -33,7 +32,6 @@ PARTS = {"user": {"input_text", "input_image", "input_json"}, "developer": {"inp
          "system": {"input_text"}, "assistant": {"output_text", "refusal"},
          "tool_output": {"input_text", "input_image"}, "instructions": {"input_text", "input_image", "input_json"}}
 CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
-_DATA_URL = re.compile(r"data:image/([A-Za-z0-9.+-]+)((?:;[^,;]*)*),", re.ASCII)
 # An OpenAI answer's status -> its error type (the SDK reads `type`); other 4xx are invalid requests
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                429: "rate_limit_error"}
@@ -112,15 +110,15 @@ class _Images:
             self.problems.add(loc + ("image_url",), "is a URL; clef-bridge fetches nothing: send the image as a "
                               "base64 data URL (data:image/png;base64,...)", "image_url_not_supported")
             return None
-        match = _DATA_URL.match(url)
-        fmt = match.group(1).lower() if match else ""
-        if match is None or "base64" not in match.group(2).split(";") or fmt not in FORMATS:
+        parsed = data_url(url)
+        fmt = parsed.media_type.removeprefix("image/") if parsed and parsed.media_type.startswith("image/") else ""
+        if parsed is None or not parsed.base64 or fmt not in TABLE[IMAGE].formats:
             self.problems.add(loc + ("image_url",), "must be a base64 data URL of a PNG, JPEG or WebP image "
                               "(data:image/png;base64,...)", "invalid_image_url")
             return None
-        digest = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        name = f"<image:{digest}:{len(self.assets)}>"  # any name reads the same: the prompt has "[image N]" there
-        self.assets[name] = {"type": "image", "format": fmt, "data_base64": url[match.end():]}
+        # any name reads the same: the prompt has "[image N]" there; the service decodes and hashes the bytes once
+        name = f"<input_image {len(self.assets)}>"
+        self.assets[name] = {"type": "image", "format": fmt, "data_base64": url[parsed.start:]}
         self.locs[("body", "assets", name)] = ("body",) + loc + ("image_url",)
         return name
 
