@@ -33,6 +33,14 @@ KINDS = tuple(TABLE)  # the prompt's order of kinds: images, audio clips, then v
 FIELDS = {kind: row.field for kind, row in TABLE.items()}  # each kind's body field and decode stage
 MARKERS = {kind: f"[{kind} {{}}]" for kind in KINDS}
 MARKER = MARKERS[IMAGE]
+
+
+def _or(words: list[str], last: str = " or ") -> str:
+    return ", ".join(words[:-1]) + last + words[-1]
+
+
+_TYPES = _or([f'"{kind}"' for kind in KINDS])  # "image", "audio" or "video"
+_FIELDS_TEXT = _or([f"`{row.field}`" for row in TABLE.values()], " and ")  # `images`, `audio` and `videos`
 _SPACE = re.compile(rb"\s+")
 _DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.ASCII | re.IGNORECASE)
 DATA_URL_HEAD = 1024  # a data: URL's media type and parameters come within this many characters of its start
@@ -212,19 +220,18 @@ def data_url(text: str) -> DataUrl | None:
 def _kind(asset: Any) -> str:
     """The medium an asset claims to be (images by default, as the Jev API's `type` is optional)."""
     kind = asset.get("type") if isinstance(asset, dict) else None
-    return kind if kind in (AUDIO, VIDEO) else IMAGE
+    return kind if kind in TABLE else IMAGE
 
 
 def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: set[str], media: dict[str, _Medium],
            problems: _Problems) -> bytes | None:
     loc = ("body", "assets", name)
     if not isinstance(asset, dict):
-        problems.add(loc, "an asset must be an object: {\"type\": \"image\", \"audio\" or \"video\", \"format\", "
-                          "\"data_base64\"} "
+        problems.add(loc, f"an asset must be an object: {{\"type\": {_TYPES}, \"format\", \"data_base64\"}} "
                           f"or, in a {FORM} request, {{\"type\", \"part\"}}", "type_error")
         return None
     if asset.get("type") not in (*KINDS, None):
-        problems.add(loc + ("type",), f"type must be \"image\", \"audio\" or \"video\", got {asset.get('type')!r}")
+        problems.add(loc + ("type",), f"type must be {_TYPES}, got {asset.get('type')!r}")
         return None
     medium = media[_kind(asset)]
     part = asset.get("part")
@@ -321,7 +328,7 @@ def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
     assets = body.get("assets")
     lists = {kind: body.get(m.field) for kind, m in media.items()}
     if assets and any(lists.values()):
-        problems.add(("body",), "send media in `images`, `audio` and `videos` or in `assets`, not both")
+        problems.add(("body",), f"send media in {_FIELDS_TEXT} or in `assets`, not both")
     for kind, value in lists.items():
         if value is not None and not isinstance(value, list):
             problems.add(("body", media[kind].field), f"{media[kind].field} must be an array of data: URLs, base64 "
@@ -390,8 +397,8 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
     if errors:
         raise combined(errors)
     if parts is not None and not any(found.values()):
-        raise UnsupportedMediaType(f"a {FORM} body carries images, audio or videos; send a request without them as "
-                                   "application/json")
+        raise UnsupportedMediaType(f"a {FORM} body carries {_or(list(FIELDS.values()))}; send a request without "
+                                   "them as application/json")
     return Extracted(text, found_media(found), inline)
 
 
