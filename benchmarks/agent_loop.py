@@ -26,6 +26,8 @@ from clef_bridge.bridge.model.loading import load_checked
 from clef_bridge.head.schema import parse_request
 from clef_bridge.tools.bench import ROUTER_QUESTIONS
 
+from tests.deciding import score_batch
+
 WORDS = ("the build failed again after the dependency update so I pinned the version and reran the tests "
          "which now pass except one flaky integration check that times out when the staging database is "
          "slow; the customer asked whether the export can run nightly and whether the dashboard numbers "
@@ -91,7 +93,7 @@ def message(rng: np.random.Generator, model: ClefModel, tokens: int) -> str:
 
 def _timed(model: ClefModel, body: dict) -> tuple[float, Timings]:
     t0 = time.perf_counter()
-    [decision] = model.score_batch([model.prepare(parse_request(body, model.limits))])
+    [decision] = score_batch(model, [model.prepare(parse_request(body, model.limits))])
     return (time.perf_counter() - t0) * 1e3, decision.timings
 
 

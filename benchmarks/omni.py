@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import llama_cpp as lc
 import numpy as np
+from clef_bridge.bridge.llama.native import lc
 
 
 @dataclass
@@ -171,6 +171,7 @@ def latency(repeats: int, threads: int) -> list[dict[str, Any]]:
     from clef_bridge.head.schema import parse_request
 
     from tests import fixturegen, fixturegen_omni
+    from tests.deciding import score_batch
     from tests.fixturegen_vision import encoded, picture
     from tests.omni_cases import cases, tone
 
@@ -194,7 +195,7 @@ def latency(repeats: int, threads: int) -> list[dict[str, Any]]:
             for _ in range(repeats + 1):  # the first is a warm-up
                 t0 = time.perf_counter()
                 media = Media({IMAGE: tuple(images), AUDIO: tuple(audio)})
-                decision = model.score_batch([model.prepare(parse_request(body, model.limits), media)])[0]
+                decision = score_batch(model, [model.prepare(parse_request(body, model.limits), media)])[0]
                 runs.append((time.perf_counter() - t0, decision))
             seconds, best = min(runs[1:], key=lambda r: r[0])
             t = best.timings  # the best run's stages

@@ -1,4 +1,5 @@
-"""From option logits to System One answers (the reference's systemone_answer, plus options)."""
+"""From option logits to typed answers, and System One's shape of them (the reference's systemone_answer, plus
+options)."""
 
 from __future__ import annotations
 
@@ -53,29 +54,62 @@ def jev_score_confidence(p: np.ndarray) -> float:
     return float(max(0.0, 1 - (p * np.abs(levels - p.argmax())).sum() / spread))
 
 
-def answer(question: Question, probabilities: np.ndarray, confidence: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class NoulAnswer:
+    id: str
+    probability: float  # of "true", rounded to 4 decimals
+
+
+@dataclass(frozen=True)
+class ChoiceAnswer:
+    id: str
+    choice: str  # the most probable option, the first in request order on a tie
+    confidence: float
+    probabilities: tuple[tuple[str, float], ...]  # (option id, p) in the request's order
+
+
+@dataclass(frozen=True)
+class ScoreAnswer:
+    id: str
+    score: float  # the expected level, levels counted from 0
+    confidence: float
+    legend: tuple[tuple[str, Any], ...]  # (level "0", "1", ..., its description) lowest first
+    probabilities: tuple[tuple[str, float], ...]  # (level, p) lowest first
+
+
+Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer  # one question's, rounded: what every front door renders
+
+
+def answer(question: Question, probabilities: np.ndarray, confidence: str) -> Answer:
     """probabilities: [n_options] in prompt order (question.options)."""
     by_id = {oid: float(p) for (oid, _), p in zip(question.options, probabilities)}
     if question.type == "noul":
-        return {"type": "noul", "noul": round(by_id["true"], 4)}
+        return NoulAnswer(question.id, round(by_id["true"], 4))
     ordered = np.array([by_id[k] for k in question.answer_keys])  # [n] in answer order
+    rounded = tuple((k, round(by_id[k], 4)) for k in question.answer_keys)
     if question.type == "choice":
         best = question.answer_keys[int(ordered.argmax())]  # first maximum in request order, as the reference
         conf = by_id[best] if confidence == "reference" else jev_choice_confidence(ordered)
-        return {
-            "type": "choice",
-            "choice": best,
-            "confidence": round(conf, 4),
-            "probabilities": {k: round(by_id[k], 4) for k in question.answer_keys},
-        }
+        return ChoiceAnswer(question.id, best, round(conf, 4), rounded)
     conf = float(ordered.max()) if confidence == "reference" else jev_score_confidence(ordered)
-    return {
-        "type": "score",
-        "score": round(float(sum(i * p for i, p in enumerate(ordered))), 4),
-        "confidence": round(conf, 4),
-        "legend": {k: d for k, d in question.options},
-        "probabilities": {k: round(by_id[k], 4) for k in question.answer_keys},
-    }
+    return ScoreAnswer(question.id, round(float(sum(i * p for i, p in enumerate(ordered))), 4), round(conf, 4),
+                       question.options, rounded)
+
+
+def systemone_answer(a: Answer) -> dict[str, Any]:
+    """An answer in System One's shape (the reference's systemone_answer; Jev's and Workers AI's answers)."""
+    if isinstance(a, NoulAnswer):
+        return {"type": "noul", "noul": a.probability}
+    if isinstance(a, ChoiceAnswer):
+        return {"type": "choice", "choice": a.choice, "confidence": a.confidence,
+                "probabilities": dict(a.probabilities)}
+    return {"type": "score", "score": a.score, "confidence": a.confidence, "legend": dict(a.legend),
+            "probabilities": dict(a.probabilities)}
+
+
+def systemone_answers(answers: tuple[Answer, ...]) -> dict[str, dict[str, Any]]:
+    """System One's `answers`: each question's answer by its id, in the request's order."""
+    return {a.id: systemone_answer(a) for a in answers}
 
 
 def probabilities(request: DecisionRequest, logits: np.ndarray, offsets: np.ndarray,
@@ -92,7 +126,7 @@ def probabilities(request: DecisionRequest, logits: np.ndarray, offsets: np.ndar
 
 
 def answers(request: DecisionRequest, logits: np.ndarray, offsets: np.ndarray,
-            options: AnswerOptions = AnswerOptions()) -> dict[str, dict[str, Any]]:
-    """The answer of each question (rounded to 4 decimals), keyed by question id."""
-    return {q.id: answer(q, p, options.confidence)
-            for q, p in zip(request.questions, probabilities(request, logits, offsets, options))}
+            options: AnswerOptions = AnswerOptions()) -> tuple[Answer, ...]:
+    """The answer of each question (rounded to 4 decimals), in the request's order."""
+    return tuple(answer(q, p, options.confidence)
+                 for q, p in zip(request.questions, probabilities(request, logits, offsets, options)))

@@ -227,11 +227,6 @@ def store_matrices(flat: dict[str, np.ndarray], dtype: str, path: str | Path = "
     return out
 
 
-def load_params(path: str | Path, cfg: HeadConfig, xp: Any = np, dtype: str = "f32") -> dict[str, Any]:
-    """The head's parameters as a nested dict of arrays on the array module xp (matrices stored in dtype)."""
-    return params_from(load_state_dict(path, cfg), xp, dtype, path)
-
-
 def params_from(flat: dict[str, np.ndarray], xp: Any = np, dtype: str = "f32",
                 source: str | Path = "") -> dict[str, Any]:
     """A flat torch-named state dict as the nested parameters the head's functions unpack, on xp."""

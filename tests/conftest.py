@@ -3,6 +3,7 @@ check that every test carries exactly one level marker (unit, integration or slo
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,25 @@ from clef_bridge.bridge.config.registry import ModelSpec, model_spec
 from . import fixturegen, fixturegen_omni
 
 LEVELS = ("unit", "integration", "slow")
+
+
+def file_level(path: Path) -> str | None:
+    """The level a test file's module-level `pytestmark` sets (read, not imported); None without one."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets):
+            marks = [m for m in ast.walk(node.value) if isinstance(m, ast.Attribute) and m.attr in LEVELS]
+            return marks[0].attr if len(marks) == 1 else None
+    return None
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """Under `-m unit`, leave unimported the files of another level: none holds a unit test (a test has exactly
+    one level), and importing them needs llama.cpp, torch and the rest, which the unit loop runs without."""
+    if (config.getoption("markexpr") == "unit" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_")):
+        level = file_level(collection_path)
+        return level is not None and level != "unit" or None
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: an unmarked test must not just vanish from `-m unit`

@@ -16,7 +16,17 @@ from clef_bridge.bridge.config.registry import RegistryError, load_registry
 from clef_bridge.bridge.gguf.clef_format import temperature_key
 from clef_bridge.bridge.gguf.clef_head import read_embedded_head
 from clef_bridge.bridge.model.loading import answer_options
-from clef_bridge.head.answer import AnswerOptions, answer, answers, probabilities, softmax64
+from clef_bridge.head.answer import (
+    AnswerOptions,
+    NoulAnswer,
+    ScoreAnswer,
+    answers,
+    probabilities,
+    softmax64,
+    systemone_answer,
+    systemone_answers,
+)
+from clef_bridge.head.answer import answer as typed_answer
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.schema import parse_request
 
@@ -114,7 +124,7 @@ def test_answers_carry_the_tempered_probabilities():
     request = request_with({"noul": [2], "choice": [3, 6], "score": [4, 10]})
     logits, offsets, parsed = logits_for(request, seed=3)
     temps = {"noul": 0.5, "choice.3_5": 0.3, "choice": 2.0, "score": 0.45, "score.6_10": 4.0}
-    served = answers(parsed, logits, offsets, AnswerOptions(temperature=temps))
+    served = systemone_answers(answers(parsed, logits, offsets, AnswerOptions(temperature=temps)))
     for q, start in zip(parsed.questions, offsets):
         n = len(q.options)
         p = exact_softmax(logits[start:start + n], expected_t(temps, q.type, n))
@@ -129,9 +139,15 @@ def question(body: dict):
     return parse_request({"model": "m", "state": "s", "questions": {"q": body}}).questions[0]
 
 
+def answer(q, p: np.ndarray, confidence: str) -> dict:
+    """The typed answer in System One's shape, as Jev's and Workers AI's doors serve it."""
+    return systemone_answer(typed_answer(q, p, confidence))
+
+
 def test_noul_answer():
-    assert answer(question({"type": "noul"}), np.array([0.83337, 0.16663]), "reference") == \
-        {"type": "noul", "noul": 0.8334}
+    q = question({"type": "noul"})
+    assert typed_answer(q, np.array([0.83337, 0.16663]), "reference") == NoulAnswer("q", 0.8334)
+    assert answer(q, np.array([0.83337, 0.16663]), "reference") == {"type": "noul", "noul": 0.8334}
 
 
 def test_choice_answer_in_request_order_with_reference_and_jev_confidence():
@@ -163,6 +179,9 @@ def test_score_answer_expected_level_and_confidences():
         "type": "score", "score": 1.95, "confidence": 0.6,
         "legend": {"0": "bad", "1": "fair", "2": "good", "3": "great"},
         "probabilities": {"0": 0.05, "1": 0.15, "2": 0.6, "3": 0.2}}
+    assert typed_answer(q, p, "reference") == ScoreAnswer(
+        "q", 1.95, 0.6, (("0", "bad"), ("1", "fair"), ("2", "good"), ("3", "great")),
+        (("0", 0.05), ("1", 0.15), ("2", 0.6), ("3", 0.2)))
     # TypeSafe: mode 2, D = mean |i - 1.5| = 1, sum p_i |i - 2| = 0.1 + 0.15 + 0.2 = 0.45 -> 1 - 0.45 = 0.55
     assert answer(q, p, "jev")["confidence"] == 0.55
     # spread over both ends: 1 - (0.5 * 3) / 1 < 0 -> 0

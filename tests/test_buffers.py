@@ -1,10 +1,10 @@
-"""bridge/llama/buffers.py: which tensors `--n-cpu-moe N` keeps in host memory, and the override array for it."""
+"""bridge/llama/buffers.py: which tensors `--n-cpu-moe N` keeps in host memory (the override array, which needs
+llama.cpp's library, is tests/test_buffers_llama.py's)."""
 
 from __future__ import annotations
 
 import re
 
-import llama_cpp as lc
 import pytest
 from clef_bridge.bridge.llama.buffers import cpu_experts, expert_pattern, is_expert_tensor, overridden
 
@@ -39,17 +39,6 @@ def test_no_blocks_means_no_overrides_and_unresolved_counts_are_refused():
             cpu_experts(bad)
     with pytest.raises(ValueError, match="0 or more"):
         cpu_experts(-1)
-
-
-def test_the_override_array_points_at_the_cpu_buffer_type_and_ends_in_null():
-    overrides = cpu_experts(3)
-    assert overrides.patterns == (expert_pattern(3).encode(),)
-    first, last = overrides.array
-    assert first.pattern == overrides.patterns[0] and first.buft
-    assert last.pattern is None and not last.buft  # the terminator
-    mparams = lc.llama_model_default_params()
-    overrides.apply(mparams)
-    assert mparams.tensor_buft_overrides  # set
 
 
 def test_the_load_log_tells_where_each_tensor_went():

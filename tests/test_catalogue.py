@@ -151,7 +151,7 @@ def test_the_demo_and_the_tools_derive():
 
 def test_inline_bytes_is_written_once():
     """One module assigns it (the service's); the server's body reader imports that one."""
-    from clef_bridge.bridge.server import decisions
+    from clef_bridge.bridge.server.doors import decisions
     from clef_bridge.bridge.service import decision
 
     root = Path(__file__).resolve().parent.parent

@@ -12,6 +12,7 @@ import pytest
 from clef_bridge.bridge.model.clef_model import Scored, Timings
 from clef_bridge.bridge.model.worker import InferenceWorker, WorkerStopped
 from clef_bridge.bridge.service.coalesce import Coalescer
+from clef_bridge.head.answer import NoulAnswer
 from clef_bridge.head.schema import parse_request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -54,7 +55,7 @@ class GatedModel:
     def score(self, item):
         if item.request.state == "fail-head":
             raise ModelFault("head")
-        return Scored({"state": item.request.state}, 3, Timings(0, 0, 0, 1, 0), ())
+        return Scored((NoulAnswer(item.request.state, 0.5),), 3, Timings(0, 0, 0, 1, 0), ())  # id: whose answer
 
 
 # one step of a client session: (what, argument)
@@ -76,7 +77,7 @@ async def client(coalescer: Coalescer, worker: InferenceWorker, state: str, dead
         scored = await asyncio.wait_for(asyncio.shield(shared.future), deadline)
     finally:
         shared.leave()
-    return scored.response
+    return {"state": scored.answers[0].id}
 
 
 async def settle(worker: InferenceWorker) -> None:
@@ -227,7 +228,7 @@ def test_jobs_still_queued_when_the_prefill_thread_dies_answer_worker_stopped():
         await settle_until(lambda: worker.depth == 0)  # taken: the first round waits at the gate
         queued = worker.submit(parse_request(body("b"))).future
         model.gate.set()
-        assert (await asyncio.wait_for(first, 5)).response == {"state": "a"}
+        assert (await asyncio.wait_for(first, 5)).answers[0].id == "a"
         with pytest.raises(WorkerStopped):
             await asyncio.wait_for(queued, 5)
         with pytest.raises(WorkerStopped):

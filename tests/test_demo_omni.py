@@ -315,6 +315,9 @@ def test_serve_without_models_toml_answers_clef_omni_with_images_and_audio(tmp_p
     text_tokens = text.json()["result"]["usage"]["input_tokens"]
     assert video.json()["result"]["usage"]["input_tokens"] > text_tokens + 2 * 4  # two frames' tokens at least
     assert video.json()["result"]["answers"] != text.json()["result"]["answers"]
+    timed = both.json()["result"]["x_timings"], video.json()["result"]["x_timings"]
+    assert all(t["vision_ms"] > 0 and t["audio_tower_ms"] > 0 for t in timed)  # the towers' own times, a soundtrack's
+    assert "audio_tower_ms" not in text.json()["result"]["x_timings"]
     assert both.json()["result"]["model"] == "clef-omni" and both.headers["x-clef-demo"] == "random-weights"
     assert [w for w in both.json()["result"]["x_warnings"] if "RANDOM weights" in w and "pull clef-omni" in w]
     image = ImageGeometry(32, 64 * 32 * 32, 1024 * 32 * 32).tokens(320, 256)  # Qwen3-Omni's image sizes

@@ -1,4 +1,4 @@
-"""bridge/server/doors.py and context.py: every API shape is one Door whose routes, handlers, error shape and
+"""bridge/server/doors/__init__.py and context.py: every API shape is one Door whose routes, handlers, error shape and
 OpenAPI paths agree with the route table; the error shapes' bodies."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from clef_bridge.bridge.server.app import HANDLERS
 from clef_bridge.bridge.server.context import Door, jev_error
 from clef_bridge.bridge.server.doors import DOORS, ERROR_SHAPES, openapi_paths
+from clef_bridge.bridge.server.doors.workers_ai import workers_ai_error
 from clef_bridge.bridge.server.openapi import _errors
 from clef_bridge.bridge.server.routes import JEV_SHAPE, PATHS, ROUTES, SHAPES, WORKERS_AI_SHAPE
-from clef_bridge.bridge.server.workers_ai import workers_ai_error
 from clef_bridge.head.errors import Problem, RequestInvalid
 
 pytestmark = pytest.mark.unit

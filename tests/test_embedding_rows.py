@@ -10,7 +10,7 @@ from gguf import GGUFWriter
 
 from . import ggml_oracle
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # its oracle, llama.cpp's own quantizer (tests/ggml_oracle.py), needs the library
 
 N_VOCAB, N_EMBD = 300, 512  # K-quants need rows that are a multiple of 256 wide
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from clef_bridge.bridge.model.clef_model import ClefModel
-from clef_bridge.head.answer import answers
+from clef_bridge.head.answer import answers, systemone_answers
 
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
@@ -73,8 +73,9 @@ def our_probabilities(model: ClefModel, request, with_answers: bool = False):
         z = np.exp(logits[s:e] - logits[s:e].max())
         probs.append(z / z.sum())
     if with_answers:
-        return prepared.encoded, probs, answers(prepared.request, logits, prepared.encoded.layout.option_offsets,
-                                                model.answer_options)
+        return prepared.encoded, probs, systemone_answers(answers(prepared.request, logits,
+                                                                  prepared.encoded.layout.option_offsets,
+                                                                  model.answer_options))
     return prepared.encoded, probs
 
 

@@ -22,7 +22,7 @@ from clef_bridge.tools.cli import main
 
 from .conftest import open_spec, tiny_spec
 from .corpus import varied_requests
-from .deciding import prepare, respond
+from .deciding import prepare, respond, systemone
 from .serverkit import RunningServer, registry_for
 from .strictcupy import StrictCuPy
 from .test_worker import run_worker
@@ -95,7 +95,7 @@ def test_the_worker_runs_on_the_stand_in(on_device, tiny_model, overlap):
     xp.transfer_threads.clear()
     decisions = run_worker(model, REQUESTS, overlap)
     for decision, request in zip(decisions, REQUESTS):
-        assert_close(decision.response, respond(tiny_model, request))
+        assert_close(systemone(decision, request), respond(tiny_model, request))
     assert max(d.timings.batch_size for d in decisions) > 1
     head_thread = f"clef-head-{model.name}" if overlap else f"clef-prefill-{model.name}"
     assert xp.transfer_threads == {head_thread}  # the head's uploads and downloads ran in the thread meant to
@@ -106,7 +106,7 @@ def test_hidden_states_are_read_after_an_explicit_synchronize(fx, monkeypatch):
     calls = []
     sync, read = llama_cpp.llama_synchronize, backbone_module.lc_ext.llama_get_embeddings_nextn
     monkeypatch.setattr(llama_cpp, "llama_synchronize", lambda ctx: (calls.append("sync"), sync(ctx))[1])
-    monkeypatch.setattr(backbone_module.lc_ext, "llama_get_embeddings_nextn",
+    monkeypatch.setattr(backbone_module.lc_ext.load(), "llama_get_embeddings_nextn",
                         lambda ctx: (calls.append("read"), read(ctx))[1])
     given = []
 

@@ -9,7 +9,14 @@ import pytest
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.errors import HeadConfigError, HeadWeightsError
 from clef_bridge.head.model import array_module, joint_schema_head
-from clef_bridge.head.weights import load_params, save_state_dict, store_matrices, stored_bytes, unflatten
+from clef_bridge.head.weights import (
+    load_state_dict,
+    params_from,
+    save_state_dict,
+    store_matrices,
+    stored_bytes,
+    unflatten,
+)
 
 from .randomhead import CLEF_FLASH_HEAD, random_inputs, random_layout, random_state_dict
 from .strictcupy import IMPLICIT, StrictCuPy
@@ -18,6 +25,11 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = 1e-5  # the stand-in computes with numpy: only the order of float32 sums may differ
 TINY = HeadConfig(hidden_size=64, width=32, routing_layers=1, layers=1, heads=2, feedforward=64)
+
+
+def load_params(path, cfg: HeadConfig, xp=np, dtype: str = "f32"):
+    """The head's parameters from its file, on xp, as loading reads them (its strict reader, then params_from)."""
+    return params_from(load_state_dict(path, cfg), xp, dtype, path)
 
 
 def device_params(xp, flat):

@@ -1,5 +1,6 @@
 """bridge/llama/log.py: llama.cpp's one log callback, quiet but for errors unless verbose, and capturable.
-The callback is called here as llama.cpp would call it (level, bytes); nothing is loaded."""
+The callback's function is called here as llama.cpp would call it (level, bytes); nothing is loaded (installing
+it, which needs llama.cpp's library, is tests/test_native_llama.py's)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def quiet(monkeypatch):
 
 
 def say(level: int, text: str) -> None:
-    log._callback(level, text.encode(), None)
+    log._write(level, text.encode(), None)
 
 
 def test_only_errors_reach_stderr_when_quiet(quiet, capsys):
@@ -56,13 +57,5 @@ def test_capture_collects_every_level_while_the_block_runs(quiet, capsys):
 
 def test_undecodable_bytes_are_replaced_not_raised(quiet):
     with log.capture() as lines:
-        log._callback(log.INFO, b"caf\xc3 \xff\n", None)
+        log._write(log.INFO, b"caf\xc3 \xff\n", None)
     assert lines == ["caf\ufffd \ufffd\n"]
-
-
-def test_install_routes_llama_cpps_log_here_with_the_verbosity(monkeypatch):
-    calls = []
-    monkeypatch.setattr(log.lc, "llama_log_set", lambda callback, user: calls.append(callback))
-    monkeypatch.setattr(log._SINK, "verbose", False)
-    log.install(verbose=True)
-    assert calls == [log._callback] and log._SINK.verbose is True

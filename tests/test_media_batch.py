@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.llama.media_batch import MediaBatch, MediaChunk
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # fills llama-cpp-python's llama_batch struct: needs its library
 
 
 def read(pointer, n: int) -> list:

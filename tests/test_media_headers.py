@@ -11,7 +11,7 @@ import base64
 import struct
 
 import pytest
-from clef_bridge.bridge.media import audio, request
+from clef_bridge.bridge.media import audio, kinds, request
 from clef_bridge.bridge.media.audio import (
     MAX_CHANNELS,
     MAX_ID3_TAGS,
@@ -194,12 +194,12 @@ def test_an_mp3_without_a_lame_tag_may_decode_its_delay_and_padding():
 
 def test_the_jpeg_marker_walk_is_bounded():
     frame = b"\xff\xc0\x00\x11\x08\x00\x20\x00\x28\x03" + bytes(9)  # SOF0: 40x32, 3 components
-    assert request.sniff(b"\xff\xd8" + b"\xff\xfe\x00\x02" * (MAX_JPEG_MARKERS - 1) + frame, LOC).width == 40
+    assert kinds.sniff(b"\xff\xd8" + b"\xff\xfe\x00\x02" * (MAX_JPEG_MARKERS - 1) + frame, LOC).width == 40
     for data in (b"\xff\xd8" + b"\xff\xfe\x00\x02" * MAX_JPEG_MARKERS + frame,  # empty comments
                  b"\xff\xd8\xff" + b"\xff" * (4 * 2**20 - 8) + frame,  # fill bytes
                  b"\xff\xd8" + b"\xff\xd0" * 2**20 + frame):  # restart markers
         with pytest.raises(ImageRejected, match=f"more than {MAX_JPEG_MARKERS} markers") as caught:
-            request.sniff(data, LOC)
+            kinds.sniff(data, LOC)
         assert caught.value.problems[0].type == "value_error.image.markers"
 
 
@@ -211,7 +211,7 @@ def _multipart_body(kind: str) -> dict:
 def test_a_parts_size_is_checked_before_anything_parses_it(monkeypatch):
     parsed = []
     monkeypatch.setattr(audio, "_frame", lambda data, at: parsed.append(at))
-    monkeypatch.setattr(request, "sniff", lambda data, loc: parsed.append(loc))
+    monkeypatch.setattr(kinds, "sniff", lambda data, loc: parsed.append(loc))
     part = TINY_FRAME * (9 * 2**20 // 24)  # 9 MiB, over max_audio_bytes (and the 55 MB scan)
     with pytest.raises(AudioTooLarge, match=r"holds 9437184 bytes of audio; the limit is 8388608 bytes per audio "
                                             r"clip \(max_audio_bytes\)") as caught:

@@ -17,10 +17,10 @@ from clef_bridge.bridge.server.app import banner
 from clef_bridge.bridge.server.appstate import KEYS, METRICS, NAMES, SERVED
 from clef_bridge.bridge.server.auth import ApiKeys
 from clef_bridge.bridge.server.context import INFO, EscapedArgs
+from clef_bridge.bridge.server.doors.workers_ai import WORKERS_AI_CODES
 from clef_bridge.bridge.server.errors import ANSWERS
 from clef_bridge.bridge.server.middleware import REQUEST_ID_HEADER, SERVER_NAME, ProtocolLog, error_body
 from clef_bridge.bridge.server.prometheus import create_metrics
-from clef_bridge.bridge.server.workers_ai import WORKERS_AI_CODES
 from clef_bridge.head.errors import Category, ClefError, Problem, RequestInvalid
 
 from .servertiny import access_lines, body, call, capture_access, tiny_app

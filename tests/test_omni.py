@@ -26,10 +26,11 @@ from clef_bridge.bridge.media.audio_tower import AudioTower, audio_tokens
 from clef_bridge.bridge.media.images import decode, sniff
 from clef_bridge.bridge.media.request import AUDIO, IMAGE, Media, refuse_unsupported
 from clef_bridge.bridge.model.loading import load_checked, reference_spec
+from clef_bridge.head.answer import systemone_answers
 from clef_bridge.head.errors import RequestInvalid
 
 from . import fixturegen_omni, fixturegen_vision
-from .deciding import prepare
+from .deciding import prepare, score_batch, systemone
 from .omni_cases import answer_probabilities, answer_problems, cases, max_dp, probabilities, tone
 
 pytestmark = pytest.mark.slow
@@ -70,14 +71,14 @@ def test_answers_equal_the_reference(omni, omni_oracle, name):
                           audio=list(case.audio)))
     prepared, item, decision = ours(omni, case)
     assert prepared.encoded.input_ids.tolist() == ref.input_ids  # so usage.input_tokens is equal too
-    assert decision.response["usage"] == ref.answer["usage"] == {"input_tokens": len(ref.input_ids),
-                                                                 "output_tokens": 0}
+    response = systemone(decision, case.body)
+    assert response["usage"] == ref.answer["usage"] == {"input_tokens": len(ref.input_ids), "output_tokens": 0}
     tol = TOLERANCE[case.medium]
     dp = max_dp(probabilities(omni, prepared, item.hidden), ref.probabilities)
     print(f"{name}: {len(ref.input_ids)} tokens, max |dp| {dp:.2e} (tolerance {tol:g})")
     assert dp <= tol
-    assert answer_problems(decision.response["answers"], ref.answer["answers"], ref.probabilities, tol) == []
-    assert decision.response["model"] == ref.answer["model"]
+    assert answer_problems(response["answers"], ref.answer["answers"], ref.probabilities, tol) == []
+    assert response["model"] == ref.answer["model"]
 
 
 def test_hidden_states_of_each_medium(omni, omni_oracle):
@@ -258,16 +259,16 @@ def test_the_prefix_cache_reuses_omni_prefixes(ofx, omni, tmp_path):
         cache = model.backbone.prefix_cache
         assert cache is not None and model.backbone.save_state(0).nbytes == 0
         body = CASES["text_long"].body
-        first = model.score_batch([prepare(model, body)])[0]
-        second = model.score_batch([prepare(model, body)])[0]
+        first = score_batch(model, [prepare(model, body)])[0]
+        second = score_batch(model, [prepare(model, body)])[0]
         grown = dict(body, state={**body["state"], "more": "and the status page says all green"})
-        third = model.score_batch([prepare(model, grown)])[0]
+        third = score_batch(model, [prepare(model, grown)])[0]
         stats = cache.stats()
         assert stats.hits == 2 and second.timings.reused_tokens > 100 and third.timings.reused_tokens > 100
         assert stats.bytes > 0 and stats.cells > 0  # the head's memory rows and the cached KV cells
         for got, request in ((first, body), (second, body), (third, grown)):
-            want = omni.score_batch([prepare(omni, request)])[0].response["answers"]  # no prefix cache
-            assert answer_problems(got.response["answers"], want, answer_probabilities(want), 1e-4) == []
+            want = systemone_answers(score_batch(omni, [prepare(omni, request)])[0].answers)  # no prefix cache
+            assert answer_problems(systemone_answers(got.answers), want, answer_probabilities(want), 1e-4) == []
     finally:
         model.close()
 

@@ -1,4 +1,4 @@
-"""bridge/server/openai_decisions.py without a server: an OpenAI request's System One equivalent (the message
+"""bridge/server/doors/openai_decisions.py without a server: an OpenAI request's System One equivalent (the message
 list's JSON state, typed choice values, levels, images as assets), the answers back in OpenAI's shape, and its
 errors' param and shape."""
 
@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 from clef_bridge.bridge.media.images import ImageTooLarge
-from clef_bridge.bridge.server.openai_decisions import openai_error, param, to_openai, to_systemone
+from clef_bridge.bridge.server.doors.openai_decisions import openai_error, param, to_openai, to_systemone
+from clef_bridge.bridge.service.decision import Decision
+from clef_bridge.head.answer import ChoiceAnswer, ScoreAnswer
 from clef_bridge.head.errors import Problem, RequestInvalid
 from clef_bridge.head.schema import parse_request
 from hypothesis import given, settings
@@ -78,11 +80,10 @@ def test_choices_keep_their_types_and_levels_their_labels():
     assert t.body["questions"] == {
         "c": {"type": "choice", "instructions": "?", "criteria": {"false": None, "x": "d"}},
         "question_1": {"type": "score", "instructions": "?", "criteria": ["lo", {"label": "hi", "description": "h"}]}}
-    response = {"model": "m", "usage": {"input_tokens": 30, "output_tokens": 0}, "x_latency_ms": 1.0, "answers": {
-        "c": {"type": "choice", "choice": "x", "confidence": 0.6, "probabilities": {"false": 0.4, "x": 0.6}},
-        "question_1": {"type": "score", "score": 0.7, "confidence": 0.7, "legend": {"0": "lo", "1": {}},
-                       "probabilities": {"0": 0.3, "1": 0.7}}}}
-    assert to_openai(t, response, 12) == {
+    answers = (ChoiceAnswer("c", "x", 0.6, (("false", 0.4), ("x", 0.6))),
+               ScoreAnswer("question_1", 0.7, 0.7, (("0", "lo"), ("1", {})), (("0", 0.3), ("1", 0.7))))
+    decision = Decision("served-m", "m", answers, 30, {}, reused_tokens=12, batch_size=1)
+    assert to_openai(t, decision, {"x_latency_ms": 1.0}) == {
         "model": "m", "x_latency_ms": 1.0,
         "answers": [{"type": "choice", "name": "c", "choice": "x", "confidence": 0.6,
                      "probabilities": [{"value": False, "probability": 0.4}, {"value": "x", "probability": 0.6}]},

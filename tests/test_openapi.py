@@ -72,16 +72,17 @@ def test_auth_hides_the_served_names_and_marks_the_routes(tmp_path):
 
 
 def test_every_supported_medium_is_described_from_its_own_tables():
-    """A medium's body field, its count limit, its formats and its marker come from bridge/media's tables: a new
+    """A medium's body field, its count limit, its formats and its marker come from bridge/media/kinds.py's table: a new
     medium is described without editing openapi.py."""
-    from clef_bridge.bridge.media.request import FIELDS, MARKERS, MEDIUM_DOCS
+    from clef_bridge.bridge.media.kinds import TABLE
+    from clef_bridge.bridge.media.request import FIELDS, MARKERS
 
     supported = {kind.name for kind in MEDIA_KINDS.values() if kind.supported}
-    assert set(MEDIUM_DOCS) == supported == set(FIELDS)
+    assert set(TABLE) == supported == set(FIELDS)
     spec = schemas(max_images=3, max_audio_clips=2)
     fields = spec["SystemOneRequest"]["properties"]
     assert fields[FIELDS["image"]]["maxItems"] == 3 and fields[FIELDS["audio"]]["maxItems"] == 2
-    for kind, doc in MEDIUM_DOCS.items():
+    for kind, doc in TABLE.items():
         assert fields[FIELDS[kind]]["description"] == doc.description
         assert set(doc.formats) <= set(spec["Asset"]["properties"]["format"]["enum"])
         assert doc.noun in fields["assets"]["description"] and MARKERS[kind].format("N") in fields["assets"][

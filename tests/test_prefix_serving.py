@@ -15,7 +15,7 @@ import pytest
 from clef_bridge.head.answer import softmax64
 
 from .conftest import open_spec, tiny_spec
-from .deciding import prepare, respond
+from .deciding import prepare, respond, score_batch
 from .serverkit import RunningServer, registry_for
 from .test_hardening import faulty_loader
 
@@ -187,7 +187,7 @@ def test_memory_stays_within_the_budget(fx):
         samples, peak = [], 0
         for i in range(50):  # 50 batches of 8 = 400 requests
             batch = [body(conversations[(i * 8 + j) % 100][(i * 8 + j) // 100], "urgent") for j in range(8)]
-            cached.score_batch([prepare(cached, b) for b in batch])
+            score_batch(cached, [prepare(cached, b) for b in batch])
             stats = cached.backbone.prefix_cache.stats()
             peak = max(peak, stats.bytes)
             assert stats.bytes <= stats.max_bytes

@@ -106,7 +106,7 @@ def test_jev_assets_reach_the_model_as_the_references_samples(served, tiny_model
     assert len(heard) == 2 and np.array_equal(heard[0], samples(WAV)) and np.array_equal(heard[1], samples(MP3))
     want = expected(tiny_model, {"call": "[audio 1]", "note": "then [audio 2]"})
     assert strip_extensions(reply.json()) == want
-    assert "audio_ms" in reply.json()["x_timings"]
+    assert {"audio_ms", "audio_tower_ms"} <= set(reply.json()["x_timings"])  # decoding, then the tower
 
 
 def test_workers_ai_audio_data_urls_in_order(served, tiny_model):

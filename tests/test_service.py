@@ -17,15 +17,16 @@ from clef_bridge.bridge.config.registry import ServerSpec, UnknownModel
 from clef_bridge.bridge.media.images import ImageGeometry
 from clef_bridge.bridge.media.request import AUDIO, IMAGE, FormPart, Media
 from clef_bridge.bridge.model.clef_model import Scored, Timings
-from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded
-from clef_bridge.bridge.server.decisions import decision_input
+from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded, RequestOptions
+from clef_bridge.bridge.server.doors.decisions import decision_input
+from clef_bridge.bridge.server.doors.systemone import no_model_warning
 from clef_bridge.bridge.server.multipart import RequestBody
-from clef_bridge.bridge.server.systemone import no_model_warning
 from clef_bridge.bridge.service import decision as service_module
 from clef_bridge.bridge.service.coalesce import Coalescer, request_key
-from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService
+from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService, systemone_body
 from clef_bridge.bridge.service.errors import DeadlineExceeded
 from clef_bridge.bridge.service.local import LocalService
+from clef_bridge.head.answer import NoulAnswer
 from clef_bridge.head.errors import Problem, RequestInvalid
 from clef_bridge.head.schema import DecisionRequest, Limits
 from clef_bridge.tools.drift import drift
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.unit
 
 PNG = encoded(picture(64, 64, seed=3), "PNG")
 WAV = wav(np.zeros(1600, np.float32))
+BUSY_REFUSED = RequestOptions(reject_if_busy=True)
 BODY = {"model": "fake", "state": "a message", "questions": {"urgent": {"type": "noul", "instructions": "Urgent?"}}}
 
 
@@ -72,8 +74,20 @@ class FakeModel:
         request = item.prepared.request
         logits = tuple((q, np.array([0.5, -0.5])) for q in request.questions)
         timings = Timings(0.001, 0.002, 0.003, item.batch_size, 2, vision=0.004 if item.prepared.media.images else 0)
-        return Scored({"model": request.model, "answers": {q.id: {"noul": 0.73} for q in request.questions}},
+        return Scored(tuple(NoulAnswer(q.id, 0.73) for q in request.questions),
                       len(item.prepared.encoded.input_ids), timings, logits)
+
+
+class Joins(list):
+    """The coalescer's record of shared answers, with an event set at each: a test waits for a join, not a time."""
+
+    def __init__(self):
+        super().__init__()
+        self.event = asyncio.Event()
+
+    def append(self, source: str) -> None:
+        super().append(source)
+        self.event.set()
 
 
 def service_for(*models: FakeModel, cache_size: int = 0, shared: list | None = None, max_media_jobs: int = 8,
@@ -101,7 +115,10 @@ def test_a_decision_carries_its_model_answer_tokens_timings_and_logits():
     resolved = []
     decision = run(workers, lambda: service.decide(DecisionInput(BODY, "alias"), resolved.append))
     assert decision.model == "fake" and resolved == ["fake"]  # an alias resolves to the served name
-    assert decision.response == {"model": "fake", "answers": {"urgent": {"noul": 0.73}}}
+    assert decision.requested == "fake" and decision.answers == (NoulAnswer("urgent", 0.73),)  # the body's model
+    # Jev's and Workers AI's shape of it
+    assert systemone_body(decision) == {"model": "fake", "answers": {"urgent": {"type": "noul", "noul": 0.73}},
+                                        "usage": {"input_tokens": 4, "output_tokens": 0}}
     assert decision.input_tokens == 4 and decision.reused_tokens == 2 and decision.batch_size == 1
     assert list(decision.timings) == ["queue", "tokenize", "backbone", "head"]  # text: no media stage
     assert [(q.id, z.tolist()) for q, z in decision.logits] == [("urgent", [0.5, -0.5])]
@@ -186,19 +203,19 @@ def test_media_are_decoded_into_one_value_with_their_digests_and_timed():
 def test_identical_requests_in_flight_share_one_computation():
     gate = threading.Event()
     model = FakeModel(gate=gate)
-    shared: list[str] = []
+    shared = Joins()
     service, workers = service_for(model, shared=shared)
 
     async def main():
         first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
         await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
         second = asyncio.ensure_future(service.decide(DecisionInput(dict(BODY), "fake")))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(shared.event.wait(), 5)  # the second has joined the first's computation
         gate.set()
         return await asyncio.gather(first, second)
 
     a, b = run(workers, main)
-    assert a.response == b.response and len(model.prepared) == 1 and shared == ["in_flight"]
+    assert a.answers == b.answers and len(model.prepared) == 1 and shared == ["in_flight"]
 
 
 def test_a_repeat_is_answered_from_the_cache_and_media_key_it():
@@ -229,21 +246,22 @@ def test_the_key_holds_the_prefix_caches_partition():
 def test_reject_if_busy_refuses_while_the_model_works_but_joins_an_answer_under_way():
     gate = threading.Event()
     model = FakeModel(gate=gate)
-    service, workers = service_for(model)
+    shared = Joins()
+    service, workers = service_for(model, shared=shared)
 
     async def main():
         first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
         await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
         other = {**BODY, "state": "another message"}
         with pytest.raises(Busy):
-            await service.decide(DecisionInput(other, "fake", reject_if_busy=True))
-        joined = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake", reject_if_busy=True)))
-        await asyncio.sleep(0.05)
+            await service.decide(DecisionInput(other, "fake", options=BUSY_REFUSED))
+        joined = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake", options=BUSY_REFUSED)))
+        await asyncio.wait_for(shared.event.wait(), 5)  # it joined the answer under way rather than being refused
         gate.set()
         return await asyncio.gather(first, joined)
 
     a, b = run(workers, main)
-    assert a.response == b.response and len(model.prepared) == 1
+    assert a.answers == b.answers and len(model.prepared) == 1 and shared == ["in_flight"]
 
 
 def test_a_front_doors_contract_is_reported_with_the_bodys_other_problems():
@@ -262,7 +280,7 @@ def test_a_front_doors_contract_is_reported_with_the_bodys_other_problems():
 def test_the_local_service_runs_the_same_path_for_the_tools():
     with LocalService(FakeModel()) as service:
         decision = service.decide({**BODY, "model": "whatever the file says"})
-    assert decision.model == "fake" and decision.response["model"] == "whatever the file says"
+    assert decision.model == "fake" and decision.requested == "whatever the file says"
 
 
 def test_drift_refuses_audio_for_a_model_without_audio_as_the_server_does():
@@ -294,7 +312,7 @@ def test_past_the_deadline_the_request_is_refused_and_its_queued_job_dropped():
 
 def test_the_http_adapters_hand_the_read_body_over_as_it_came():
     body = RequestBody({"state": "s"}, {"p": FormPart("p", "image/png", PNG)}, 1234)
-    call = decision_input(body, {"state": "s", "model": "m"}, "m", reject_if_busy=True)
-    assert (call.body, call.model, call.parts, call.json_bytes, call.reject_if_busy) == (
-        {"state": "s", "model": "m"}, "m", body.parts, 1234, True)
+    call = decision_input(body, {"state": "s", "model": "m"}, "m", options=BUSY_REFUSED)
+    assert (call.body, call.model, call.parts, call.json_bytes, call.options) == (
+        {"state": "s", "model": "m"}, "m", body.parts, 1234, BUSY_REFUSED)
     assert "'jev-latest'" in no_model_warning("jev-latest")

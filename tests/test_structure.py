@@ -1,9 +1,9 @@
 """The house's shape, checked: imports point tools -> bridge -> head, and inside bridge/ from room to
 room only as each room's docstring allows (catalogue < host < gguf < demo < media < llama < config < model <
-server < scale); no
-module imports itself round a cycle (lazy imports inside functions count too); the installed package
-never imports the checkout's tests/ or benchmarks/; no module outgrows 600 lines; every module of bridge/ and head/
-is imported by a test."""
+server < scale); no module imports itself round a cycle (lazy imports inside functions count too); the installed
+package never imports the checkout's tests/ or benchmarks/; no module outgrows 600 lines nor a folder of bridge/ 15
+modules; every module of bridge/ and head/ is imported by a test; llama-cpp-python is imported by
+bridge/llama/native.py alone, so the rest loads without it."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ PACKAGES = ("head", "bridge", "tools")  # installed as clef_bridge.<name>
 LAYERS = ("head", "bridge.catalogue", "bridge.host", "bridge.gguf", "bridge.demo", "bridge.media", "bridge.llama",
           "bridge.config", "bridge.model", "bridge.service", "bridge.server", "bridge.scale", "tools")
 MAX_LINES = 600
+MAX_MODULES = 15  # a folder of bridge/ with more is several rooms: give them folders (as server/doors/)
 
 
 def modules() -> dict[str, Path]:
@@ -130,6 +131,17 @@ def test_modules_stay_within_the_limit():
     assert not long, f"modules over {MAX_LINES} lines (split them along their seams): {long}"
 
 
+def test_folders_stay_within_the_limit():
+    counts: dict[str, int] = {}
+    for name, path in MODULES.items():
+        if name.startswith("bridge"):
+            folder = str(path.parent.relative_to(ROOT))
+            counts[folder] = counts.get(folder, 0) + 1
+    crowded = {folder: n for folder, n in counts.items() if n > MAX_MODULES}
+    assert "bridge/server/doors" in counts and not crowded, \
+        f"folders over {MAX_MODULES} modules (__init__ counted; split them into rooms): {crowded}"
+
+
 def modules_imported_by(path: Path) -> set[str]:
     """The project modules a test file imports by name (`from clef_bridge.x.y import f`, `import clef_bridge.x.y`,
     `from clef_bridge.x import y`), function bodies included; a package alone does not count for its modules."""
@@ -165,3 +177,28 @@ def test_the_test_walker_counts_modules_not_packages(tmp_path):
 def test_every_module_is_imported_by_a_test():
     left = untested(sorted((ROOT / "tests").rglob("test_*.py")))
     assert not left, f"modules no test imports (add tests/test_<module>.py): {left}"
+
+
+NATIVE = "llama_cpp"
+
+
+def native_imports(path: Path) -> list[int]:
+    """Lines of a file that import llama-cpp-python, at module level or inside a function."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == NATIVE for a in node.names)
+            or isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == NATIVE]
+
+
+def test_the_native_walker_sees_every_form(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import llama_cpp as lc\nfrom llama_cpp import mtmd_cpp\nimport numpy\n"
+                      "def f():\n    import llama_cpp._ctypes_extensions\n")
+    assert native_imports(module) == [1, 2, 5]
+
+
+def test_only_the_native_module_imports_llama_cpp():
+    """Importing the registry, the service or the server must not need the native library (`pytest -m unit` runs
+    without it): every other module reaches it through native.py's lazy modules."""
+    found = {name: lines for name, path in MODULES.items()
+             if name != "bridge.llama.native" and (lines := native_imports(path))}
+    assert not found, f"import llama_cpp through bridge/llama/native.py (lc, lc_ext, mtmd, ctypes_ext): {found}"

@@ -10,7 +10,7 @@ import json
 import aiohttp
 import pytest
 from clef_bridge.bridge.server.appstate import SERVED
-from clef_bridge.bridge.server.workers_ai import MAX_BODY_BYTES
+from clef_bridge.bridge.server.doors.workers_ai import MAX_BODY_BYTES
 
 from .conftest import tiny_spec
 from .serverkit import RunningServer, registry_for, slow_loader, strip_extensions
@@ -106,7 +106,8 @@ def test_reject_if_busy_answers_429_with_3040_instead_of_queueing(fx, tmp_path):
                         return resp.status, resp.headers.get("Retry-After"), await resp.json()
 
                 busy = asyncio.create_task(post("first"))
-                await asyncio.sleep(0.4)  # the first request's batch is running
+                started = srv.app[SERVED]["tiny"].worker.model.started  # set once its batch reaches the backbone
+                assert await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
                 queued = asyncio.create_task(post("queued"))  # without the option: waits its turn
                 rejected = await post("in a hurry", options={"rejectIfBusy": True})
                 return rejected, await busy, await queued

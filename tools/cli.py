@@ -85,9 +85,11 @@ def _read_json_file(path: str) -> Any:
 
 
 def _decide(args: argparse.Namespace) -> int:
+    from ..bridge.service.decision import systemone_body
+
     body = _read_json_file(args.request)
     with checked_service(args.models, args.model) as service:
-        response = service.decide(body).response
+        response = systemone_body(service.decide(body))
     print(json.dumps(response, ensure_ascii=False, indent=None if args.compact else 2))
     return EXIT_OK
 
@@ -155,6 +157,7 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from ..bridge.service.decision import systemone_body
     from .evaldata import load_examples
     from .evaluate import build_report, run_http, run_local, write_report
 
@@ -165,7 +168,7 @@ def _eval(args: argparse.Namespace) -> int:
         outcomes = run_http(args.url, examples, args.concurrency, args.api_key)
     else:
         with checked_service(args.models, args.model) as service:
-            outcomes = run_local(lambda body: service.decide(body).response, examples)
+            outcomes = run_local(lambda body: systemone_body(service.decide(body)), examples)
     report = build_report(outcomes)
     if args.out:
         for note in write_report(report, args.out):

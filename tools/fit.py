@@ -23,8 +23,7 @@ from ..bridge.config.registry import model_spec
 from ..bridge.gguf.clef_format import CLEF_ARCH
 from ..bridge.gguf.projector import projector_for, projector_info
 from ..bridge.gguf.reader import GGUFInfo, read_gguf
-from ..bridge.llama.backbone import BackboneOptions
-from ..bridge.llama.prefix_cache import PrefixCacheOptions
+from ..bridge.llama.options import BackboneOptions, PrefixCacheOptions
 from ..head.config import CLEF_FLASH_HEAD, HeadConfig, config_path_for, load_config
 from ..head.errors import Category, ClefError
 from ..head.weights import stored_bytes

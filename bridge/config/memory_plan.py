@@ -25,8 +25,9 @@ from ..gguf.projector import ProjectorInfo, max_image_tokens
 from ..gguf.projector import compute_bytes as vision_compute_bytes
 from ..gguf.reader import GGUFInfo, read_gguf
 from ..host.gpu import GpuMemory, read_gpu
-from ..llama.backbone import BackboneOptions
 from ..llama.buffers import is_expert_tensor
+from ..llama.native import lc
+from ..llama.options import BackboneOptions
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -428,10 +429,8 @@ def placement_for(gguf: Path, options: BackboneOptions, head_bytes: int,
     Call it before this model's head is on the GPU: NVML's free memory then still holds the head,
     which the plan counts once as head_bytes.
     """
-    import llama_cpp
-
     layers, experts = options.n_gpu_layers, options.n_cpu_moe
-    if not llama_cpp.llama_supports_gpu_offload():  # a CPU build: everything is in host memory already
+    if not lc.llama_supports_gpu_offload():  # a CPU build: everything is in host memory already
         return replace(options, n_gpu_layers=0 if layers == "auto" else int(layers),
                        n_cpu_moe=0 if experts == "auto" else int(experts)), []
     gpu = read()

@@ -69,16 +69,6 @@ def arch_preset(name: str, quant: str) -> Arch:
                 ssm_state=dim, ssm_group=kh, ssm_heads=vh, n_ctx_train=262144, tensors=tuple(tensors))
 
 
-def head_params(hidden: int, width: int = 1024, routing: int = 2, layers: int = 4, ff: int = 4096) -> int:
-    """Parameters of JointSchemaHead (121,762,820 at Clef-flash shape)."""
-    attn = 3 * width * width + 3 * width + width * width + width
-    norm = 2 * width
-    evidence = 3 * norm + attn + 2 * width * ff + ff + width
-    decoder = 2 * attn + 2 * width * ff + ff + width + 3 * norm
-    return (3 + 2 * hidden + 6 * hidden * width + 3 * width + routing * evidence + norm + layers * decoder
-            + 2 * norm + 4 * width * width + width + width + 1)
-
-
 def _more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2  # llama.cpp's use_more_bits (llama-quant.cpp)
 

@@ -19,8 +19,7 @@ from ...head.errors import Category, ClefError, Problem, RequestInvalid, did_you
 from ...head.media import AUDIO, IMAGE, VIDEO
 from ...head.schema import Limits
 from ..catalogue.releases import CLOUDFLARE_NAMES, NAMED_BY_ARCHITECTURE
-from ..llama.backbone import BackboneOptions
-from ..llama.prefix_cache import PrefixCacheOptions
+from ..llama.options import BackboneOptions, PrefixCacheOptions
 from ..media.audio import AudioLimits
 from ..media.decoders import DecoderLimits
 from ..media.images import ImageLimits

@@ -16,11 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import llama_cpp as lc
 import numpy as np
 
 from .backbone import Backbone, BackboneError, Tokenizer
 from .media_batch import MediaChunk
+from .native import lc
 from .prefix_cache import CachedPrefill, PrefillRequest
 
 
@@ -94,7 +94,8 @@ class SharedBackbone:
 
 
 class BackboneView:
-    """What a ClefModel holds: the shared backbone, decoding with this model's adapter under the shared lock."""
+    """What a ClefModel holds (a BackboneProtocol): the shared backbone, decoding with this model's adapter under the
+    shared lock."""
 
     def __init__(self, shared: SharedBackbone, name: str, adapter: LoraAdapter | None):
         self.shared, self.name, self.adapter = shared, name, adapter
@@ -103,12 +104,16 @@ class BackboneView:
         self._tokenizer = Tokenizer(base.vocab, base.tokenizer.normalization)
         self.partition = (f"model:{name}",)  # its adapter's KV and its head's payloads are its own
 
-    def __getattr__(self, name: str):  # path, options, n_embd, decode_budget, on_gpu, llama_model, prefix_cache...
-        return getattr(self.shared.backbone, name)
-
-    @property
-    def lora_path(self) -> Path | None:
-        return self.adapter.path if self.adapter is not None else None
+    # the shared backbone's own values (BackboneProtocol's), read through, each named
+    path = property(lambda self: self.shared.backbone.path)
+    options = property(lambda self: self.shared.backbone.options)
+    architecture = property(lambda self: self.shared.backbone.architecture)
+    n_embd = property(lambda self: self.shared.backbone.n_embd)
+    n_embd_inp = property(lambda self: self.shared.backbone.n_embd_inp)
+    decode_budget = property(lambda self: self.shared.backbone.decode_budget)
+    prefix_cache = property(lambda self: self.shared.backbone.prefix_cache)
+    on_gpu = property(lambda self: self.shared.backbone.on_gpu)
+    llama_model = property(lambda self: self.shared.backbone.llama_model)
 
     def tokenize(self, text: str, parse_special: bool) -> list[int]:
         return self._tokenizer.tokenize(text, parse_special)

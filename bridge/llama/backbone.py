@@ -8,12 +8,9 @@ from __future__ import annotations
 import ctypes
 import os
 import unicodedata
-from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp as lc
 import numpy as np
-from llama_cpp import llama_cpp_ext as lc_ext
 
 from ...head.errors import Category, ClefError
 from ..catalogue.architectures import NFC_PRE_TOKENIZERS
@@ -22,7 +19,9 @@ from ..host.gpu import HostRows, host_rows_for
 from . import log as llama_log
 from .buffers import cpu_experts
 from .media_batch import MediaBatch, MediaChunk
-from .prefix_cache import CachedPrefill, PrefillRequest, PrefixCache, PrefixCacheOptions
+from .native import lc, lc_ext
+from .options import BackboneOptions
+from .prefix_cache import CachedPrefill, PrefillRequest, PrefixCache
 
 
 class BackboneError(ClefError):
@@ -38,29 +37,7 @@ class DecodeFailed(BackboneError):
     error_type = "decode_failed"
 
 
-@dataclass(frozen=True)
-class BackboneOptions:
-    n_ctx: int = 16384  # token budget of one llama_decode, all sequences together
-    n_gpu_layers: int | str = -1  # -1: every layer on the GPU when built with one; "auto": resolved by the loader
-    # MoE: the expert tensors of the first N blocks stay in host memory (llama.cpp's --n-cpu-moe N); "auto": the
-    # loader picks the smallest N that fits the GPU (bridge/config/memory_plan.py)
-    n_cpu_moe: int | str = 0
-    n_seq_max: int = 8  # sequences per decode (each hybrid model sequence needs its own recurrent slot)
-    n_ubatch: int = 512
-    n_threads: int = 0  # 0: every core
-    # None: on where layers are offloaded to a GPU, off on the CPU, where llama.cpp's flash attention
-    # rounds through f16 (batched results then differ from one-at-a-time by ~1e-4) and saves little.
-    flash_attn: bool | None = None
-    cpu_repack: bool = False  # llama.cpp's repacked/AMX weight buffers on the CPU (see Backbone.__init__)
-    # llama.cpp runs big batches' ops on CPU-resident weights on the GPU; False with n_gpu_layers 0 keeps a
-    # CUDA build's backbone wholly on the CPU (the reference gpu-check compares the GPU with)
-    op_offload: bool = True
-    verbose: bool = False
-    prefix_cache: PrefixCacheOptions | None = None  # None or max_mb 0: off, each decode starts from empty memory
-    kv_type: str = "f16"  # the KV cache's type: "f32" doubles its memory and drops llama.cpp's f16 rounding of it
-
-
-GGML_KV_TYPES = {name: getattr(lc, f"GGML_TYPE_{name.upper()}") for name in KV_CACHE_DTYPES}
+GGML_KV_TYPES = {name: f"GGML_TYPE_{name.upper()}" for name in KV_CACHE_DTYPES}  # llama_cpp's names
 
 
 # NFC_PRE_TOKENIZERS (the catalogue's): pre-tokenizers whose Hugging Face tokenizer NFC-normalizes text first
@@ -230,7 +207,7 @@ class Backbone:
         cparams.n_threads = cparams.n_threads_batch = threads
         if options.kv_type not in GGML_KV_TYPES:
             raise ValueError(f"kv_type {options.kv_type!r}: use one of {', '.join(GGML_KV_TYPES)}")
-        cparams.type_k = cparams.type_v = GGML_KV_TYPES[options.kv_type]
+        cparams.type_k = cparams.type_v = getattr(lc, GGML_KV_TYPES[options.kv_type])
         self._configure_context(cparams)
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:

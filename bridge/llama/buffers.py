@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import llama_cpp as lc
-from llama_cpp._ctypes_extensions import load_shared_library
+from .native import ctypes_ext, lc
 
 # llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h): the stacked expert matrices of a MoE block
 EXPERT_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -40,7 +39,7 @@ def expert_pattern(n_layers: int) -> str:
 @cache
 def _cpu_buffer_type() -> int:
     """ggml_backend_cpu_buffer_type() of the ggml inside llama-cpp-python (libggml-base)."""
-    lib = load_shared_library("ggml-base", Path(lc.__file__).parent / "lib")
+    lib = ctypes_ext.load_shared_library("ggml-base", Path(lc.load().__file__).parent / "lib")
     lib.ggml_backend_cpu_buffer_type.argtypes = []
     lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
     return lib.ggml_backend_cpu_buffer_type()
@@ -53,7 +52,7 @@ class BufferOverrides:
     patterns: tuple[bytes, ...]
     array: ctypes.Array
 
-    def apply(self, mparams: lc.llama_model_params) -> None:
+    def apply(self, mparams) -> None:
         mparams.tensor_buft_overrides = ctypes.cast(self.array, ctypes.c_void_p)
 
 

@@ -7,12 +7,13 @@ to; `capture()` lets the memory planner read what llama.cpp itself reports about
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-import llama_cpp as lc
+from .native import lc, mtmd
 
 ERROR, WARN, INFO, CONT = 4, 3, 2, 5  # ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
 
@@ -38,23 +39,26 @@ class _Sink:
 _SINK = _Sink()
 
 
-@lc.llama_log_callback
-def _callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+def _write(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     _SINK.write(level, text.decode("utf-8", "replace"))
+
+
+@functools.cache
+def _callback():
+    """The C callback over _write, made once: llama.cpp keeps its pointer for the process's life."""
+    return lc.llama_log_callback(_write)
 
 
 def install(verbose: bool = False) -> None:
     """Route llama.cpp's log here (errors always shown; info and warnings when verbose)."""
     _SINK.verbose = verbose
-    lc.llama_log_set(_callback, ctypes.c_void_p(0))
+    lc.llama_log_set(_callback(), ctypes.c_void_p(0))
 
 
 def install_mtmd(verbose: bool = False) -> None:
     """Route the multimodal projector library's log (mtmd keeps its own callback) to the same sink."""
-    from llama_cpp import mtmd_cpp
-
     install(verbose)
-    mtmd_cpp.mtmd_helper_log_set(_callback, ctypes.c_void_p(0))
+    mtmd.mtmd_helper_log_set(_callback(), ctypes.c_void_p(0))
 
 
 @contextmanager

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-import llama_cpp as lc
 import numpy as np
+
+from .native import lc
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,13 @@ import ctypes
 from pathlib import Path
 from typing import Iterator
 
-import llama_cpp as lc
-import llama_cpp._ctypes_extensions as ctypes_ext
 import numpy as np
 
 from ..catalogue.architectures import QWEN3VLMOE
 from ..host.gpu import HostRows, host_rows_for
 from .backbone import Backbone, BackboneError, BackboneOptions, DecodeFailed
 from .media_batch import MediaBatch, MediaChunk
+from .native import ctypes_ext, lc
 
 OMNI_ARCH = QWEN3VLMOE.name
 FINAL_NORM = b"result_norm"  # llama.cpp's name for the final norm's output (llm_graph_context::build_*)
@@ -41,7 +40,7 @@ FINAL_NORM = b"result_norm"  # llama.cpp's name for the final norm's output (llm
 
 def _ggml_base():
     """The three ggml functions the callback needs, from llama-cpp-python's own libggml-base."""
-    lib = ctypes_ext.load_shared_library("ggml-base", Path(lc.__file__).parent / "lib")
+    lib = ctypes_ext.load_shared_library("ggml-base", Path(lc.load().__file__).parent / "lib")
     lib.ggml_get_name.restype = ctypes.c_char_p
     lib.ggml_get_name.argtypes = [ctypes.c_void_p]
     lib.ggml_nbytes.restype = ctypes.c_size_t

@@ -37,23 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from .options import PrefixCacheOptions
 from .prefix_tree import Branch, CheckpointTree, Node, Segment, SequenceMemory
-
-
-@dataclass(frozen=True)
-class PrefixCacheOptions:
-    max_mb: float = 1024  # host memory for checkpoints: recurrent states plus payloads; 0 turns the cache off
-    every: int = 1024  # a checkpoint at every multiple of this position inside a request's cache span
-    margin: int = 4  # and one this many tokens before the span's end: a grown state re-tokenizes its tail
-    sequences: int = 4  # spare llama.cpp sequence ids that keep cached prefixes' KV cells (a recurrent slot each)
-    extra_cells: int = 0  # KV cells the context adds for cached prefixes, beyond the decode budget n_ctx
-    payloads: bool = False  # new checkpoints serve hits only once attach() gave them their payloads
-
-    def __post_init__(self):
-        low = {"max_mb": 0, "every": 1, "margin": 0, "sequences": 1, "extra_cells": 0}
-        wrong = [f"{k} = {getattr(self, k)} (at least {v})" for k, v in low.items() if getattr(self, k) < v]
-        if wrong:
-            raise ValueError(f"prefix cache options out of range: {', '.join(wrong)}")
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import llama_cpp as lc
 import numpy as np
-from llama_cpp import mtmd_cpp as mt
 
 from ...head.encoder import AUDIO_END, AUDIO_PAD, AUDIO_START, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
 from ...head.errors import Problem, RequestInvalid
@@ -35,8 +33,10 @@ from ..catalogue.architectures import QWEN35_IMAGE_TOKENS
 from ..gguf.projector import ProjectorError, pairing_problems, projector_info
 from ..media.images import ImageGeometry
 from . import log as llama_log
-from .backbone import Backbone
 from .media_batch import MediaChunk
+from .native import lc
+from .native import mtmd as mt
+from .protocol import BackboneProtocol
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,9 @@ Piece = np.ndarray | EncodedImage | EncodedAudio
 
 
 class Projector:
-    """An mmproj GGUF bound to one Backbone (llama.cpp's mtmd context); used by the backbone's worker only."""
+    """An mmproj GGUF bound to one backbone (llama.cpp's mtmd context); used by the backbone's worker only."""
 
-    def __init__(self, path: str | Path, backbone: Backbone, options: ProjectorOptions = ProjectorOptions()):
+    def __init__(self, path: str | Path, backbone: BackboneProtocol, options: ProjectorOptions = ProjectorOptions()):
         """path: a vision projector mtmd loads (for Qwen3-Omni the vision half of its combined projector)."""
         self.path = Path(path)
         self.backbone = backbone

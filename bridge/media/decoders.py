@@ -34,13 +34,14 @@ from typing import Any, Callable
 
 from ...head.media import AUDIO, VIDEO
 from .errors import DecodeOverMemory, DecodeOverTime, DecoderStopped, MediaRejected
+from .kinds import TABLE
 
 log = logging.getLogger("clef_bridge.decoders")
 
 # The kinds decoded here: containers and codecs from anyone. Images stay in a thread: their pixels are bounded from
 # the header before decoding (max_image_pixels), and shipping them back costs more than decoding them (docs/media.md
 # has the numbers).
-ISOLATED = frozenset({AUDIO.name, VIDEO.name})
+ISOLATED = frozenset(kind for kind, row in TABLE.items() if row.isolated)
 # What the forkserver imports once, so that a worker forked from it starts in milliseconds: this module (the
 # workers' main), the decoders (request.py imports audio.py and images.py) and their libraries.
 PRELOAD = ("numpy", "av", "PIL.Image", "clef_bridge.bridge.media.request", __name__)

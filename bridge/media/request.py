@@ -1,8 +1,8 @@
 """The media of a request body: found in its fields (the Jev API's `assets`, the reference's and Workers
-AI's `images` and `audio`, the official SDK's form parts), checked from their header bytes, and decoded
-(images to pixels here, audio clips to samples in audio.py).
+AI's `images`, `audio` and `videos`, the official SDK's form parts), each one's base64 decoded once, sized, then
+checked from its header bytes by its kind's row of kinds.py (which also decodes and hashes it, once).
 
-Media go where the reference puts them, after `STATE:\\n`: all images, then all audio clips, each
+Media go where the reference puts them, after `STATE:\\n`: all images, then all audio clips, then videos, each
 medium in order of first reference: the prompt's order (the state as rendered, then each question's
 instructions and criteria), then assets that no text names, in their `assets` order. Every placeholder
 inside a string of the state, the instructions or the criteria becomes its medium's marker with its
@@ -15,55 +15,35 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Sequence
 
-import numpy as np
-
-from ...head import media as media_kinds
 from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ...head.schema import MEDIA_FIELDS, Limits, json_depth, option_order
-from ..gguf.projector import PROJECTOR_HOME
-from . import audio as audio_files
-from . import video as video_files
-from .audio import AudioInput, AudioLimits, AudioRejected, AudioTooLarge
-from .errors import MediaRejected, MediaTooLarge, detached
-from .images import (
-    ImageGeometry,
-    ImageHeader,
-    ImageLimits,
-    ImageRejected,
-    ImageTooLarge,
-    check,
-    decode,
-    sniff,
-)
-from .video import VideoInput, VideoLimits, VideoRejected, VideoTooLarge
+from .audio import AudioLimits
+from .errors import MediaRejected, detached
+from .images import ImageLimits
+from .kinds import AUDIO, IMAGE, TABLE, VIDEO, DecodeSettings, Kind, combined
+from .video import VideoLimits
 
 FORM = "multipart/form-data"
 
-IMAGE, AUDIO = media_kinds.IMAGE.name, media_kinds.AUDIO.name  # an asset's `type`, its marker's word, a Media kind
-VIDEO = media_kinds.VIDEO.name
-KINDS = (IMAGE, AUDIO, VIDEO)  # the prompt's order of kinds: images, audio clips, then videos (the reference's)
-FIELDS = {kind: media_kinds.MEDIA_KINDS[kind].field for kind in KINDS}  # each kind's body field and decode stage
+KINDS = tuple(TABLE)  # the prompt's order of kinds: images, audio clips, then videos (the reference's)
+FIELDS = {kind: row.field for kind, row in TABLE.items()}  # each kind's body field and decode stage
 MARKERS = {kind: f"[{kind} {{}}]" for kind in KINDS}
 MARKER = MARKERS[IMAGE]
-FORMATS = ("png", "jpeg", "jpg", "webp")  # what an image's `format` may declare; the bytes decide
+
+
+def _or(words: list[str], last: str = " or ") -> str:
+    return ", ".join(words[:-1]) + last + words[-1]
+
+
+_TYPES = _or([f'"{kind}"' for kind in KINDS])  # "image", "audio" or "video"
+_FIELDS_TEXT = _or([f"`{row.field}`" for row in TABLE.values()], " and ")  # `images`, `audio` and `videos`
 _SPACE = re.compile(rb"\s+")
 _DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.ASCII | re.IGNORECASE)
 DATA_URL_HEAD = 1024  # a data: URL's media type and parameters come within this many characters of its start
-
-
-@dataclass(frozen=True)
-class ImageInput:
-    """One image of a request, checked from its header, not decoded yet."""
-
-    loc: tuple[str | int, ...]
-    data: bytes
-    header: ImageHeader
-    digest: bytes  # sha256 of the bytes: the answer cache's key
 
 
 @dataclass(frozen=True)
@@ -132,119 +112,38 @@ class FormPart:
     data: bytes
 
 
-def no_projector(model: str) -> RequestInvalid:
-    return RequestInvalid([Problem(("body", "images"), f"model {model!r} has no vision projector, so it takes no "
-                                   f"images; {PROJECTOR_HOME}", "images_not_supported")])
-
-
-def no_audio(model: str) -> RequestInvalid:
-    return RequestInvalid([Problem(("body", "audio"), f"model {model!r} takes no audio: it has no audio encoder "
-                                   "(Clef-omni's projector has one; Clef's and Clef-flash's do not); send the audio "
-                                   "to a Clef-omni model, or leave it out", "audio_not_supported")])
-
-
-def no_video(model: str) -> RequestInvalid:
-    return RequestInvalid([Problem(("body", "videos"), f"model {model!r} takes no videos: Clef-omni reads them "
-                                   "(frames through its vision tower, the soundtrack through its audio encoder); Clef "
-                                   "and Clef-flash do not: send key frames as images, or send the video to a "
-                                   "Clef-omni model", media_kinds.VIDEO.error_type)])
-
-
-REFUSALS = {IMAGE: no_projector, AUDIO: no_audio, VIDEO: no_video}  # a kind's 422 for a model that cannot take it
-
-
 def refuse_unsupported(media: Media, takes: Sequence[str], model: str) -> None:
     """A 422 for the first kind of media this model cannot take (takes: ClefModel.media)."""
     for kind in media.kinds:
         if kind not in takes:
-            raise REFUSALS[kind](model)
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """What decoding needs beside the bytes: the projector's image geometry, each medium's limits by kind."""
-
-    geometry: ImageGeometry | None
-    limits: Mapping[str, Any]  # each kind's limits by its name: ServerSpec.media_limits
+            raise TABLE[kind].refusal(model)
 
 
 def decode_kind(kind: str, inputs: Sequence[Any], settings: DecodeSettings) -> tuple[Any, ...]:
     """One kind's media decoded (Pillow, PyAV: run it off the event loop): pixels, samples or a video's frames and
     soundtrack (DecodedVideo), all failures at once; picklable, for a decoder in another process."""
-    if kind == IMAGE:
-        return decode_all(inputs, settings.geometry)
-    if kind == VIDEO:
-        return video_files.decode_video_all(inputs, settings.limits[VIDEO])
-    return audio_files.decode_audio_all(inputs, settings.limits[AUDIO])
+    return TABLE[kind].decode(inputs, settings)
 
 
 @dataclass(frozen=True)
 class _Medium:
-    """What differs between images and audio clips while finding them in a body."""
+    """A kind's row with this server's limits on it, while finding media in a body."""
 
-    kind: str  # IMAGE or AUDIO
-    field: str  # the list field of the reference's and Workers AI's shape
-    noun: str  # one of them, in messages
-    formats: tuple[str, ...]
-    max_count: int
-    count_key: str
-    max_bytes: int
-    bytes_key: str
-    rejected: type[MediaRejected]
-    too_large: type[MediaTooLarge]
-    content_type: str  # a typical one, for messages
+    row: Kind
+    limits: Any  # its limits dataclass (ImageLimits, AudioLimits, VideoLimits)
 
-    @property
-    def example(self) -> str:
-        return f"data:{self.content_type};base64,..."
-
-
-@dataclass(frozen=True)
-class MediumDoc:
-    """How a kind's body field is described to clients (its /openapi.json entry) and in messages."""
-
-    noun: str  # one of them, in messages
-    content_type: str  # a typical one
-    formats: tuple[str, ...]  # what an asset's `format` may declare; the bytes decide
-    count_key: str  # the [server] key of its count per request
-    description: str
-
-
-MEDIUM_DOCS = {
-    IMAGE: MediumDoc("image", "image/png", FORMATS, "max_images",
-                     "PNG, JPEG or WebP images as data: URLs, base64 or {content_type, base64} (the reference's and "
-                     "Workers AI's shape); needs a vision projector; max_images counts the assets' images too"),
-    AUDIO: MediumDoc("audio clip", "audio/wav", audio_files.FORMATS, "max_audio_clips",
-                     "WAV or MP3 clips as data: URLs, base64 or {content_type, base64}, heard after the images; needs "
-                     "a model with audio (x_media lists \"audio\"); max_audio_clips counts the assets' clips too"),
-    VIDEO: MediumDoc("video", "video/mp4", video_files.FORMATS, "max_videos",
-                     "MP4, WebM or Matroska videos as data: URLs, base64 or {content_type, base64}, seen after the "
-                     "audio clips: frames at 2 fps and, when every video has one, the soundtrack; needs a model with "
-                     "video (x_media lists \"video\"); max_videos counts the assets' videos too"),
-}
-
-
-def _media(limits: ImageLimits, audio_limits: AudioLimits, video_limits: VideoLimits) -> dict[str, _Medium]:
-    image, audio, video = MEDIUM_DOCS[IMAGE], MEDIUM_DOCS[AUDIO], MEDIUM_DOCS[VIDEO]
-    return {IMAGE: _Medium(IMAGE, FIELDS[IMAGE], image.noun, image.formats, limits.max_count, image.count_key,
-                           limits.max_bytes, "max_image_bytes", ImageRejected, ImageTooLarge, image.content_type),
-            AUDIO: _Medium(AUDIO, FIELDS[AUDIO], audio.noun, audio.formats, audio_limits.max_count,
-                           audio.count_key, audio_limits.max_bytes, "max_audio_bytes", AudioRejected,
-                           AudioTooLarge, audio.content_type),
-            VIDEO: _Medium(VIDEO, FIELDS[VIDEO], video.noun, video.formats, video_limits.max_count, video.count_key,
-                           video_limits.max_bytes, "max_video_bytes", VideoRejected, VideoTooLarge,
-                           video.content_type)}
-
-
-def _rejected(errors: list[MediaRejected]) -> MediaRejected:
-    """Several media's problems as one error: too large (413) when every one is about size, else 422; typed by
-    its medium when they share one."""
-    too_large = all(isinstance(e, MediaTooLarge) for e in errors)
-    for base, big in ((ImageRejected, ImageTooLarge), (AudioRejected, AudioTooLarge), (VideoRejected, VideoTooLarge),
-                      (MediaRejected, MediaTooLarge)):
-        if all(isinstance(e, base) for e in errors):
-            return (big if too_large else base)(errors[0].loc, problems=[p for e in errors for p in e.problems])
-    raise TypeError("not media errors")  # unreachable: every error is a MediaRejected
+    kind = property(lambda self: self.row.name)
+    field = property(lambda self: self.row.field)
+    noun = property(lambda self: self.row.noun)
+    formats = property(lambda self: self.row.formats)
+    count_key = property(lambda self: self.row.count_key)
+    bytes_key = property(lambda self: self.row.bytes_key)
+    rejected = property(lambda self: self.row.rejected)
+    too_large = property(lambda self: self.row.too_large)
+    content_type = property(lambda self: self.row.content_type)
+    example = property(lambda self: self.row.example)
+    max_count = property(lambda self: self.limits.max_count)
+    max_bytes = property(lambda self: self.limits.max_bytes)
 
 
 # --- finding the media ---------------------------------------------------------------------------
@@ -294,30 +193,45 @@ def _inline(entry: Any, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
         raise medium.rejected(loc, f"is a URL; clef-bridge fetches nothing: inline the {medium.noun} as a data: URL "
                                    "or base64", f"value_error.{medium.kind}.url")
     if entry[:5].lower() == "data:":
-        match = _DATA_URL.match(entry, 0, DATA_URL_HEAD)
-        if match is None or "base64" not in match.group(2).lower().split(";"):
+        parsed = data_url(entry)
+        if parsed is None or not parsed.base64:
             raise medium.rejected(loc, f"is a data: URL without ;base64; send {medium.example}",
                                   f"value_error.{medium.kind}.data_url")
-        entry = entry[match.end():]
+        entry = entry[parsed.start:]
     return _b64(entry, loc, medium)
+
+
+@dataclass(frozen=True)
+class DataUrl:
+    media_type: str  # lower case, as "image/png"
+    base64: bool  # ;base64 among its parameters
+    start: int  # where its data begins
+
+
+def data_url(text: str) -> DataUrl | None:
+    """A data: URL's head, read within its first DATA_URL_HEAD characters (the one parser of them: the bodies' and
+    OpenAI's input_image); None when text is no data: URL."""
+    match = _DATA_URL.match(text, 0, DATA_URL_HEAD)
+    if match is None:
+        return None
+    return DataUrl(match.group(1).lower(), "base64" in match.group(2).lower().split(";"), match.end())
 
 
 def _kind(asset: Any) -> str:
     """The medium an asset claims to be (images by default, as the Jev API's `type` is optional)."""
     kind = asset.get("type") if isinstance(asset, dict) else None
-    return kind if kind in (AUDIO, VIDEO) else IMAGE
+    return kind if kind in TABLE else IMAGE
 
 
 def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: set[str], media: dict[str, _Medium],
            problems: _Problems) -> bytes | None:
     loc = ("body", "assets", name)
     if not isinstance(asset, dict):
-        problems.add(loc, "an asset must be an object: {\"type\": \"image\", \"audio\" or \"video\", \"format\", "
-                          "\"data_base64\"} "
+        problems.add(loc, f"an asset must be an object: {{\"type\": {_TYPES}, \"format\", \"data_base64\"}} "
                           f"or, in a {FORM} request, {{\"type\", \"part\"}}", "type_error")
         return None
     if asset.get("type") not in (*KINDS, None):
-        problems.add(loc + ("type",), f"type must be \"image\", \"audio\" or \"video\", got {asset.get('type')!r}")
+        problems.add(loc + ("type",), f"type must be {_TYPES}, got {asset.get('type')!r}")
         return None
     medium = media[_kind(asset)]
     part = asset.get("part")
@@ -414,7 +328,7 @@ def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
     assets = body.get("assets")
     lists = {kind: body.get(m.field) for kind, m in media.items()}
     if assets and any(lists.values()):
-        problems.add(("body",), "send media in `images`, `audio` and `videos` or in `assets`, not both")
+        problems.add(("body",), f"send media in {_FIELDS_TEXT} or in `assets`, not both")
     for kind, value in lists.items():
         if value is not None and not isinstance(value, list):
             problems.add(("body", media[kind].field), f"{media[kind].field} must be an array of data: URLs, base64 "
@@ -438,7 +352,8 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
     parts."""
     if not isinstance(body, dict):
         return Extracted(body, NO_MEDIA)
-    media = _media(limits, audio_limits, video_limits)
+    media = {kind: _Medium(row, {IMAGE: limits, AUDIO: audio_limits, VIDEO: video_limits}[kind])
+             for kind, row in TABLE.items()}
     problems = _shape(body, media)
     if problems:
         raise RequestInvalid(problems)
@@ -476,88 +391,34 @@ def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, t
             problems.add(("body", name), f"the part {name!r} is claimed by no asset (this request has no assets)")
     if problems:
         raise RequestInvalid(problems + [p for e in errors for p in e.problems])
-    images = _images(sources[IMAGE], limits, errors, "assets" if assets else "images")
-    clips = _clips(sources[AUDIO], audio_limits, errors)
-    videos = _videos(sources[VIDEO], video_limits, errors, sum(len(d) for s in sources.values() for _, d in s),
-                     "assets" if assets else FIELDS[VIDEO])
+    media_bytes = sum(len(d) for s in sources.values() for _, d in s)
+    found = {kind: _checked(sources[kind], medium, media_bytes, "assets" if assets else medium.field, errors)
+             for kind, medium in media.items()}
     if errors:
-        raise _rejected(errors)
-    if parts is not None and not images and not clips and not videos:
-        raise UnsupportedMediaType(f"a {FORM} body carries images, audio or videos; send a request without them as "
-                                   "application/json")
-    return Extracted(text, found_media({IMAGE: images, AUDIO: clips, VIDEO: videos}), inline)
+        raise combined(errors)
+    if parts is not None and not any(found.values()):
+        raise UnsupportedMediaType(f"a {FORM} body carries {_or(list(FIELDS.values()))}; send a request without "
+                                   "them as application/json")
+    return Extracted(text, found_media(found), inline)
 
 
 Sources = list[tuple[tuple[str | int, ...], bytes]]
 
 
-def _checked(sources: Sources, inspect: Callable[[tuple[str | int, ...], bytes], Any], rejected: type[MediaRejected],
+def _checked(sources: Sources, medium: _Medium, media_bytes: int, field: str,
              errors: list[MediaRejected]) -> tuple[Any, ...]:
-    """Each medium checked from its header and against the limits by inspect (loc, bytes -> its input); refusals
-    appended to errors, detached from their frames (a kept traceback would hold the request's bytes)."""
+    """A kind's media checked, cheapest first: their total (media_bytes: all the request's media), then each one
+    from its header and against the limits; refusals appended to errors, detached from their frames (a kept
+    traceback would hold the request's bytes)."""
+    if not sources:
+        return ()
+    too_much = medium.row.total(sum(len(d) for _, d in sources), media_bytes, medium.limits, field)
+    if too_much is not None:
+        errors.append(too_much)
     checked = []
     for loc, data in sources:
         try:
-            checked.append(inspect(loc, data))
-        except rejected as exc:
+            checked.append(medium.row.inspect(loc, data, medium.limits))
+        except medium.rejected as exc:
             errors.append(detached(exc))
     return tuple(checked)
-
-
-def _image(loc: tuple[str | int, ...], data: bytes, limits: ImageLimits) -> ImageInput:
-    header = sniff(data, loc)
-    check(header, len(data), limits, loc)
-    return ImageInput(loc, data, header, hashlib.sha256(data).digest())
-
-
-def _clip(loc: tuple[str | int, ...], data: bytes, limits: AudioLimits) -> AudioInput:
-    audio_files.check_bytes(len(data), limits, loc)  # before anything parses the bytes
-    header = audio_files.sniff(data, loc, limits)
-    audio_files.check(header, len(data), limits, loc)
-    return AudioInput(loc, data, header, hashlib.sha256(data).digest())
-
-
-def _video(loc: tuple[str | int, ...], data: bytes, limits: VideoLimits) -> VideoInput:
-    header = video_files.sniff(data, loc)
-    video_files.check(header, len(data), limits, loc)
-    return VideoInput(loc, data, header, hashlib.sha256(data).digest())
-
-
-def _images(sources: Sources, limits: ImageLimits, errors: list[MediaRejected], field: str) -> tuple[ImageInput, ...]:
-    """The images checked from their headers and against the limits; problems appended to errors."""
-    checked = _checked(sources, lambda loc, data: _image(loc, data, limits), ImageRejected, errors)
-    total = sum(len(d) for _, d in sources)
-    if total > limits.max_total_bytes:
-        errors.append(ImageTooLarge(("body", field), f"the images hold {total} bytes together; the limit is "
-                                    f"{limits.max_total_bytes} bytes per request (max_image_total_bytes)",
-                                    "value_error.image.total_bytes"))
-    return checked
-
-
-def _clips(sources: Sources, limits: AudioLimits, errors: list[MediaRejected]) -> tuple[AudioInput, ...]:
-    """The audio clips checked from their headers and against the limits; problems appended to errors."""
-    return _checked(sources, lambda loc, data: _clip(loc, data, limits), AudioRejected, errors)
-
-
-def _videos(sources: Sources, limits: VideoLimits, errors: list[MediaRejected], media_bytes: int,
-            field: str) -> tuple[VideoInput, ...]:
-    """The videos checked from their container headers and against the limits (media_bytes: all the request's media
-    together); problems appended to errors."""
-    if sources and media_bytes > limits.max_media_bytes:
-        errors.append(VideoTooLarge(("body", field), f"the media of this request hold {media_bytes} bytes together; "
-                                    f"with videos the limit is {limits.max_media_bytes} bytes (max_media_bytes)",
-                                    "value_error.video.total_bytes"))
-    return _checked(sources, lambda loc, data: _video(loc, data, limits), VideoRejected, errors)
-
-
-def decode_all(images: Sequence[ImageInput], geometry: ImageGeometry) -> tuple[np.ndarray, ...]:
-    """Every image's pixels at the projector's size (Pillow; run it off the event loop); all failures at once."""
-    pixels, errors = [], []
-    for image in images:
-        try:
-            pixels.append(decode(image.data, image.header, image.loc, geometry))
-        except ImageRejected as exc:
-            errors.append(detached(exc))
-    if errors:
-        raise _rejected(errors)
-    return tuple(pixels)

@@ -70,12 +70,6 @@ class VideoLimits:
         return self.max_videos
 
     @property
-    def max_frames(self) -> int:
-        """Frames kept per clip at most (2 fps), padding included."""
-        n = math.floor(self.max_seconds * FPS) + 1
-        return n + n % 2
-
-    @property
     def body_bytes(self) -> int:
         """The most a request's videos take in its body: base64-inflated, with room for the JSON around each."""
         return -(-self.max_videos * self.max_bytes * 4 // 3) + 4096 * self.max_videos

@@ -13,17 +13,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...head.answer import AnswerOptions, answers
+from ...head.answer import Answer, AnswerOptions, answers
 from ...head.config import HeadConfig
 from ...head.encoder import Encoded, EncodeOptions, encode
 from ...head.errors import Problem, RequestInvalid
 from ...head.model import Layout, hidden_memory, option_logits
 from ...head.schema import DecisionRequest, Limits, Question
 from ..host.gpu import device_out_of_memory, to_device
-from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
 from ..llama.omni_positions import rope_chunks, rope_positions
 from ..llama.prefix_cache import PrefillRequest
+from ..llama.protocol import BackboneProtocol
 from ..llama.vision import EncodedAudio, Projector
 from ..media.audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE, AudioTower, audio_tokens
 from ..media.images import ImageGeometry
@@ -67,10 +67,10 @@ class Timings:
 
 @dataclass(frozen=True)
 class Scored:
-    """One request through the head: its response body, and each question's unrounded option logits (prompt order,
-    before any temperature) for the tools that fit or compare them."""
+    """One request through the head: its typed answers (request order), and each question's unrounded option logits
+    (prompt order, before any temperature) for the tools that fit or compare them."""
 
-    response: dict[str, Any]
+    answers: tuple[Answer, ...]
     input_tokens: int
     timings: Timings = field(compare=False)
     logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)
@@ -128,7 +128,7 @@ class ClefModel:
     """A GGUF backbone and its joint head (and its vision projector and audio tower, if any), with the options of
     one models.toml entry."""
 
-    def __init__(self, name: str, backbone: Backbone, embedding: OutputEmbedding, head: Head,
+    def __init__(self, name: str, backbone: BackboneProtocol, embedding: OutputEmbedding, head: Head,
                  encode_options: EncodeOptions, answer_options: AnswerOptions, limits: Limits = Limits(),
                  projector: Projector | None = None, audio_tower: AudioTower | None = None):
         if audio_tower is not None and projector is None:
@@ -284,18 +284,10 @@ class ClefModel:
         prepared = item.prepared
         logits = self.cached_logits(item)
         offsets = prepared.encoded.layout.option_offsets
-        body = {
-            "model": prepared.request.model,
-            "answers": answers(prepared.request, logits, offsets, self.answer_options),
-            "usage": {"input_tokens": int(len(prepared.encoded.input_ids)), "output_tokens": 0},
-        }
+        typed = answers(prepared.request, logits, offsets, self.answer_options)
         timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused,
                           item.vision_s, item.audio_s)
-        return Scored(body, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets))
-
-    def score_batch(self, batch: list[Prepared]) -> list[Scored]:
-        """One batched prefill, then the head per request."""
-        return [self.score(item) for item in self.prefill_batch(batch)]
+        return Scored(typed, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets))
 
     def uncached_logits(self, prepared: Prepared) -> tuple[tuple[Question, np.ndarray], ...]:
         """Per-question logits of a text request prefilled in full, the prefix cache untouched (the load-time

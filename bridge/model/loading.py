@@ -32,9 +32,11 @@ from ..gguf.reader import read_gguf
 from ..host.gpu import host_rows_for, release_cached
 from ..host.paths import cache_dir
 from ..llama.adapters import BackbonePool
-from ..llama.backbone import Backbone, BackboneOptions
+from ..llama.backbone import Backbone
 from ..llama.embedding import OutputEmbedding
 from ..llama.omni import OmniBackbone
+from ..llama.options import BackboneOptions
+from ..llama.protocol import BackboneProtocol
 from ..llama.vision import Projector, ProjectorOptions
 from ..media.audio_tower import AudioTower
 from .clef_model import ClefModel, Head
@@ -79,7 +81,7 @@ def inspect_spec(spec: ModelSpec) -> CheckReport:
     return report
 
 
-def open_projector(spec: ModelSpec, report: CheckReport, backbone: Backbone) -> Projector | None:
+def open_projector(spec: ModelSpec, report: CheckReport, backbone: BackboneProtocol) -> Projector | None:
     """The entry's checked vision projector on the backbone's device, or None when it has none. Qwen3-Omni's
     combined vision + audio projector loads as its vision half, written once into the cache (mtmd refuses the
     combined file)."""

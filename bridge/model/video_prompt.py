@@ -36,10 +36,6 @@ class VideoPrompt:
         """The request's own clips' token counts (the soundtracks' are inside the videos' layouts)."""
         return self.audio_counts[:len(self.audio) - (len(self.frames) if self.audio_in_video else 0)]
 
-    @property
-    def frame_count(self) -> int:
-        return sum(len(f) for f in self.frames)
-
 
 def video_prompt(videos: Sequence[DecodedVideo], clips: Sequence[np.ndarray], factor: int) -> VideoPrompt:
     """The prompt plan of a request's videos beside its audio clips (16 kHz samples), for a tower of this factor

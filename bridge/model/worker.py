@@ -52,13 +52,22 @@ class WorkerStopped(ClefError):
     error_type = "unavailable"
 
 
+@dataclass(frozen=True)
+class RequestOptions:
+    """What a request asks beyond its body, ONE immutable value from its front door to the model: the door sets it
+    (Workers AI's rejectIfBusy, OpenAI's prompt_cache_key), the coalescer and the worker read it."""
+
+    reject_if_busy: bool = False  # answer 429 at once rather than wait behind other requests
+    partition: tuple[str, ...] = ()  # the prefix cache's (PrefillRequest.partition): shares no KV, state or answer
+
+
 @dataclass(eq=False)
 class Job:
     request: DecisionRequest
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     media: Media = NO_MEDIA  # decoded (bridge.media.request.decode_kind), each kind in prompt order
-    partition: tuple[str, ...] = ()  # the prefix cache's partition (PrefillRequest.partition)
+    options: RequestOptions = RequestOptions()
     enqueued: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set from the event loop when nobody waits for it any more (InferenceWorker.withdraw)
     queue_s: float = 0.0
@@ -126,17 +135,17 @@ class InferenceWorker:
         if has_media and sum(1 for job in tuple(self._queue) if job.media) >= self.max_media_jobs:
             raise Overloaded(self.name, self.max_media_jobs, "image or audio requests")
 
-    def submit(self, request: DecisionRequest, media: Media = NO_MEDIA, reject_if_busy: bool = False,
-               partition: tuple[str, ...] = ()) -> Job:
-        """Queue one validated request and its decoded media (call from the event loop); reject_if_busy: refuse
-        (429) instead of waiting behind other requests; partition: the prefix cache's."""
+    def submit(self, request: DecisionRequest, media: Media = NO_MEDIA, options: RequestOptions = RequestOptions()
+               ) -> Job:
+        """Queue one validated request and its decoded media (call from the event loop); options.reject_if_busy:
+        refuse (429) instead of waiting behind other requests."""
         loop = asyncio.get_running_loop()
-        job = Job(request, loop.create_future(), loop, media, partition=partition)
+        job = Job(request, loop.create_future(), loop, media, options)
         with self._cv:
             if self._stopping or not self._thread.is_alive():
                 raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
             # it would wait when a batch is in progress, or when a full batch is already queued
-            if reject_if_busy and (not self._idle or len(self._queue) >= self.model.n_seq_max):
+            if options.reject_if_busy and (not self._idle or len(self._queue) >= self.model.n_seq_max):
                 raise Busy(self.name, len(self._queue))
             if len(self._queue) >= self.max_queue:
                 raise Overloaded(self.name, len(self._queue))
@@ -197,7 +206,8 @@ class InferenceWorker:
                 job.queue_s = now - job.enqueued
                 try:
                     prepared = self.model.prepare(job.request, job.media)
-                    ready.append((job, replace(prepared, partition=job.partition) if job.partition else prepared))
+                    partition = job.options.partition
+                    ready.append((job, replace(prepared, partition=partition) if partition else prepared))
                 except Exception as exc:  # noqa: BLE001 - every failure goes back to its own request
                     self._deliver(job, exc)
             for batch in self._batches(ready):

@@ -25,8 +25,8 @@ from ..service.models import load_models
 from .appstate import KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, SERVICE, Loader, Served
 from .auth import ApiKeys, auth_middleware, install_sighup
 from .context import EscapedArgs, escaped, json_response
-from .decisions import demo_warning
 from .doors import HANDLERS as DOOR_HANDLERS
+from .doors.decisions import demo_warning
 from .middleware import ProtocolLog, context_middleware
 from .openapi import openapi_spec
 from .pages import FILES as PLAYGROUND_FILES

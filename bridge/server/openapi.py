@@ -7,7 +7,8 @@ from typing import Any
 from ...head.schema import QUESTION_TYPES
 from ..catalogue.media import IMAGE, READABLE
 from ..config.registry import LATEST, Registry, ServerSpec
-from ..media.request import FIELDS, MARKERS, MEDIUM_DOCS
+from ..media.kinds import TABLE
+from ..media.request import FIELDS, MARKERS
 from .doors import openapi_paths as door_paths
 from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
@@ -50,13 +51,13 @@ def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
                               "description": "max_questions; the Workers AI routes take fewer (see their 422)",
                               "additionalProperties": {"$ref": "#/components/schemas/Question"}},
                 "assets": {"type": "object",
-                           "description": f"placeholder -> {' or '.join(d.noun for d in MEDIUM_DOCS.values())}; each "
+                           "description": f"placeholder -> {' or '.join(d.noun for d in TABLE.values())}; each "
                                           "placeholder inside a string of the state, instructions or criteria reads "
-                                          f"{' or '.join(MARKERS[kind].format('N') for kind in MEDIUM_DOCS)}",
+                                          f"{' or '.join(MARKERS[kind].format('N') for kind in TABLE)}",
                            "additionalProperties": {"$ref": "#/components/schemas/Asset"}},
                 **{FIELDS[kind]: {"type": "array", "items": _inline(kind, doc.content_type),
                                   "maxItems": server.media_limits[kind].max_count, "description": doc.description}
-                   for kind, doc in MEDIUM_DOCS.items()},
+                   for kind, doc in TABLE.items()},
                 "options": {"type": "object", "description": "Workers AI routes only: {rejectIfBusy: true} answers "
                                                             "429 (code 3040) instead of waiting behind other requests",
                             "properties": {"rejectIfBusy": {"type": "boolean"}}},
@@ -65,7 +66,7 @@ def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
         "Asset": {
             "type": "object",
             "properties": {"type": {"enum": list(READABLE), "default": IMAGE.name},
-                           "format": {"enum": [f for doc in MEDIUM_DOCS.values() for f in doc.formats],
+                           "format": {"enum": [f for doc in TABLE.values() for f in doc.formats],
                                       "description": "required with data_base64; the bytes decide the real format"},
                            "data_base64": {"type": "string"},
                            "part": {"type": "string", "description": "multipart/form-data: the medium's part name"}},

@@ -19,7 +19,7 @@ class Route:
     path: str
     name: str
     public: bool = False  # answered without an API key when auth is on (names no model)
-    shape: str = JEV_SHAPE  # its door's shape (bridge/server/doors.py): Cloudflare's routes answer in its envelope
+    shape: str = JEV_SHAPE  # its door's shape (bridge/server/doors/): Cloudflare's routes answer in its envelope
 
 
 ROUTES = (

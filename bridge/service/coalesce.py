@@ -23,7 +23,7 @@ import orjson
 from ...head.schema import DecisionRequest
 from ..media.request import NO_MEDIA, Media
 from ..model.clef_model import Scored
-from ..model.worker import InferenceWorker, Job
+from ..model.worker import InferenceWorker, Job, RequestOptions
 
 Key = tuple[str, tuple[str, ...], bytes]
 
@@ -68,12 +68,12 @@ class Coalescer:
         self._cache: OrderedDict[Key, Scored] = OrderedDict()
 
     def submit(self, worker: InferenceWorker, body: Any, request: DecisionRequest, media: Media = NO_MEDIA,
-               reject_if_busy: bool = False, partition: tuple[str, ...] = ()) -> Shared:
+               options: RequestOptions = RequestOptions()) -> Shared:
         """The computation for this body (request: it parsed) and its decoded media (keyed by their bytes' sha256
         digests) in the prefix cache's partition: a cached answer, one in flight, or a new job on the worker
-        (refused while it is busy with reject_if_busy: joining an answer that exists or is under way waits behind
-        nothing)."""
-        key = request_key(worker.name, body, media, partition)
+        (refused while it is busy with options.reject_if_busy: joining an answer that exists or is under way waits
+        behind nothing)."""
+        key = request_key(worker.name, body, media, options.partition)
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)
             self._on_shared(worker.name, "cache")
@@ -84,7 +84,7 @@ class Coalescer:
         if running is not None and not running.future.cancelled():
             self._on_shared(worker.name, "in_flight")
             return self._join(running)
-        job = worker.submit(request, media, reject_if_busy=reject_if_busy, partition=partition)
+        job = worker.submit(request, media, options)
         shared = Shared(job.future, job)
         shared.abandon = lambda: self._abandon(key, shared, worker)
         if key is not None:

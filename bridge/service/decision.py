@@ -16,30 +16,20 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...head.answer import Answer, systemone_answers
 from ...head.errors import Problem, RequestInvalid
 from ...head.schema import DecisionRequest, Limits, Question, is_unicode, parse_request
 from ..config.registry import ServerSpec, resolve
 from ..media.decoders import ISOLATED, DecoderPool
-from ..media.request import (
-    FIELDS,
-    IMAGE,
-    VIDEO,
-    DecodeSettings,
-    Extracted,
-    FormPart,
-    Media,
-    decode_kind,
-    extract,
-    refuse_unsupported,
-)
-from ..model.worker import InferenceWorker
+from ..media.kinds import TABLE, DecodeSettings
+from ..media.request import Extracted, FormPart, Media, decode_kind, extract, refuse_unsupported
+from ..model.worker import InferenceWorker, RequestOptions
 from .coalesce import Coalescer
 from .errors import BodyTooLarge, DeadlineExceeded
 
 # a JSON body up to this size is decompressed, parsed, searched for media and validated on the event loop; bigger
 # ones off it
 INLINE_BYTES = 64 * 1024
-TOWER_STAGES = {IMAGE: "vision", VIDEO: "vision"}  # a kind whose tower's time x_timings reports, under this stage
 
 
 @dataclass(frozen=True)
@@ -59,22 +49,29 @@ class DecisionInput:
     model: Any  # the model named (the body's `model`, or a route's), as sent: the service checks it
     parts: dict[str, FormPart] | None = None  # a multipart body's media parts
     json_bytes: int = 0  # the JSON text's size, media inlined (max_body_bytes caps it without them); 0: no cap
-    reject_if_busy: bool = False  # answer 429 at once rather than wait behind other requests
+    options: RequestOptions = RequestOptions()  # how to wait and which cache partition, as the door read them
     contract: Contract | None = None  # a front door's own limits (Workers AI's), in the same 422 as the body's
-    partition: tuple[str, ...] = ()  # the prefix cache's partition (OpenAI's prompt_cache_key): shares no KV across
 
 
 @dataclass(frozen=True)
 class Decision:
-    """A request decided: the response body, and what its front door and the tools report about it."""
+    """A request decided: its typed answers, and what its front door and the tools report about it. Each door
+    renders its own wire shape from it (systemone_body: Jev's and Workers AI's; OpenAI's door its own)."""
 
     model: str  # the served model that answered
-    response: dict[str, Any]
+    requested: str  # the model as the body named it (an alias, a route's name): Jev's answer echoes it
+    answers: tuple[Answer, ...]  # per question, in the request's order
     input_tokens: int
     timings: dict[str, float]  # seconds per stage: queue, tokenize, backbone, head, then each medium's
     reused_tokens: int  # prompt tokens restored from the prefix cache
     batch_size: int
     logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)  # unrounded, per question
+
+
+def systemone_body(decision: Decision) -> dict[str, Any]:
+    """The System One response (the reference's shape): Jev's answer, Workers AI's result, the CLI's output."""
+    return {"model": decision.requested, "answers": systemone_answers(decision.answers),
+            "usage": {"input_tokens": decision.input_tokens, "output_tokens": 0}}
 
 
 def validate(body: Any, limits: Limits = Limits(), contract: Contract | None = None) -> DecisionRequest:
@@ -140,8 +137,7 @@ class DecisionService:
         worker.check_media_room(bool(found.media))  # a full queue refuses before decoding
         media, decode_s = await self._decode(found.media, DecodeSettings(model.geometry, self.server.media_limits))
         request = await off_loop(big, validate, body, model.limits)
-        shared = self.coalescer.submit(worker, body, request, media, reject_if_busy=call.reject_if_busy,
-                                       partition=call.partition)
+        shared = self.coalescer.submit(worker, body, request, media, call.options)
         try:
             self._on_queued(name, worker.depth)
             scored = await asyncio.wait_for(asyncio.shield(shared.future), self.timeout_s)
@@ -153,11 +149,11 @@ class DecisionService:
         t = scored.timings
         stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
         for kind in media.kinds:  # decoding here (Pillow, PyAV), a tower's time in the worker
-            stages[FIELDS[kind]] = decode_s[kind]
-            if kind in TOWER_STAGES:
-                stages[TOWER_STAGES[kind]] = getattr(t, TOWER_STAGES[kind])
-        return Decision(name, scored.response, scored.input_tokens, stages, t.reused_tokens, t.batch_size,
-                        scored.logits)
+            stages[TABLE[kind].field] = decode_s[kind]
+            for stage, timing in TABLE[kind].towers.items():
+                stages[stage] = getattr(t, timing)
+        return Decision(name, request.model, scored.answers, scored.input_tokens, stages, t.reused_tokens,
+                        t.batch_size, scored.logits)
 
     def _takes(self, name: str, media: Media) -> bool:
         """Whether the served model takes every kind of the request's media."""

@@ -1,5 +1,6 @@
 """What the decision routes share: reading a body (JSON or multipart, capped), handing it to the decision
-service with the request's context, and the answer's x_ extensions, timings and metrics."""
+service with the request's context, and the answer's x_ extensions, timings and metrics (each door renders its
+own shape of the Decision's answers)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from ..catalogue.releases import REAL_RELEASES, RELEASES
-from ..service.decision import INLINE_BYTES, Decision, DecisionInput
-from .appstate import METRICS, REGISTRY, SERVED, SERVICE
-from .assets import body_limit
-from .body import BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
-from .context import INFO, BodyTimeout
-from .multipart import RequestBody, is_form, parse_body
+from ...catalogue.releases import REAL_RELEASES, RELEASES
+from ...service.decision import INLINE_BYTES, Decision, DecisionInput
+from ..appstate import METRICS, REGISTRY, SERVED, SERVICE
+from ..assets import body_limit
+from ..body import BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
+from ..context import INFO, BodyTimeout
+from ..multipart import RequestBody, is_form, parse_body
 
 # every answer of the built-in demo says what the banner says: its weights are random
 DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
@@ -81,19 +82,19 @@ async def decide(request: web.Request, call: DecisionInput) -> Decision:
     return decision
 
 
-def reply(request: web.Request, decision: Decision, start: float, warnings: list[str]
-          ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The response with its x_ extensions (latency, timings, warnings), and its extra headers."""
+def extensions(request: web.Request, decision: Decision, start: float, warnings: list[str]
+               ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The x_ extensions every door's answer carries (latency, timings, warnings), and its extra headers."""
     info = request[INFO]
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
     info.timings["total_ms"] = total_ms
-    request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
-    extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
+    request.app[METRICS].latency.labels(decision.model, "total").observe(total_ms / 1e3)
+    out: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
     headers = {}
-    builtin = request.app[SERVED][info.model].spec.builtin
+    builtin = request.app[SERVED][decision.model].spec.builtin
     if builtin:
         warnings = warnings + [demo_warning(builtin)]
         headers[DEMO_HEADER] = DEMO_HEADER_VALUE
     if warnings:
-        extensions["x_warnings"] = warnings
-    return {**decision.response, **extensions}, headers
+        out["x_warnings"] = warnings
+    return out, headers

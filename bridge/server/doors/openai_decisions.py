@@ -5,23 +5,24 @@ input message list into Clef's state is described in docs/api.md ("OpenAI's Deci
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from aiohttp import web
 
-from ...head.errors import Problem, RequestInvalid, printable
-from ...head.schema import BOX, NO_BOX_HEAD, render
-from ..media.errors import MediaRejected
-from ..media.request import FORMATS, UnsupportedMediaType
-from ..service.decision import Decision
-from .context import INFO, Door, json_response
-from .decisions import decide, decision_input, read_body, reply
-from .routes import OPENAI_SHAPE, PATHS
+from ....head.answer import Answer, ChoiceAnswer, NoulAnswer
+from ....head.errors import Problem, RequestInvalid, printable
+from ....head.schema import BOX, NO_BOX_HEAD, render
+from ...media.errors import MediaRejected
+from ...media.kinds import IMAGE, TABLE
+from ...media.request import UnsupportedMediaType, data_url
+from ...model.worker import RequestOptions
+from ...service.decision import Decision
+from ..context import INFO, Door, json_response
+from ..routes import OPENAI_SHAPE, PATHS
+from .decisions import decide, decision_input, extensions, read_body
 
 Loc = tuple[str | int, ...]
 # What Clef asks for each of OpenAI's question types
@@ -31,7 +32,6 @@ PARTS = {"user": {"input_text", "input_image", "input_json"}, "developer": {"inp
          "system": {"input_text"}, "assistant": {"output_text", "refusal"},
          "tool_output": {"input_text", "input_image"}, "instructions": {"input_text", "input_image", "input_json"}}
 CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
-_DATA_URL = re.compile(r"data:image/([A-Za-z0-9.+-]+)((?:;[^,;]*)*),", re.ASCII)
 # An OpenAI answer's status -> its error type (the SDK reads `type`); other 4xx are invalid requests
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                429: "rate_limit_error"}
@@ -110,15 +110,15 @@ class _Images:
             self.problems.add(loc + ("image_url",), "is a URL; clef-bridge fetches nothing: send the image as a "
                               "base64 data URL (data:image/png;base64,...)", "image_url_not_supported")
             return None
-        match = _DATA_URL.match(url)
-        fmt = match.group(1).lower() if match else ""
-        if match is None or "base64" not in match.group(2).split(";") or fmt not in FORMATS:
+        parsed = data_url(url)
+        fmt = parsed.media_type.removeprefix("image/") if parsed and parsed.media_type.startswith("image/") else ""
+        if parsed is None or not parsed.base64 or fmt not in TABLE[IMAGE].formats:
             self.problems.add(loc + ("image_url",), "must be a base64 data URL of a PNG, JPEG or WebP image "
                               "(data:image/png;base64,...)", "invalid_image_url")
             return None
-        digest = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        name = f"<image:{digest}:{len(self.assets)}>"  # any name reads the same: the prompt has "[image N]" there
-        self.assets[name] = {"type": "image", "format": fmt, "data_base64": url[match.end():]}
+        # any name reads the same: the prompt has "[image N]" there; the service decodes and hashes the bytes once
+        name = f"<input_image {len(self.assets)}>"
+        self.assets[name] = {"type": "image", "format": fmt, "data_base64": url[parsed.start:]}
         self.locs[("body", "assets", name)] = ("body",) + loc + ("image_url",)
         return name
 
@@ -365,30 +365,30 @@ def to_systemone(body: Any) -> Translated:
 
 # --- the answer --------------------------------------------------------------------------------------------
 
-def _answer(answer: dict[str, Any], name: str | None, values: list[Any]) -> dict[str, Any]:
-    if answer["type"] == "noul":
-        return {"type": "predicate", "name": name, "probability": answer["noul"]}
-    probabilities = list(answer["probabilities"].values())  # in the request's order, as System One answers
-    if answer["type"] == "choice":
-        best = list(answer["probabilities"]).index(answer["choice"])
-        return {"type": "choice", "name": name, "choice": values[best], "confidence": answer["confidence"],
+def _answer(answer: Answer, name: str | None, values: list[Any]) -> dict[str, Any]:
+    if isinstance(answer, NoulAnswer):
+        return {"type": "predicate", "name": name, "probability": answer.probability}
+    probabilities = [p for _, p in answer.probabilities]  # in the request's order: values' order
+    if isinstance(answer, ChoiceAnswer):
+        best = [key for key, _ in answer.probabilities].index(answer.choice)
+        return {"type": "choice", "name": name, "choice": values[best], "confidence": answer.confidence,
                 "probabilities": [{"value": v, "probability": p} for v, p in zip(values, probabilities)]}
-    return {"type": "score", "name": name, "score": answer["score"], "confidence": answer["confidence"],
+    return {"type": "score", "name": name, "score": answer.score, "confidence": answer.confidence,
             "probabilities": [{"value": k, "label": label, "probability": p}
                               for k, (label, p) in enumerate(zip(values, probabilities))]}
 
 
-def to_openai(t: Translated, response: dict[str, Any], reused_tokens: int) -> dict[str, Any]:
-    """System One's response as OpenAI's Decision: answers in question order, usage with the cached tokens."""
-    tokens = response["usage"]["input_tokens"]
-    answers = [_answer(response["answers"][qid], name, t.values.get(qid, []))
-               for qid, name in zip(t.body["questions"], t.names)]
-    extensions = {k: v for k, v in response.items() if k.startswith("x_")}
-    return {"model": response["model"], "answers": answers,
+def to_openai(t: Translated, decision: Decision, extra: dict[str, Any]) -> dict[str, Any]:
+    """The Decision's answers as OpenAI's Decision: in question order, usage with the cached tokens; extra: the
+    x_ extensions."""
+    tokens, by_id = decision.input_tokens, {a.id: a for a in decision.answers}
+    answers = [_answer(by_id[qid], name, t.values.get(qid, [])) for qid, name in zip(t.body["questions"], t.names)]
+    reused_tokens = decision.reused_tokens
+    return {"model": decision.requested, "answers": answers,
             "usage": {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": reused_tokens,
                                                                        "cache_write_tokens": 0},
                       "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0},
-                      "total_tokens": tokens}, **extensions}
+                      "total_tokens": tokens}, **extra}
 
 
 async def decisions_handler(request: web.Request) -> web.Response:
@@ -397,14 +397,15 @@ async def decisions_handler(request: web.Request) -> web.Response:
     if body.parts is not None:
         raise UnsupportedMediaType("POST /v1/decisions takes application/json; send images as input_image data URLs")
     translated = to_systemone(body.data)
+    options = RequestOptions(partition=translated.partition)
     try:
         decision: Decision = await decide(request, decision_input(body, translated.body, translated.model,
-                                                                  partition=translated.partition))
+                                                                  options=options))
     except RequestInvalid as exc:
         raise translated.relocated(exc) from None
-    response, headers = reply(request, decision, start, [])
+    extra, headers = extensions(request, decision, start, [])
     headers["x-request-id"] = request[INFO].id
-    return json_response(to_openai(translated, response, decision.reused_tokens), headers=headers)
+    return json_response(to_openai(translated, decision, extra), headers=headers)
 
 
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:

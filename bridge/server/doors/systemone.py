@@ -7,10 +7,11 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from .appstate import REGISTRY
-from .context import Door, jev_error, json_response
-from .decisions import decide, decision_input, read_body, reply
-from .routes import JEV_SHAPE, PATHS
+from ...service.decision import systemone_body
+from ..appstate import REGISTRY
+from ..context import Door, jev_error, json_response
+from ..routes import JEV_SHAPE, PATHS
+from .decisions import decide, decision_input, extensions, read_body
 
 
 def no_model_warning(default: str) -> str:
@@ -27,8 +28,8 @@ async def systemone_handler(request: web.Request) -> web.Response:
         warnings.append(no_model_warning(data["model"]))
     model = data.get("model") if isinstance(data, dict) else None
     decision = await decide(request, decision_input(body, data, model))
-    response, headers = reply(request, decision, start, warnings)
-    return json_response(response, headers=headers)
+    extra, headers = extensions(request, decision, start, warnings)
+    return json_response({**systemone_body(decision), **extra}, headers=headers)
 
 
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:

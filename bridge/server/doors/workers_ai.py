@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from aiohttp import web
 
-from ...head.errors import Problem, RequestInvalid
-from ...head.schema import MAX_TEXT_PROBLEMS, Limits
-from ..service.decision import Contract
-from .context import Door, json_response
-from .decisions import decide, decision_input, read_body, reply
-from .routes import PATHS, WORKERS_AI_ROUTES, WORKERS_AI_SHAPE
+from ....head.errors import Problem, RequestInvalid
+from ....head.schema import MAX_TEXT_PROBLEMS, Limits
+from ...model.worker import RequestOptions
+from ...service.decision import Contract, systemone_body
+from ..context import Door, json_response
+from ..routes import PATHS, WORKERS_AI_ROUTES, WORKERS_AI_SHAPE
+from .decisions import decide, decision_input, extensions, read_body
 
 MAX_QUESTIONS = 64
 MAX_BODY_BYTES = 13 * 2**20
@@ -37,18 +37,13 @@ def workers_ai_error(exc: BaseException | None, status: int, error_type: str, me
     return workers_ai_envelope(errors=[{"code": WORKERS_AI_CODES.get(status, status), "message": message}])
 
 
-@dataclass(frozen=True)
-class HostedOptions:
-    reject_if_busy: bool = False  # answer 429 (code 3040) at once rather than wait behind other requests
-
-
-def take_options(body: dict[str, Any]) -> tuple[HostedOptions, dict[str, Any]]:
+def take_options(body: dict[str, Any]) -> tuple[RequestOptions, dict[str, Any]]:
     """The request's options and the body without them (they change no answer, so identical requests still
     share one computation); a malformed `options` is a 422."""
     raw = body.get("options")
     rest = {k: v for k, v in body.items() if k != "options"}
     if raw is None:
-        return HostedOptions(), rest
+        return RequestOptions(), rest
     if not isinstance(raw, dict):
         raise RequestInvalid([Problem(("body", "options"), 'options must be an object, such as {"rejectIfBusy": true}',
                                       "type_error")])
@@ -56,7 +51,7 @@ def take_options(body: dict[str, Any]) -> tuple[HostedOptions, dict[str, Any]]:
     if not isinstance(busy, bool):
         raise RequestInvalid([Problem(("body", "options", "rejectIfBusy"), f"rejectIfBusy must be true or false, got "
                                       f"{busy!r}", "type_error")])
-    return HostedOptions(reject_if_busy=busy), rest
+    return RequestOptions(reject_if_busy=busy), rest  # busy: 429 with code 3040 rather than waiting
 
 
 def hosted_problems(body: Any, limits: Limits) -> list[Problem]:
@@ -82,14 +77,14 @@ async def workers_ai_handler(request: web.Request) -> web.Response:
     its envelope."""
     start = time.perf_counter()
     body = await read_body(request, MAX_BODY_BYTES)
-    data, options, model = body.data, HostedOptions(), request.match_info["model"]
+    data, options, model = body.data, RequestOptions(), request.match_info["model"]
     if isinstance(data, dict):
         options, data = take_options(data)
         data["model"] = model
     decision = await decide(request, decision_input(body, data, model if isinstance(body.data, dict) else None,
-                                                    reject_if_busy=options.reject_if_busy, contract=CONTRACT))
-    response, headers = reply(request, decision, start, [])
-    return json_response(workers_ai_envelope(response), headers=headers)
+                                                    options=options, contract=CONTRACT))
+    extra, headers = extensions(request, decision, start, [])
+    return json_response(workers_ai_envelope({**systemone_body(decision), **extra}), headers=headers)
 
 
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,183 @@
+"""The media kinds as ONE table: each kind's checked input, how its body field reads in messages and in
+/openapi.json, how it is checked from its header and against its limits, decoded (in the capped decoder processes
+or in a thread), which towers' times x_timings reports, and its refusal by a model that cannot take it. request.py
+(finding media in a body), the decoder pool, the service and the OpenAPI description iterate it: a new kind is its
+own module (bridge/media/<kind>.py: header check, limits, decoding) plus one row here."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ...head import media as media_kinds
+from ...head.errors import Problem, RequestInvalid
+from ..gguf.projector import PROJECTOR_HOME
+from . import audio as audio_files
+from . import video as video_files
+from .audio import AudioInput, AudioRejected, AudioTooLarge
+from .errors import MediaRejected, MediaTooLarge, detached
+from .images import ImageGeometry, ImageHeader, ImageRejected, ImageTooLarge, check, decode, sniff
+from .video import VideoInput, VideoRejected, VideoTooLarge
+
+IMAGE, AUDIO, VIDEO = media_kinds.IMAGE.name, media_kinds.AUDIO.name, media_kinds.VIDEO.name
+FORMATS = ("png", "jpeg", "jpg", "webp")  # what an image's `format` may declare; the bytes decide
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image of a request, checked from its header, not decoded yet."""
+
+    loc: Loc
+    data: bytes
+    header: ImageHeader
+    digest: bytes  # sha256 of the bytes: the answer cache's key
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What decoding needs beside the bytes: the projector's image geometry, each medium's limits by kind."""
+
+    geometry: ImageGeometry | None
+    limits: Mapping[str, Any]  # each kind's limits by its name: ServerSpec.media_limits
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One medium's row: its words, its errors, and the functions each stage of a request calls for it."""
+
+    name: str  # IMAGE, AUDIO or VIDEO: an asset's `type`, its marker's word, a Media kind
+    field: str  # its list field in the body (the reference's and Workers AI's shape), and its decode stage
+    noun: str  # one of them, in messages
+    content_type: str  # a typical one, for messages
+    formats: tuple[str, ...]  # what an asset's `format` may declare; the bytes decide
+    count_key: str  # the [server] key of its count per request
+    bytes_key: str  # the [server] key of one item's bytes
+    description: str  # its body field in /openapi.json
+    rejected: type[MediaRejected]
+    too_large: type[MediaTooLarge]
+    inspect: Callable[[Loc, bytes, Any], Any]  # (loc, bytes, its limits) -> its input, checked from its header
+    # (its items' bytes, all the request's media bytes, its limits, the body field named) -> a refusal of a request
+    # holding some of it, by their total, if any: checked before any header is read
+    total: Callable[[int, int, Any, str], MediaRejected | None]
+    decode: Callable[[Sequence[Any], DecodeSettings], tuple[Any, ...]]  # its inputs, decoded; all failures at once
+    isolated: bool  # decoded in the capped decoder processes (untrusted containers and codecs), else in a thread
+    towers: Mapping[str, str]  # x_timings stage -> the Timings field of a tower it runs through in the worker
+    refusal: Callable[[str], RequestInvalid]  # its 422 for a model (named) that cannot take it
+
+    @property
+    def example(self) -> str:
+        return f"data:{self.content_type};base64,..."
+
+
+def combined(errors: list[MediaRejected]) -> MediaRejected:
+    """Several media's problems as one error: too large (413) when every one is about size, else 422; typed by
+    its medium when they share one."""
+    too_large = all(isinstance(e, MediaTooLarge) for e in errors)
+    for base, big in [(k.rejected, k.too_large) for k in TABLE.values()] + [(MediaRejected, MediaTooLarge)]:
+        if all(isinstance(e, base) for e in errors):
+            return (big if too_large else base)(errors[0].loc, problems=[p for e in errors for p in e.problems])
+    raise TypeError("not media errors")  # unreachable: every error is a MediaRejected
+
+
+def _image(loc: Loc, data: bytes, limits: Any) -> ImageInput:
+    header = sniff(data, loc)
+    check(header, len(data), limits, loc)
+    return ImageInput(loc, data, header, hashlib.sha256(data).digest())
+
+
+def _clip(loc: Loc, data: bytes, limits: Any) -> AudioInput:
+    audio_files.check_bytes(len(data), limits, loc)  # before anything parses the bytes
+    header = audio_files.sniff(data, loc, limits)
+    audio_files.check(header, len(data), limits, loc)
+    return AudioInput(loc, data, header, hashlib.sha256(data).digest())
+
+
+def _video(loc: Loc, data: bytes, limits: Any) -> VideoInput:
+    header = video_files.sniff(data, loc)
+    video_files.check(header, len(data), limits, loc)
+    return VideoInput(loc, data, header, hashlib.sha256(data).digest())
+
+
+def _images_total(total: int, media_bytes: int, limits: Any, field: str) -> MediaRejected | None:
+    if total <= limits.max_total_bytes:
+        return None
+    return ImageTooLarge(("body", field), f"the images hold {total} bytes together; the limit is "
+                         f"{limits.max_total_bytes} bytes per request (max_image_total_bytes)",
+                         "value_error.image.total_bytes")
+
+
+def _videos_total(total: int, media_bytes: int, limits: Any, field: str) -> MediaRejected | None:
+    if media_bytes <= limits.max_media_bytes:
+        return None
+    return VideoTooLarge(("body", field), f"the media of this request hold {media_bytes} bytes together; with "
+                         f"videos the limit is {limits.max_media_bytes} bytes (max_media_bytes)",
+                         "value_error.video.total_bytes")
+
+
+def _no_total(total: int, media_bytes: int, limits: Any, field: str) -> MediaRejected | None:
+    return None
+
+
+def decode_images(images: Sequence[ImageInput], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
+    """Every image's pixels at the projector's size (Pillow; run it off the event loop); all failures at once."""
+    pixels, errors = [], []
+    for image in images:
+        try:
+            pixels.append(decode(image.data, image.header, image.loc, settings.geometry))
+        except ImageRejected as exc:
+            errors.append(detached(exc))
+    if errors:
+        raise combined(errors)
+    return tuple(pixels)
+
+
+def _decode_audio(clips: Sequence[AudioInput], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
+    return audio_files.decode_audio_all(clips, settings.limits[AUDIO])
+
+
+def _decode_videos(videos: Sequence[VideoInput], settings: DecodeSettings) -> tuple[Any, ...]:
+    return video_files.decode_video_all(videos, settings.limits[VIDEO])
+
+
+def no_projector(model: str) -> RequestInvalid:
+    return RequestInvalid([Problem(("body", "images"), f"model {model!r} has no vision projector, so it takes no "
+                                   f"images; {PROJECTOR_HOME}", "images_not_supported")])
+
+
+def no_audio(model: str) -> RequestInvalid:
+    return RequestInvalid([Problem(("body", "audio"), f"model {model!r} takes no audio: it has no audio encoder "
+                                   "(Clef-omni's projector has one; Clef's and Clef-flash's do not); send the audio "
+                                   "to a Clef-omni model, or leave it out", "audio_not_supported")])
+
+
+def no_video(model: str) -> RequestInvalid:
+    return RequestInvalid([Problem(("body", "videos"), f"model {model!r} takes no videos: Clef-omni reads them "
+                                   "(frames through its vision tower, the soundtrack through its audio encoder); Clef "
+                                   "and Clef-flash do not: send key frames as images, or send the video to a "
+                                   "Clef-omni model", media_kinds.VIDEO.error_type)])
+
+
+# in the prompt's order of kinds: images, audio clips, then videos (the reference's)
+TABLE: dict[str, Kind] = {kind.name: kind for kind in (
+    Kind(IMAGE, media_kinds.IMAGE.field, "image", "image/png", FORMATS, "max_images", "max_image_bytes",
+         "PNG, JPEG or WebP images as data: URLs, base64 or {content_type, base64} (the reference's and Workers AI's "
+         "shape); needs a vision projector; max_images counts the assets' images too",
+         ImageRejected, ImageTooLarge, _image, _images_total, decode_images, False, {"vision": "vision"},
+         no_projector),
+    Kind(AUDIO, media_kinds.AUDIO.field, "audio clip", "audio/wav", audio_files.FORMATS, "max_audio_clips",
+         "max_audio_bytes",
+         "WAV or MP3 clips as data: URLs, base64 or {content_type, base64}, heard after the images; needs a model "
+         "with audio (x_media lists \"audio\"); max_audio_clips counts the assets' clips too",
+         AudioRejected, AudioTooLarge, _clip, _no_total, _decode_audio, True, {"audio_tower": "audio"}, no_audio),
+    # a video's soundtrack goes through the audio tower (0 ms for a silent one)
+    Kind(VIDEO, media_kinds.VIDEO.field, "video", "video/mp4", video_files.FORMATS, "max_videos", "max_video_bytes",
+         "MP4, WebM or Matroska videos as data: URLs, base64 or {content_type, base64}, seen after the audio clips: "
+         "frames at 2 fps and, when every video has one, the soundtrack; needs a model with video (x_media lists "
+         "\"video\"); max_videos counts the assets' videos too",
+         VideoRejected, VideoTooLarge, _video, _videos_total, _decode_videos, True,
+         {"vision": "vision", "audio_tower": "audio"}, no_video),
+)}
