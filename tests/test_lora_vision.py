@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 PNG = encoded(picture(96, 64, seed=11), "PNG")
 BODY = {"state": "a photo of the incident", "questions": {
     "urgent": {"type": "noul", "instructions": "Is it urgent?"},
-    "team": {"type": "choice", "instructions": "Which team?", "options": {"ops": "Operations", "sec": "Security",
+    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"ops": "Operations", "sec": "Security",
                                                                            "fin": "Finance"}}}}
 TEXT = {"state": "a text-only request", "questions": BODY["questions"]}
 SAME = 1e-5  # one model's answer to one request, whatever ran before it (f32 GGUFs; measured 0)
@@ -67,6 +67,7 @@ def test_an_image_request_runs_its_own_models_adapter_after_another_models_reque
     moved = float(np.abs(alone["tuned"] - alone["base"]).max())
     assert moved > MOVED, "the adapter must move the image request's answer, or matching proves nothing"
     after_other = {"tuned": image(decisions, "tuned", after="base"), "base": image(decisions, "base", after="tuned")}
+    print(f"the adapter moves the image request's logits by {moved:.3f}")
     for name in ("tuned", "base"):
         worst = float(np.abs(after_other[name] - alone[name]).max())
         assert worst <= SAME, f"{name}'s image answer moved by {worst:.2e} after the other model's request"
