@@ -1,7 +1,8 @@
 """Media limits at their boundaries, from header bytes built by hand (bridge/media/video.py `check`, request.py
 `extract`, audio.py `sniff`): a video of exactly max_video_seconds passes and one just over is a 413, as audio's
 are; max_media_bytes counts every kind of a request with videos together; a WAV whose odd-sized chunk before the
-data is padded to even (as ffmpeg writes its LIST/ISFT tag) is read with its true duration."""
+data is padded to even (as ffmpeg writes its LIST/ISFT tag) is read with its true duration; the service hands the
+decoder pool each medium's kind, so a video gets decode_video_timeout_s."""
 
 from __future__ import annotations
 
