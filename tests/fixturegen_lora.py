@@ -110,5 +110,19 @@ def build(root: Path = FIXTURES) -> LoraFixtures:
         return LoraFixtures(base, checkpoints)
 
 
+def build_vision(root: Path = FIXTURES):
+    """The tiny vision fixtures (tests/fixturegen_vision.py) and a random PEFT checkpoint over their backbone (the
+    first recipe's): a fine-tune of a model that takes images."""
+    from . import fixturegen_vision
+
+    vision = fixturegen_vision.build(root)
+    out = root / f"tiny-vl-lora-{RECIPES[0].name}"
+    with _lock(root):
+        if not (out / "adapter" / "adapter_model.safetensors").exists():
+            _log(f"building the LoRA checkpoint {out.name}")
+            build_checkpoint(vision.hf_model, out, RECIPES[0])
+    return vision, out
+
+
 if __name__ == "__main__":
     print(build(Path(sys.argv[1]) if len(sys.argv) > 1 else FIXTURES))

@@ -1,10 +1,13 @@
 """A small mutation check: named bugs put into a temporary copy of the tree, each run against its tests.
 
-    .venv/bin/python -m tests.mutants [--list] [--only NAME ...] [--keep]
+    .venv/bin/python -m tests.mutants [--list] [--only NAME ...] [--level LEVEL] [--by-level] [--keep]
 
 Each mutant is one (file, old text, new text) edit, applied to a copy of the tree in a temporary
 folder (the checkout is never written), where the tests named for it run with `-x`: a failing test
-kills it, a passing run lets it survive. The copy imports its own code (a PYTHONPATH folder maps
+kills it, a passing run lets it survive. --level runs only the tests of a level and those below it
+(unit: `-m unit`; integration: `-m "not slow"`; all, the default: every test named); --by-level runs
+each mutant's unit tests first, then, where it survived, up to integration, then all (up to --level),
+and prints how many each level kills. The copy imports its own code (a PYTHONPATH folder maps
 clef_bridge.* onto the copy, ahead of the editable install) and shares the checkout's .fixtures/.
 Prints one line per mutant and the kill rate; exits 1 when a mutant survived or no longer applies
 (its old text is gone: update the list). About 4 minutes on 2 cores, the passing baselines included.
@@ -41,6 +44,14 @@ PREFIX = ("tests/test_prefix_property.py", "tests/test_prefix_cache.py")
 INTEGRITY = ("tests/test_integrity.py",)
 HEADERS = ("tests/test_header_decoder.py", "tests/test_server_adversarial.py", "-k", "utf8 or header")
 AUDIO = ("tests/test_audio_tower.py",)
+VIDEO_LIMITS = ("tests/test_media_limits.py", "tests/test_video_headers.py", "tests/test_media_boundaries.py")
+MEDIA_BYTES = ("tests/test_media_limits.py", "tests/test_video_headers.py")
+WAV_CHUNKS = ("tests/test_media_limits.py", "tests/test_media_headers.py", "tests/test_media_boundaries.py")
+DECODE_KIND = ("tests/test_media_limits.py",
+               "tests/test_decoders.py::test_the_service_gives_each_kind_its_own_time_limit")
+VIDEO_POSITIONS = ("tests/test_video_prompt.py", "tests/test_video_positions.py")
+LEVELS = {"unit": ("-m", "unit"), "integration": ("-m", "not slow"), "all": ()}  # each level includes those before
+LEVEL_NAMES = {"unit": "unit", "integration": "unit + integration", "all": "all (slow included)"}
 
 MUTANTS = (
     # the answer math (head/answer.py)
@@ -114,6 +125,41 @@ MUTANTS = (
     Mutant("audio: a symmetric Hann window", "bridge/media/audio_tower.py",
            "window = (0.5 - 0.5 * xp.cos(2 * math.pi * xp.arange(N_FFT) / N_FFT)).astype(xp.float32)",
            "window = xp.hanning(N_FFT).astype(xp.float32)", AUDIO),
+    # media limits (bridge/media/): each passed the whole suite before issue 41's tests
+    Mutant("video: a clip of exactly max_video_seconds refused", "bridge/media/video.py",
+           "header.duration_s is not None and header.duration_s > limits.max_seconds",
+           "header.duration_s is not None and header.duration_s >= limits.max_seconds", VIDEO_LIMITS),
+    Mutant("video: exactly 120 frames per allowed second refused", "bridge/media/video.py",
+           "header.frames and header.frames > MAX_SOURCE_FPS * limits.max_seconds",
+           "header.frames and header.frames >= MAX_SOURCE_FPS * limits.max_seconds", VIDEO_LIMITS),
+    Mutant("video: a soundtrack may not outlast its frames", "bridge/media/video.py",
+           "round((limits.max_seconds + 1) * SAMPLE_RATE)", "round(limits.max_seconds * SAMPLE_RATE)", VIDEO_LIMITS),
+    Mutant("media: max_media_bytes counts the videos alone", "bridge/media/request.py",
+           "sum(len(d) for s in sources.values() for _, d in s)", "sum(len(d) for _, d in sources[VIDEO])",
+           MEDIA_BYTES),
+    Mutant("media: max_media_bytes leaves the audio out", "bridge/media/request.py",
+           "sum(len(d) for s in sources.values() for _, d in s)",
+           "sum(len(d) for k in (IMAGE, VIDEO) for _, d in sources[k])", MEDIA_BYTES),
+    Mutant("wav: an odd-sized chunk's pad byte read as the next chunk", "bridge/media/audio.py",
+           "at += 8 + size + (size & 1)", "at += 8 + size", WAV_CHUNKS),
+    # the decoder pool's time limits (bridge/service/decision.py, bridge/media/decoders.py)
+    Mutant("service: a video decoded under the audio time limit", "bridge/service/decision.py",
+           "inputs[0].loc[:2],\n                                                      kind)", "inputs[0].loc[:2])",
+           DECODE_KIND),
+    Mutant("decoders: one time limit for every kind", "bridge/media/decoders.py",
+           "return self.video_seconds if kind == VIDEO.name else self.seconds", "return self.seconds",
+           ("tests/test_decoders.py",)),
+    # a vision model's LoRA fine-tune (bridge/llama/adapters.py)
+    Mutant("lora: an image request runs the last model's adapter", "bridge/llama/adapters.py",
+           "        with self.shared.lock:\n            self.shared.select(self.adapter)\n"
+           "            return self.shared.backbone.decode_media(chunks)",
+           "        with self.shared.lock:\n            return self.shared.backbone.decode_media(chunks)",
+           ("tests/test_lora_vision.py",)),
+    # video positions (bridge/llama/omni_positions.py, bridge/media/video.py)
+    Mutant("video positions: rows and columns swapped", "bridge/llama/omni_positions.py",
+           "rows, cols = h // merge, w // merge", "cols, rows = h // merge, w // merge", VIDEO_POSITIONS),
+    Mutant("video: seconds per grid at the processor's default fps (1.0)", "bridge/media/video.py",
+           "return 2 / FPS", "return 2 / 1.0", VIDEO_POSITIONS),
 )
 
 
@@ -135,19 +181,20 @@ def copy_tree(dest: Path) -> None:
         (site / part).symlink_to(dest / part)
 
 
-def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[str, float]:
-    """'killed' (a test failed or the run hung), 'survived', or 'broken' (pytest could not run them)."""
+def run_tests(tree: Path, tests: tuple[str, ...], level: str = "all") -> tuple[str, float]:
+    """'killed' (a test failed or the run hung), 'survived' (none failed, or none is of this level), or 'broken'
+    (pytest could not run them)."""
     env = dict(os.environ, PYTHONPATH=str(tree / ".mutant-site"), PYTHONDONTWRITEBYTECODE="1")
     started = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                              cwd=tree, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *LEVELS[level],
+                               *tests], cwd=tree, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
     except subprocess.TimeoutExpired:
         return "killed", time.monotonic() - started
     seconds = time.monotonic() - started
     if done.returncode == 1:
         return "killed", seconds
-    if done.returncode == 0:
+    if done.returncode in (0, 5):  # 5: every test named is of a higher level, so none ran
         return "survived", seconds
     return f"broken (pytest exit {done.returncode}: {done.stdout.strip().splitlines()[-1:]})", seconds
 
@@ -161,10 +208,32 @@ def check_imports_the_copy(tree: Path) -> None:
         raise SystemExit(f"the copy imports {where}, not its own code: mutants would test the checkout")
 
 
+def run_mutant(tree: Path, m: Mutant, levels: list[str]) -> str:
+    """The mutant's outcome at the first level (of levels, lowest first) whose tests kill it, else at the last."""
+    target = tree / m.file
+    original = target.read_text()
+    if original.count(m.old) != 1:
+        return f"stale ({m.file} holds its old text {original.count(m.old)} times)"
+    target.write_text(original.replace(m.old, m.new))
+    try:
+        for level in levels:
+            outcome, seconds = run_tests(tree, m.tests, level)
+            if outcome != "survived":
+                break
+    finally:
+        target.write_text(original)
+    return f"{outcome} in {seconds:.0f} s" + (f" ({level})" if outcome == "killed" else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__.split("\n")[0])
     parser.add_argument("--list", action="store_true", help="print the mutants and their tests, run nothing")
     parser.add_argument("--only", nargs="+", metavar="TEXT", help="run the mutants whose name contains TEXT")
+    parser.add_argument("--level", choices=list(LEVELS), default="all",
+                        help="run the tests of this level and those below it (unit, unit + integration, all)")
+    parser.add_argument("--by-level", action="store_true",
+                        help="run each mutant's unit tests first, then up to integration, then all (up to --level), "
+                             "and count the kills of each level")
     parser.add_argument("--keep", action="store_true", help="keep the temporary tree (its path is printed)")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.only or any(t in m.name for t in args.only)]
@@ -174,37 +243,33 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             print(f"{m.name}  [{m.file}]  -> pytest {' '.join(m.tests)}")
         return 0
+    top = list(LEVELS).index(args.level)
+    levels = list(LEVELS)[:top + 1] if args.by_level else [args.level]
     tree = Path(tempfile.mkdtemp(prefix="clef-mutants-"))
     results: list[tuple[Mutant, str]] = []
     try:
         copy_tree(tree)
         check_imports_the_copy(tree)
         for tests in dict.fromkeys(m.tests for m in chosen):  # each set must pass before it can kill anything
-            outcome, seconds = run_tests(tree, tests)
+            outcome, seconds = run_tests(tree, tests, args.level)
             print(f"baseline {'passed' if outcome == 'survived' else outcome} in {seconds:.0f} s: "
-                  f"pytest {' '.join(tests)}", flush=True)
+                  f"pytest {' '.join(LEVELS[args.level] + tests)}", flush=True)
             if outcome != "survived":
                 raise SystemExit("the unmutated tree fails these tests: fix them first, or no kill means anything")
         for m in chosen:
-            target = tree / m.file
-            original = target.read_text()
-            if original.count(m.old) != 1:
-                results.append((m, f"stale ({m.file} holds its old text {original.count(m.old)} times)"))
-            else:
-                target.write_text(original.replace(m.old, m.new))
-                try:
-                    outcome, seconds = run_tests(tree, m.tests)
-                finally:
-                    target.write_text(original)
-                results.append((m, f"{outcome} in {seconds:.0f} s"))
-            print(f"{results[-1][1]:<24} {m.name}", flush=True)
+            results.append((m, run_mutant(tree, m, levels)))
+            print(f"{results[-1][1]:<36} {m.name}", flush=True)
     finally:
         if args.keep:
             print(f"tree kept at {tree}")
         else:
             shutil.rmtree(tree, ignore_errors=True)
     killed = sum(r.startswith("killed") for _, r in results)
-    print(f"killed {killed} of {len(results)} mutants ({100 * killed / len(results):.0f}%)")
+    if args.by_level:
+        for i, level in enumerate(levels):
+            upto = sum(any(r.endswith(f"({lv})") for lv in levels[:i + 1]) for _, r in results)
+            print(f"killed by the {LEVEL_NAMES[level]} tests: {upto} of {len(results)}")
+    print(f"killed {killed} of {len(results)} mutants ({100 * killed / len(results):.0f}%) at level {args.level}")
     for m, r in results:
         if not r.startswith("killed"):
             print(f"  not killed: {m.name}: {r}")
