@@ -65,6 +65,7 @@ def test_answers_equal_the_reference(omni, vfx, name):
     prepared, got, decision = run(omni, vfx, CASES[name])
     assert prepared.encoded.input_ids.tolist() == want["input_ids"]  # every frame and sound token where it is
     assert decision.response["usage"] == want["answer"]["usage"]
+    assert bool(decision.warnings) == want["use_audio_in_video"]  # the mask's difference, said (x_warnings)
     ref = {q: np.array(p) for q, p in want["probabilities"].items()}
     dp = max_dp(got, ref)
     print(f"{name}: {len(want['input_ids'])} tokens, max |dp| {dp:.2e}")

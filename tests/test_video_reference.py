@@ -14,6 +14,7 @@ from clef_bridge.bridge.media.audio import sniff as sniff_audio
 from clef_bridge.bridge.media.audio_tower import audio_tokens, request_frames
 from clef_bridge.bridge.media.images import ImageGeometry
 from clef_bridge.bridge.media.video import decode, patches, smart_resize, tower_frames
+from clef_bridge.bridge.model.video_prompt import video_prompt
 
 from . import fixturegen_video
 
@@ -119,3 +120,20 @@ def test_every_video_moves_the_references_answer(answers):
     for case in CASES:
         got = answers[case]["probabilities"]
         assert max(np.abs(np.subtract(got[q], text[q])).max() for q in text) > 1e-2, case
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_what_the_mask_hides_is_counted_from_the_references_positions(fx, answers, decoded, case):
+    """The (sound token, earlier frame token) pairs that llama.cpp's rule (a later temporal position, or a tie and a
+    later row, or a later column on the same row) hides, found on the reference's own ids and positions, are the
+    ones the prompt plan counts for its x_warnings."""
+    want = answers[case]
+    ids, (t, y, x) = np.array(want["input_ids"]), np.array(want["position_ids"])
+    sound, frame = np.flatnonzero(ids == 151675), np.flatnonzero(ids == 151656)
+    hidden = ((frame[None] < sound[:, None]) & ((t[frame][None] > t[sound][:, None]) | (
+        (t[frame][None] == t[sound][:, None]) & ((y[frame][None] > y[sound][:, None]) | (
+            (y[frame][None] == y[sound][:, None]) & (x[frame][None] > x[sound][:, None]))))))
+    spec = fixturegen_video.CASES[case]
+    plan = video_prompt([decoded[v] for v in spec.videos], [_audio(fx, a) for a in spec.audio], 32)
+    assert plan.hidden_by_the_mask == (int(hidden.any(1).sum()), int(hidden.sum()))
+    assert (hidden.sum() > 0) == want["use_audio_in_video"]

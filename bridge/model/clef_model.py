@@ -74,6 +74,7 @@ class Scored:
     input_tokens: int
     timings: Timings = field(compare=False)
     logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)
+    warnings: tuple[str, ...] = ()  # where this answer knowingly departs from the reference's (x_warnings)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,11 @@ class Prepared:
     def has_media(self) -> bool:
         """A request with media decodes alone (llama.cpp takes token ids or embeddings in a batch, not both)."""
         return bool(self.media)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Where this request's answer knowingly departs from the reference's (a video's soundtrack: the mask)."""
+        return tuple(w for plan in self.media.of(VIDEO) for w in plan.warnings)
 
 
 @dataclass(frozen=True)
@@ -291,7 +297,8 @@ class ClefModel:
         }
         timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused,
                           item.vision_s, item.audio_s)
-        return Scored(body, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets))
+        return Scored(body, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets),
+                      prepared.warnings)
 
     def score_batch(self, batch: list[Prepared]) -> list[Scored]:
         """One batched prefill, then the head per request."""

@@ -90,6 +90,7 @@ def reply(request: web.Request, decision: Decision, start: float, warnings: list
     request.app[METRICS].latency.labels(info.model, "total").observe(total_ms / 1e3)
     extensions: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
     headers = {}
+    warnings = [*decision.warnings, *warnings]
     builtin = request.app[SERVED][info.model].spec.builtin
     if builtin:
         warnings = warnings + [demo_warning(builtin)]

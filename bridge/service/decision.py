@@ -75,6 +75,7 @@ class Decision:
     reused_tokens: int  # prompt tokens restored from the prefix cache
     batch_size: int
     logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)  # unrounded, per question
+    warnings: tuple[str, ...] = ()  # where the answer knowingly departs from the reference's (x_warnings)
 
 
 def validate(body: Any, limits: Limits = Limits(), contract: Contract | None = None) -> DecisionRequest:
@@ -157,7 +158,7 @@ class DecisionService:
             if kind in TOWER_STAGES:
                 stages[TOWER_STAGES[kind]] = getattr(t, TOWER_STAGES[kind])
         return Decision(name, scored.response, scored.input_tokens, stages, t.reused_tokens, t.batch_size,
-                        scored.logits)
+                        scored.logits, scored.warnings)
 
     def _takes(self, name: str, media: Media) -> bool:
         """Whether the served model takes every kind of the request's media."""
