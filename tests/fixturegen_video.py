@@ -66,6 +66,7 @@ class Clip:
     layout: str = "stereo"  # the soundtrack's channels: mono, stereo, 5.1
     pix_fmt: str = "yuv420p"
     vfr: bool = False  # variable frame rate: frame i at a jittered time (fps is then the time base's rate)
+    audio_seconds: float | None = None  # the soundtrack's length when it is not the video's
 
     @property
     def frames(self) -> int:
@@ -114,6 +115,9 @@ CLIPS = {
     "mkv_2frames_odd_51": Clip("matroska", ".mkv", "ffv1", "aac", 333, 187, 4, 1.0, audio_rate=48000, seed=10,
                                layout="5.1", pix_fmt="yuv444p"),
     # variable frame rate (jittered timestamps), silent, portrait
+    # a soundtrack (MP3, 22.05 kHz mono) that stops long before the frames: the last pairs follow as one block
+    "mp4_short_sound": Clip("mp4", ".mp4", "libx264", "libmp3lame", 352, 288, 8, 3.0, audio_rate=22050, seed=12,
+                            layout="mono", audio_seconds=0.8),
     "mkv_vfr_portrait": Clip("matroska", ".mkv", "mpeg4", None, 288, 512, 8, 2.2, seed=11, vfr=True),
 }
 
@@ -134,7 +138,7 @@ def frame_pixels(clip: Clip, i: int) -> np.ndarray:
 def soundtrack(clip: Clip) -> np.ndarray:
     """float32 [channels, n]: a chirp on the first channel, a tone on the second, other tones on the rest (5.1),
     seeded noise on all."""
-    n = round(clip.seconds * clip.audio_rate)
+    n = round((clip.audio_seconds or clip.seconds) * clip.audio_rate)
     t = np.arange(n) / clip.audio_rate
     rng = np.random.default_rng(clip.seed)
     left = 0.3 * np.sin(2 * np.pi * (220 + 200 * clip.seed + 150 * t) * t)
@@ -203,9 +207,10 @@ CASES = {
     "one_frame_8k": VideoCase(videos=("mkv_1frame_8k",)),
     "two_frames_odd_51": VideoCase(videos=("mkv_2frames_odd_51",)),
     "vfr_portrait": VideoCase(videos=("mkv_vfr_portrait",)),
+    "short_sound": VideoCase(videos=("mp4_short_sound",)),
 }
 ISSUE38 = ("mpeg4_30fps", "h264_aac_3f", "ffv1_pcm", "vp9_opus_5f", "image_audio_silent_video", "two_sounded",
-           "silent_beside_sounded", "one_frame_8k", "two_frames_odd_51", "vfr_portrait")
+           "silent_beside_sounded", "one_frame_8k", "two_frames_odd_51", "vfr_portrait", "short_sound")
 
 
 @dataclass(frozen=True)
