@@ -66,8 +66,8 @@ class VideoPrompt:
             return ()
         return (f"audio in video: {sounds} sound token(s) share a temporal position with a frame pair and llama.cpp's "
                 f"causal mask, which compares positions, hides {hidden} of those frame tokens from them (the "
-                "reference's mask follows token order); answers can differ from the reference's by about 1e-3 "
-                "(docs/media.md)",)
+                "reference's mask follows token order): answers can differ from the reference's (by up to 2e-3 on "
+                "the test model; docs/media.md)",)
 
 
 def video_prompt(videos: Sequence[DecodedVideo], clips: Sequence[np.ndarray], factor: int) -> VideoPrompt:
