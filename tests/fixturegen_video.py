@@ -63,10 +63,32 @@ class Clip:
     seconds: float
     audio_rate: int = 44100
     seed: int = 0
+    layout: str = "stereo"  # the soundtrack's channels: mono, stereo, 5.1
+    pix_fmt: str = "yuv420p"
+    vfr: bool = False  # variable frame rate: frame i at a jittered time (fps is then the time base's rate)
+    audio_seconds: float | None = None  # the soundtrack's length when it is not the video's
 
     @property
     def frames(self) -> int:
         return round(self.fps * self.seconds)
+
+    @property
+    def ticks(self) -> int:
+        """Time-base units per frame period: 4 for a variable rate (frames land between the periods)."""
+        return 4 if self.vfr else 1
+
+    def pts(self, i: int) -> int:
+        """Frame i's time in time-base units: whole periods, or jittered by up to half a period."""
+        return self.ticks * i + ((i * 7) % 5 - 2 if self.vfr and i else 0)
+
+    @property
+    def end_s(self) -> float:
+        """When the last frame ends: its time plus one frame period."""
+        return (self.pts(self.frames - 1) + self.ticks) / (self.ticks * self.fps)
+
+    @property
+    def channels(self) -> int:
+        return {"mono": 1, "stereo": 2, "5.1": 6}[self.layout]
 
 
 CLIPS = {
@@ -77,6 +99,26 @@ CLIPS = {
     "webm_sounded": Clip("webm", ".webm", "libvpx-vp9", "libopus", 256, 192, 8, 1.0, audio_rate=48000, seed=3),
     # 15 frames at 6 fps: 5 kept (odd); 120,000 pixels, under 131,072
     "mkv_sounded": Clip("matroska", ".mkv", "mpeg4", "libmp3lame", 400, 300, 6, 2.5, seed=4),
+    # issue 38's clips, made as a user's files come: MPEG-4 at 30 fps, 147,456 pixels (no scaling at all)
+    "mp4_mpeg4_30fps": Clip("mp4", ".mp4", "mpeg4", None, 512, 288, 30, 2.0, seed=5),
+    # 3 frames kept (padded to 4), scaled down, AAC 44.1 kHz stereo
+    "mp4_h264_aac_3f": Clip("mp4", ".mp4", "libx264", "aac", 640, 480, 25, 1.5, seed=6),
+    # lossless FFV1 + 16 kHz mono PCM at 10 fps: 6 frames, 3 pairs, a soundtrack of exactly 3 x 13 tokens
+    "mkv_ffv1_pcm": Clip("matroska", ".mkv", "ffv1", "pcm_s16le", 384, 384, 10, 3.0, audio_rate=16000, seed=7,
+                         layout="mono"),
+    # VP9 + Opus 48 kHz at 12 fps: 5 frames kept (padded to 6)
+    "webm_vp9_opus_5f": Clip("webm", ".webm", "libvpx-vp9", "libopus", 480, 352, 12, 2.5, audio_rate=48000, seed=8),
+    # one frame (a clip shorter than one temporal patch: padded to a pair), 8 kHz mono PCM
+    "mkv_1frame_8k": Clip("matroska", ".mkv", "ffv1", "pcm_s16le", 320, 320, 5, 0.4, audio_rate=8000, seed=9,
+                          layout="mono"),
+    # two frames, odd sides (FFV1 in 4:4:4 takes them), 5.1 AAC at 48 kHz
+    "mkv_2frames_odd_51": Clip("matroska", ".mkv", "ffv1", "aac", 333, 187, 4, 1.0, audio_rate=48000, seed=10,
+                               layout="5.1", pix_fmt="yuv444p"),
+    # variable frame rate (jittered timestamps), silent, portrait
+    # a soundtrack (MP3, 22.05 kHz mono) that stops long before the frames: the last pairs follow as one block
+    "mp4_short_sound": Clip("mp4", ".mp4", "libx264", "libmp3lame", 352, 288, 8, 3.0, audio_rate=22050, seed=12,
+                            layout="mono", audio_seconds=0.8),
+    "mkv_vfr_portrait": Clip("matroska", ".mkv", "mpeg4", None, 288, 512, 8, 2.2, seed=11, vfr=True),
 }
 
 
@@ -94,13 +136,14 @@ def frame_pixels(clip: Clip, i: int) -> np.ndarray:
 
 
 def soundtrack(clip: Clip) -> np.ndarray:
-    """float32 [2, n] stereo: a chirp on the left, a tone on the right, seeded noise on both."""
-    n = round(clip.seconds * clip.audio_rate)
+    """float32 [channels, n]: a chirp on the first channel, a tone on the second, other tones on the rest (5.1),
+    seeded noise on all."""
+    n = round((clip.audio_seconds or clip.seconds) * clip.audio_rate)
     t = np.arange(n) / clip.audio_rate
     rng = np.random.default_rng(clip.seed)
     left = 0.3 * np.sin(2 * np.pi * (220 + 200 * clip.seed + 150 * t) * t)
-    right = 0.2 * np.sin(2 * np.pi * (660 + 100 * clip.seed) * t)
-    return (np.stack([left, right]) + 0.02 * rng.standard_normal((2, n))).astype(np.float32)
+    rest = [0.2 * np.sin(2 * np.pi * (660 + 100 * clip.seed + 250 * c) * t) for c in range(clip.channels - 1)]
+    return (np.stack([left, *rest]) + 0.02 * rng.standard_normal((clip.channels, n))).astype(np.float32)
 
 
 def write_clip(clip: Clip, path: Path) -> None:
@@ -108,14 +151,14 @@ def write_clip(clip: Clip, path: Path) -> None:
 
     with av.open(str(path), "w", format=clip.container) as out:
         video = out.add_stream(clip.video_codec, rate=clip.fps)
-        video.width, video.height, video.pix_fmt = clip.width, clip.height, "yuv420p"
-        video.codec_context.time_base = Fraction(1, clip.fps)
+        video.width, video.height, video.pix_fmt = clip.width, clip.height, clip.pix_fmt
+        video.codec_context.time_base = Fraction(1, clip.ticks * clip.fps)
         audio = out.add_stream(clip.audio_codec, rate=clip.audio_rate) if clip.audio_codec else None
         if audio is not None:
-            audio.layout = "stereo"
+            audio.layout = clip.layout
         for i in range(clip.frames):
             frame = av.VideoFrame.from_ndarray(frame_pixels(clip, i), format="rgb24")
-            frame.pts = i
+            frame.pts = clip.pts(i)
             out.mux(video.encode(frame))
         out.mux(video.encode(None))
         if audio is not None:
@@ -123,7 +166,7 @@ def write_clip(clip: Clip, path: Path) -> None:
             step = 960 if clip.audio_codec == "libopus" else 1152 if clip.audio_codec == "libmp3lame" else 1024
             for at in range(0, samples.shape[1], step):
                 part = np.ascontiguousarray(samples[:, at:at + step])
-                frame = av.AudioFrame.from_ndarray(part.reshape(1, -1, order="F"), format="flt", layout="stereo")
+                frame = av.AudioFrame.from_ndarray(part.reshape(1, -1, order="F"), format="flt", layout=clip.layout)
                 frame.sample_rate, frame.pts = clip.audio_rate, at
                 out.mux(audio.encode(frame))
             out.mux(audio.encode(None))
@@ -152,7 +195,22 @@ CASES = {
     "video_sounded_fps1": VideoCase(videos=("mp4_sounded_big",),
                                     media_kwargs={"videos_kwargs": {"do_sample_frames": False,
                                                                     "use_audio_in_video": True}}),
+    # issue 38's cases, and more of the kind
+    "mpeg4_30fps": VideoCase(videos=("mp4_mpeg4_30fps",)),
+    "h264_aac_3f": VideoCase(videos=("mp4_h264_aac_3f",)),
+    "ffv1_pcm": VideoCase(videos=("mkv_ffv1_pcm",)),
+    "vp9_opus_5f": VideoCase(videos=("webm_vp9_opus_5f",)),
+    "image_audio_silent_video": VideoCase(images=("image_300x200.png",), audio=("tone_1.7.wav",),
+                                          videos=("mp4_mpeg4_30fps",)),
+    "two_sounded": VideoCase(videos=("mp4_h264_aac_3f", "mkv_ffv1_pcm")),
+    "silent_beside_sounded": VideoCase(videos=("mp4_mpeg4_30fps", "webm_vp9_opus_5f")),
+    "one_frame_8k": VideoCase(videos=("mkv_1frame_8k",)),
+    "two_frames_odd_51": VideoCase(videos=("mkv_2frames_odd_51",)),
+    "vfr_portrait": VideoCase(videos=("mkv_vfr_portrait",)),
+    "short_sound": VideoCase(videos=("mp4_short_sound",)),
 }
+ISSUE38 = ("mpeg4_30fps", "h264_aac_3f", "ffv1_pcm", "vp9_opus_5f", "image_audio_silent_video", "two_sounded",
+           "silent_beside_sounded", "one_frame_8k", "two_frames_odd_51", "vfr_portrait", "short_sound")
 
 
 @dataclass(frozen=True)
@@ -217,7 +275,7 @@ def _spec(fx: fixturegen_omni.OmniFixtures, clips: dict[str, Path], out: Path) -
     return {"reference": str(reference_file()), "reference_sha256": REFERENCE_SHA256, "model": str(fx.hf_model),
             "head": str(fx.head), "image_processor": fixturegen_omni.IMAGE_PROCESSOR,
             "video_processor": VIDEO_PROCESSOR, "feature_extractor": FEATURE_EXTRACTOR, "cases": cases,
-            "arrays_for": ["video_silent", "video_sounded"], "out": str(out)}
+            "arrays_for": ["video_silent", "video_sounded", *ISSUE38], "out": str(out)}
 
 
 def _stamp(spec: dict[str, Any]) -> str:

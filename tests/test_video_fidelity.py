@@ -24,6 +24,10 @@ from .test_omni import open_omni
 pytestmark = pytest.mark.slow  # the oracle environment, and a model per module
 
 TOLERANCE = 1e-2
+# ours against the reference run with llama.cpp's attention mask (tests/video_oracle.py llama_mask): what remains is
+# the vision tower through mtmd, the numpy audio tower and float32 sums (measured: 2.1e-4 at most, two videos of
+# which one is silent; 9e-6 to 6e-5 for the others)
+MASKED_TOLERANCE = 5e-4
 LOC = ("body", "videos", 0)
 CASES = {name: case for name, case in fixturegen_video.CASES.items() if case.videos and not case.media_kwargs}
 BODY = {"model": "clef-omni", "state": STATE, "questions": SCHEMA}
@@ -61,12 +65,27 @@ def test_answers_equal_the_reference(omni, vfx, name):
     prepared, got, decision = run(omni, vfx, CASES[name])
     assert prepared.encoded.input_ids.tolist() == want["input_ids"]  # every frame and sound token where it is
     assert {"input_tokens": decision.input_tokens, "output_tokens": 0} == want["answer"]["usage"]
+    assert bool(decision.warnings) == want["use_audio_in_video"]  # the mask's difference, said (x_warnings)
     ref = {q: np.array(p) for q, p in want["probabilities"].items()}
     dp = max_dp(got, ref)
     print(f"{name}: {len(want['input_ids'])} tokens, max |dp| {dp:.2e}")
     assert dp <= TOLERANCE
     text = {q: np.array(p) for q, p in vfx.load()["text"]["probabilities"].items()}
     assert max_dp(got, text) > TOLERANCE  # the video moved our answer as it moved the reference's
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_mask_is_all_that_differs(omni, vfx, name):
+    """With llama.cpp's causal mask put into the reference, ours equals it far inside 1e-2: the frames, grids,
+    soundtracks, token order and positions are the reference's, and the mask is the one difference left (its cost,
+    `llama_mask_probabilities` against `probabilities`, is docs/media.md's table; zero for silent videos)."""
+    want = vfx.load()[name]
+    _, got, _ = run(omni, vfx, CASES[name])
+    masked = {q: np.array(p) for q, p in want["llama_mask_probabilities"].items()}
+    cost = max_dp(masked, {q: np.array(p) for q, p in want["probabilities"].items()})
+    print(f"{name}: ours vs the reference with llama.cpp's mask {max_dp(got, masked):.2e}, the mask's cost {cost:.2e}")
+    assert max_dp(got, masked) <= MASKED_TOLERANCE
+    assert (cost == 0) == (not want["use_audio_in_video"])  # only audio in video ties positions
 
 
 def test_the_video_moves_the_answer_through_its_frames(omni, vfx):

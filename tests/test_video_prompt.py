@@ -74,3 +74,15 @@ def test_a_frame_pair_costs_the_tower_less_than_the_largest_image():
             rows, cols = smart_resize(h, w)
             most = max(most, rows // 32 * cols // 32)
     assert 200 < most <= 320 < max_image_tokens("qwen3vlmoe")  # 306: 8192 x 90 kept as 4884 x 54, then 4896 x 64
+
+
+def test_the_mask_hides_part_of_a_tied_frame_pair_and_a_response_says_so():
+    """A 2 s clip of 320 x 448 frames (10 x 14 tokens a pair, pairs at 0 and 13) with 26 sound tokens: sound token 0
+    sees pair 0's token (0, 0) alone (139 hidden), sound token 13 every row above 13 (all 10 rows: none hidden)."""
+    plan = video_prompt([video(4, 320, 448, 2.0)], [], 32)
+    assert plan.audio_counts == (26,)
+    assert plan.hidden_by_the_mask == (1, 10 * 14 - 1)
+    assert len(plan.warnings) == 1 and "139 of those frame tokens" in plan.warnings[0]
+    tall = video_prompt([video(4, 512, 288, 2.0)], [], 32)  # 16 x 9 tokens a pair: rows 14 and 15 pass 13
+    assert tall.hidden_by_the_mask == (2, 16 * 9 - 1 + 2 * 9)
+    assert video_prompt([video(4, 320, 448, None)], [], 32).warnings == ()  # silent: positions never tie

@@ -11,9 +11,10 @@ import pytest
 from clef_bridge.bridge.llama.omni_positions import rope_positions
 from clef_bridge.bridge.media.audio import decode as decode_audio
 from clef_bridge.bridge.media.audio import sniff as sniff_audio
-from clef_bridge.bridge.media.audio_tower import audio_tokens, request_frames
+from clef_bridge.bridge.media.audio_tower import audio_tokens, mel_filters, request_features, request_frames
 from clef_bridge.bridge.media.images import ImageGeometry
 from clef_bridge.bridge.media.video import decode, patches, smart_resize, tower_frames
+from clef_bridge.bridge.model.video_prompt import video_prompt
 
 from . import fixturegen_video
 
@@ -48,10 +49,10 @@ def test_the_oracle_ran_the_pinned_transformers(answers):
     assert answers["_versions"]["transformers"] == "5.20.2"  # 5.24 fails on sounded videos (issue 29)
 
 
-@pytest.mark.parametrize("name, clip", [("video_silent", "mp4_silent_small"), ("video_sounded", "mp4_sounded_big")])
-def test_pixels_are_the_processors(fx, decoded, name, clip):
+@pytest.mark.parametrize("name", ["video_silent", "video_sounded", *fixturegen_video.ISSUE38])
+def test_pixels_are_the_processors(fx, decoded, name):
     want = np.load(fx.arrays)[f"{name}.pixel_values_videos"]
-    got = patches(tower_frames(decoded[clip].frames))
+    got = np.concatenate([patches(tower_frames(decoded[v].frames)) for v in fixturegen_video.CASES[name].videos])
     assert got.shape == want.shape
     off = np.abs(got - want)
     # upscaled frames are equal; downscaled ones differ by up to two uint8 steps (Pillow's vs torch's antialiased
@@ -90,6 +91,22 @@ def test_audio_frames_of_clips_and_soundtracks(fx, answers, decoded, case):
     assert request_frames([len(x) for x in items]) == want["audio_frames"]
 
 
+HEARD = [c for c in fixturegen_video.ISSUE38 if fixturegen_video.CASES[c].audio
+         or all(fixturegen_video.CLIPS[v].audio_codec for v in fixturegen_video.CASES[c].videos)]
+
+
+@pytest.mark.parametrize("case", HEARD)
+def test_audio_features_of_clips_and_soundtracks(fx, answers, decoded, case):
+    """The log-mel features of every audio item (16 kHz mono PCM, 44.1 kHz stereo AAC, 48 kHz Opus, 8 kHz PCM, 5.1
+    AAC, 22.05 kHz MP3 ending early), padded together as the feature extractor pads them, are the processor's."""
+    want = np.load(fx.arrays)[f"{case}.input_features"]
+    items = _audio_items(fx, decoded, case, answers[case]["use_audio_in_video"])
+    ours = request_features(items, mel_filters(want.shape[1]))
+    assert len(ours) == len(want)
+    for got, ref, n in zip(ours, want, answers[case]["audio_frames"]):
+        assert got.shape[1] == n and np.abs(got - ref[:, :n]).max() < 1e-4
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_positions_are_the_references(fx, answers, decoded, case):
     want = answers[case]
@@ -119,3 +136,20 @@ def test_every_video_moves_the_references_answer(answers):
     for case in CASES:
         got = answers[case]["probabilities"]
         assert max(np.abs(np.subtract(got[q], text[q])).max() for q in text) > 1e-2, case
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_what_the_mask_hides_is_counted_from_the_references_positions(fx, answers, decoded, case):
+    """The (sound token, earlier frame token) pairs that llama.cpp's rule (a later temporal position, or a tie and a
+    later row, or a later column on the same row) hides, found on the reference's own ids and positions, are the
+    ones the prompt plan counts for its x_warnings."""
+    want = answers[case]
+    ids, (t, y, x) = np.array(want["input_ids"]), np.array(want["position_ids"])
+    sound, frame = np.flatnonzero(ids == 151675), np.flatnonzero(ids == 151656)
+    hidden = ((frame[None] < sound[:, None]) & ((t[frame][None] > t[sound][:, None]) | (
+        (t[frame][None] == t[sound][:, None]) & ((y[frame][None] > y[sound][:, None]) | (
+            (y[frame][None] == y[sound][:, None]) & (x[frame][None] > x[sound][:, None]))))))
+    spec = fixturegen_video.CASES[case]
+    plan = video_prompt([decoded[v] for v in spec.videos], [_audio(fx, a) for a in spec.audio], 32)
+    assert plan.hidden_by_the_mask == (int(hidden.any(1).sum()), int(hidden.sum()))
+    assert (hidden.sum() > 0) == want["use_audio_in_video"]

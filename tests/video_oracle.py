@@ -51,6 +51,47 @@ def joined(rows) -> np.ndarray:
     return (torch.cat(list(rows)) if isinstance(rows, (tuple, list)) else rows).numpy()
 
 
+# the pad tokens whose rows the bridge sends to llama.cpp as embeddings (image, video, audio): each run of one of them
+# is a llama_decode of its own (bridge/llama/omni_positions.py rope_chunks), text runs too
+MEDIA_PADS = (151655, 151656, 151675)
+
+
+def llama_mask(input_ids: list[int], positions) -> "torch.Tensor":
+    """The attention llama.cpp gives the bridge's prompt, as a 4D float mask [1, 1, T, T]: token i sees token j when
+    j was decoded in an earlier or the same llama_decode (the chunks of rope_chunks) and llama.cpp's M-RoPE causal
+    rule lets it: t_j < t_i, or t_j == t_i and (row_j, column_j) <= (row_i, column_i) (llama-kv-cache.cpp's
+    is_2d_gt), the reference's being plain token order."""
+    import torch
+
+    ids = torch.tensor(input_ids)
+    kind = torch.where(torch.isin(ids, torch.tensor(MEDIA_PADS)), ids, torch.full_like(ids, -1))
+    chunk = torch.cat([torch.zeros(1, dtype=torch.long), (kind[1:] != kind[:-1]).long().cumsum(0)])
+    t, y, x = (positions[a].reshape(-1) for a in range(3))
+    i, j = (slice(None), None), (None, slice(None))
+    later_2d = (y[j] > y[i]) | ((y[j] == y[i]) & (x[j] > x[i]))
+    sees = (chunk[j] <= chunk[i]) & ((t[j] < t[i]) | ((t[j] == t[i]) & ~later_2d))
+    mask = torch.zeros(sees.shape, dtype=torch.float32).masked_fill(~sees, torch.finfo(torch.float32).min)
+    return mask[None, None]
+
+
+def with_llama_mask(model, batch: dict, position_ids) -> list:
+    """The reference's per-question logits with llama.cpp's mask (llama_mask) instead of its own causal one."""
+    import torch
+
+    media = dict(batch["media"])
+    in_video = bool(media.pop("use_audio_in_video", False))
+    dtype = model.output_embeddings.weight.dtype
+    for key in ("pixel_values", "pixel_values_videos", "input_features"):
+        if key in media:
+            media[key] = media[key].to(dtype)
+    ids = batch["input_ids"]
+    outputs = model.thinker(input_ids=ids, attention_mask=llama_mask(ids[0].tolist(), position_ids[:, 0]),
+                            position_ids=position_ids, use_cache=False, output_router_logits=False,
+                            use_audio_in_video=in_video, return_dict=True, **media)
+    return model.head(outputs.logits, ids, batch["attention_mask"], batch["records"],
+                      model.output_embeddings.weight)
+
+
 def main(spec_path: str) -> None:
     import torch
     import transformers
@@ -71,6 +112,7 @@ def main(spec_path: str) -> None:
     model.thinker.model.register_forward_pre_hook(
         lambda m, args, kwargs: seen.__setitem__("position_ids", kwargs["position_ids"]), with_kwargs=True)
     model.thinker.visual.register_forward_hook(lambda m, args, out: seen.__setitem__("visual", out))
+    model.thinker.audio_tower.register_forward_hook(lambda m, args, out: seen.__setitem__("audio", out))
     answers: dict[str, dict] = {"_versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
     arrays: dict[str, np.ndarray] = {}
     for name, case in spec["cases"].items():
@@ -80,7 +122,10 @@ def main(spec_path: str) -> None:
         with torch.inference_mode():
             encoded = ref.encode_record(proc.tokenizer, record, processor=proc)
             seen.clear()
-            logits = model(ref.collate_records([encoded], proc.tokenizer.pad_token_id, torch.device("cpu")))
+            batch = ref.collate_records([encoded], proc.tokenizer.pad_token_id, torch.device("cpu"))
+            logits = model(batch)
+            masked = (with_llama_mask(model, batch, seen["position_ids"].clone())
+                      if encoded.media and "pixel_values_videos" in encoded.media else None)
             full = ref.systemone(model, proc, record)  # encodes and runs the record again: the answer's shape
         media = encoded.media or {}
         answers[name] = {
@@ -88,6 +133,9 @@ def main(spec_path: str) -> None:
             "probabilities": {q.question_id: ql.double().softmax(-1).tolist()
                               for q, ql in zip(encoded.questions, logits[0])},
             "answer": full,
+            # the same with llama.cpp's attention (llama_mask): what the bridge can reach at best
+            "llama_mask_probabilities": {q.question_id: ql.double().softmax(-1).tolist()
+                                         for q, ql in zip(encoded.questions, masked[0])} if masked else None,
             "position_ids": seen["position_ids"][:, 0].to(torch.int64).tolist() if "position_ids" in seen else None,
             "video_grid_thw": media["video_grid_thw"].tolist() if "video_grid_thw" in media else [],
             "image_grid_thw": media["image_grid_thw"].tolist() if "image_grid_thw" in media else [],
@@ -103,6 +151,9 @@ def main(spec_path: str) -> None:
             arrays[f"{name}.video_embeds"] = joined(visual.pooler_output)
             for i, feat in enumerate(visual.deepstack_features):
                 arrays[f"{name}.deepstack{i}"] = joined(feat)
+            if "audio" in seen:  # the audio items' features and the audio tower's rows (every item, in order)
+                arrays[f"{name}.input_features"] = media["input_features"].numpy()
+                arrays[f"{name}.audio_embeds"] = seen["audio"].last_hidden_state.numpy()
         print(f"video oracle: {name}: {len(encoded.input_ids)} tokens", file=sys.stderr, flush=True)
     out = Path(spec["out"])
     np.savez(out / "arrays.npz", **arrays)

@@ -74,6 +74,7 @@ class Scored:
     input_tokens: int
     timings: Timings = field(compare=False)
     logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)
+    warnings: tuple[str, ...] = ()  # where this answer knowingly departs from the reference's (x_warnings)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,11 @@ class Prepared:
     def has_media(self) -> bool:
         """A request with media decodes alone (llama.cpp takes token ids or embeddings in a batch, not both)."""
         return bool(self.media)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Where this request's answer knowingly departs from the reference's (a video's soundtrack: the mask)."""
+        return tuple(w for plan in self.media.of(VIDEO) for w in plan.warnings)
 
 
 @dataclass(frozen=True)
@@ -287,7 +293,8 @@ class ClefModel:
         typed = answers(prepared.request, logits, offsets, self.answer_options)
         timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused,
                           item.vision_s, item.audio_s)
-        return Scored(typed, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets))
+        return Scored(typed, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets),
+                      prepared.warnings)
 
     def uncached_logits(self, prepared: Prepared) -> tuple[tuple[Question, np.ndarray], ...]:
         """Per-question logits of a text request prefilled in full, the prefix cache untouched (the load-time

@@ -36,6 +36,35 @@ class VideoPrompt:
         """The request's own clips' token counts (the soundtracks' are inside the videos' layouts)."""
         return self.audio_counts[:len(self.audio) - (len(self.frames) if self.audio_in_video else 0)]
 
+    @property
+    def hidden_by_the_mask(self) -> tuple[int, int]:
+        """(sound tokens, frame tokens) llama.cpp's causal mask keeps apart where the reference's does not: a sound
+        token whose temporal position ties a frame pair's (sound token 13 k, pair k) sees only the pair's tokens
+        whose (row, column) is at most its own position (llama-kv-cache.cpp's is_2d_gt), the reference all of them."""
+        if not self.audio_in_video:
+            return 0, 0
+        sounds = hidden = 0
+        for (t, h, w), spg, n_sound in zip(self.grids, self.seconds_per_grid, self.audio_counts[-len(self.grids):]):
+            rows, cols = h // MERGE, w // MERGE
+            for at in video_temporal(t, 1, 1, spg):
+                if at != int(at) or at >= n_sound:
+                    continue  # no sound token shares this pair's position
+                j = int(at)
+                n = max(0, rows - 1 - j) * cols + (max(0, cols - 1 - j) if j < rows else 0)
+                sounds, hidden = sounds + (n > 0), hidden + n
+        return sounds, hidden
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What a response says of this prompt: where llama.cpp's mask leaves it short of the reference."""
+        sounds, hidden = self.hidden_by_the_mask
+        if not sounds:
+            return ()
+        return (f"audio in video: {sounds} sound token(s) share a temporal position with a frame pair and llama.cpp's "
+                f"causal mask, which compares positions, hides {hidden} of those frame tokens from them (the "
+                "reference's mask follows token order): answers can differ from the reference's (by up to 2e-3 on "
+                "the test model; docs/media.md)",)
+
 
 def video_prompt(videos: Sequence[DecodedVideo], clips: Sequence[np.ndarray], factor: int) -> VideoPrompt:
     """The prompt plan of a request's videos beside its audio clips (16 kHz samples), for a tower of this factor

@@ -66,6 +66,7 @@ class Decision:
     reused_tokens: int  # prompt tokens restored from the prefix cache
     batch_size: int
     logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)  # unrounded, per question
+    warnings: tuple[str, ...] = ()  # where the answer knowingly departs from the reference's (x_warnings)
 
 
 def systemone_body(decision: Decision) -> dict[str, Any]:
@@ -153,7 +154,7 @@ class DecisionService:
             for stage, timing in TABLE[kind].towers.items():
                 stages[stage] = getattr(t, timing)
         return Decision(name, request.model, scored.answers, scored.input_tokens, stages, t.reused_tokens,
-                        t.batch_size, scored.logits)
+                        t.batch_size, scored.logits, scored.warnings)
 
     def _takes(self, name: str, media: Media) -> bool:
         """Whether the served model takes every kind of the request's media."""

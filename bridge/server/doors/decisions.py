@@ -91,6 +91,7 @@ def extensions(request: web.Request, decision: Decision, start: float, warnings:
     request.app[METRICS].latency.labels(decision.model, "total").observe(total_ms / 1e3)
     out: dict[str, Any] = {"x_latency_ms": total_ms, "x_timings": dict(info.timings)}
     headers = {}
+    warnings = [*decision.warnings, *warnings]
     builtin = request.app[SERVED][decision.model].spec.builtin
     if builtin:
         warnings = warnings + [demo_warning(builtin)]
