@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import filecmp
 import json
+import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.config.registry import model_spec
+from clef_bridge.bridge.gguf.clef_head import read_embedded_head
 from clef_bridge.bridge.gguf.clef_split import join, split
 from clef_bridge.head.config import HeadConfig
 from clef_bridge.head.weights import load_state_dict, read_header
@@ -17,9 +21,12 @@ from gguf import GGUFReader
 
 from . import fixturegen_upstream
 from .fixturegen import TINY_HEAD
+from .conftest import open_spec
 from .test_clef_format import SCALAR_RTOL, SCALARS
+from .test_vision import IMAGE_SETS, REQUEST, max_diff, oracle, our_run, reference_run, vfx, with_images  # noqa: F401
+from .test_vision import TOLERANCE as VISION_TOLERANCE
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow  # upstream's converter: about 10 s per file on 2 cores
 
 CFG = HeadConfig(**TINY_HEAD)
 
@@ -89,3 +96,25 @@ def test_split_of_upstreams_file_gives_back_head_and_backbone_exactly(tmp_path, 
     again = join(done.backbone, done.head, tmp_path / "again.gguf", "f32").path
     assert [t[:3] for t in _tensors(again)] == [t[:3] for t in _tensors(up.clef("f32"))]
     assert sorted(read_header(done.head).entries) == sorted(read_header(up.head).entries)
+
+
+def test_upstreams_vision_clef_gguf_and_mmproj_answer_images_like_the_reference(tmp_path, up, oracle, cache):
+    """What a llama.cpp user has after converting a vision checkpoint: the clef GGUF and, beside it, the
+    projector upstream names mmproj-*; clef-bridge serves the GGUF alone (head embedded, projector found)."""
+    for src, name in ((up.vision_clef(), "tiny-vl-F32.gguf"), (up.vision_mmproj(), "mmproj-tiny-vl-F32.gguf")):
+        shutil.copy(src, tmp_path / name)
+    assert read_embedded_head(tmp_path / "tiny-vl-F32.gguf").warnings == ()  # upstream's template, no warning
+    spec = model_spec("tiny", tmp_path / "tiny-vl-F32.gguf", None, n_ctx=8192, max_length=8192)
+    model = open_spec(spec)
+    try:
+        clef = SimpleNamespace(model=model, projector=model.projector)
+        assert model.projector is not None
+        for name in ("rgb-no-resize", "three-images"):
+            ref_encoded, ref_probs = reference_run(oracle, with_images(REQUEST, IMAGE_SETS[name]))
+            ours, probs = our_run(clef, REQUEST, IMAGE_SETS[name])
+            assert ours.input_ids.tolist() == list(ref_encoded.input_ids), name  # image tokens counted, placed alike
+            worst = max_diff(probs, ref_probs)
+            print(f"upstream's vision files, {name}: max |prob diff| vs the reference = {worst:.2e}")
+            assert worst <= VISION_TOLERANCE, name
+    finally:
+        model.close()
