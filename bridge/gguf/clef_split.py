@@ -231,7 +231,10 @@ def _head_plan(flat: dict[str, np.ndarray], cfg: HeadConfig, head_type: Q, store
     return out
 
 
-def _head_keys(cfg: HeadConfig, temperatures: dict[str, float]) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+KeyValues = list[tuple[str, bytes]]  # (key, its stored type and value)
+
+
+def _head_keys(cfg: HeadConfig, temperatures: dict[str, float]) -> tuple[KeyValues, KeyValues]:
     """(the decision keys, which upstream's converter writes after the architecture's; the template keys, last)."""
     kvs = [("clef.decision.type", encode_value(V.STRING, cf.DECISION_TYPE)),
            ("clef.decision.routing_block_count", encode_value(V.UINT32, cfg.routing_layers)),
@@ -249,8 +252,7 @@ def _head_keys(cfg: HeadConfig, temperatures: dict[str, float]) -> tuple[list[tu
                  (cf.TEMPLATES_KEY, encode_value(V.ARRAY, [cf.TEMPLATE_NAME], V.STRING))]
 
 
-def _with_head_keys(kvs: list[tuple[str, bytes]], head: list[tuple[str, bytes]],
-                    templates: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+def _with_head_keys(kvs: KeyValues, head: KeyValues, templates: KeyValues) -> KeyValues:
     """The keys in upstream's converter order: the decision keys after the last clef.* key, the templates last."""
     last = max((i for i, (key, _) in enumerate(kvs) if key.startswith(f"{cf.CLEF_ARCH}.")), default=len(kvs) - 1)
     return kvs[:last + 1] + head + kvs[last + 1:] + templates

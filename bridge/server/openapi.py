@@ -158,7 +158,8 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
             **door_paths(security, _errors),
             PATHS["models"]: {"get": {
                 "operationId": "models", "security": security,
-                "parameters": [{"name": "shape", "in": "query", "required": False, "schema": {"enum": ["jev", "openai"]},
+                "parameters": [{"name": "shape", "in": "query", "required": False,
+                                "schema": {"enum": ["jev", "openai"]},
                                 "description": "the body's shape; absent: OpenAI's list for OpenAI's SDKs (their "
                                                "X-Stainless-Lang header or User-Agent OpenAI/...), else Jev's"}],
                 "responses": {
