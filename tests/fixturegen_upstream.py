@@ -78,13 +78,22 @@ class UpstreamFixtures:
         return self._converted(self.vision_hf, "clef-vl-mmproj-f32.gguf", "f32", ("--mmproj",))
 
     def _converted(self, hf: Path, name: str, outtype: str, extra: tuple[str, ...] = ()) -> Path:
-        out = self.root / name
-        with _lock(self.root.parent):
-            if not out.exists():
-                _log(f"converting to upstream/{name} with upstream's converter")
-                convert(converter(self.root.parent), hf, out.with_suffix(".tmp"), outtype, extra)
-                out.with_suffix(".tmp").rename(out)
-        return out
+        return converted(self.root.parent, hf, self.root / name, outtype, extra)
+
+
+def converted(root: Path, hf: Path, out: Path, outtype: str, extra: tuple[str, ...] = ()) -> Path:
+    """out: upstream's converter on the HF folder hf (once; reused when there), under the fixtures lock of root."""
+    with _lock(root):
+        if not out.exists():
+            _log(f"converting {hf.name} to {out.name} with upstream's converter")
+            convert(converter(root), hf, out.with_suffix(".tmp"), outtype, extra)
+            out.with_suffix(".tmp").rename(out)
+    return out
+
+
+def clef_checkpoint(hf_model: Path, head: Path, folder: Path) -> Path:
+    """folder: hf_model's files with the head's two files beside them, as a Clef checkpoint is laid out."""
+    return _linked(hf_model, folder, tuple(head.parent / name for name in HEAD_FILES))
 
 
 def _linked(src: Path, dst: Path, extra: tuple[Path, ...] = ()) -> Path:
@@ -100,12 +109,11 @@ def _linked(src: Path, dst: Path, extra: tuple[Path, ...] = ()) -> Path:
 def build(root: Path = FIXTURES) -> UpstreamFixtures:
     base = fixturegen.build(root)
     vision = fixturegen_vision.build(root)
-    head = tuple(base.head.parent / name for name in HEAD_FILES)
     with _lock(root):
         out = root / "upstream"
-        text = _linked(base.hf_model, out / "clef" / "tiny", head)
+        text = clef_checkpoint(base.hf_model, base.head, out / "clef" / "tiny")
         _linked(base.hf_model, out / "qwen35" / "tiny")
-        vl = _linked(vision.hf_model, out / "clef-vl" / "tiny-vl", head)
+        vl = clef_checkpoint(vision.hf_model, base.head, out / "clef-vl" / "tiny-vl")
         converter(root)
     return UpstreamFixtures(out, base.head, text, vl)
 
