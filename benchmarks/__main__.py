@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=8,
                    help="requests in flight, and each server's parallel sequences (default: 8)")
     p.add_argument("--threads", type=int, default=0, help="threads of each server (default: 0, every core)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="throughput runs per server, alternated; the median is reported (default: 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     return parser
@@ -226,7 +228,7 @@ def _llama_server(args: argparse.Namespace) -> int:
     if args.binary is not None and not args.binary.is_file():
         raise UsageError(f"--llama-server {args.binary}: no such file")
     try:
-        return emit(run(args.binary, args.pairs, args.requests, args.concurrency, args.threads,
+        return emit(run(args.binary, args.pairs, args.requests, args.concurrency, args.threads, args.rounds,
                         log=lambda m: print(m, file=sys.stderr)), args.json)
     except BenchError as exc:
         raise UsageError(str(exc)) from None

@@ -5,7 +5,7 @@ folder (CPU, Release, the llama-server target only), or given as --llama-server 
 benchmark fixture (Qwen3.5 of width 1024, 8 layers, F32, and a Clef-width head) converted to one clef GGUF
 by upstream's own converter; clef-bridge serves that file as it is. Both servers run side by side:
 - single requests of about 750 tokens, alternated between the two (median latency of each and their ratio);
-- 16 distinct requests at concurrency 8 (requests/s of each);
+- 16 distinct requests at concurrency 8 (requests/s of each: the median of 3 rounds, their order alternated);
 - each one's worst probability difference from Cloudflare's reference on the test requests.
 """
 
@@ -206,6 +206,18 @@ def throughput(server: Server, requests: int, concurrency: int, model: str, firs
     return requests / seconds
 
 
+def alternated_throughput(servers: list[Server], rounds: int, requests: int, concurrency: int,
+                          model: str) -> dict[str, float]:
+    """The median requests/s of each server over `rounds` throughput runs, the servers' order flipping every
+    round (a shared machine's load drifts), every request distinct."""
+    rates: dict[str, list[float]] = {s.name: [] for s in servers}
+    for r in range(rounds):
+        for k, server in enumerate(servers if r % 2 else servers[::-1]):
+            first = 2000 + 1000 * r + 100 * k
+            rates[server.name].append(throughput(server, requests, concurrency, model, first))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
 def answer_probabilities(request: dict[str, Any], answers: dict[str, Any]) -> list[list[float]]:
     """A served answer's probabilities in the reference's option order (noul: [p(true), p(false)])."""
     from clef_bridge.head.schema import parse_request
@@ -267,7 +279,7 @@ class SideBySide:
     threads: int
     single_ms: dict[str, float]  # median of the alternated single requests
     single_ratio: float  # llama-server / clef-bridge: above 1, clef-bridge is faster
-    requests_per_s: dict[str, float]  # 16 distinct requests at concurrency 8
+    requests_per_s: dict[str, float]  # 16 distinct requests at concurrency 8: the median of the rounds
     throughput_ratio: float  # clef-bridge / llama-server
     worst_diff: dict[str, float]
     compared: dict[str, int]
@@ -279,7 +291,7 @@ class SideBySide:
 
 
 def run(binary: Path | None, pairs: int = 8, requests: int = 16, concurrency: int = 8, threads: int = 0,
-        log: Callable[[str], None] = print) -> SideBySide:
+        rounds: int = 3, log: Callable[[str], None] = print) -> SideBySide:
     """The whole benchmark: the build (unless binary), the conversion, both servers, the three measurements."""
     import tempfile
 
@@ -300,7 +312,7 @@ def run(binary: Path | None, pairs: int = 8, requests: int = 16, concurrency: in
         servers.append(start_clef_bridge(gguf, folder, concurrency, threads))
         _, _, sample = servers[1].post(distinct_request(0, "bench"))
         times = alternated(servers, pairs, "bench")
-        rates = {s.name: throughput(s, requests, concurrency, "bench", 2000 + 100 * k) for k, s in enumerate(servers)}
+        rates = alternated_throughput(servers, rounds, requests, concurrency, "bench")
         fid = fidelity(servers, hf, head, varied_requests()[::3], "bench")
     finally:
         for server in servers:

@@ -53,3 +53,19 @@ def test_the_command_line(tmp_path, capsys):
     assert main(["llama-server", "--llama-server", str(tmp_path / "missing")]) != 0
     assert "no such file" in capsys.readouterr().err
     assert "-DLLAMA_BUILD_SERVER=ON" in CMAKE_FLAGS and "-DCMAKE_BUILD_TYPE=Release" in CMAKE_FLAGS
+
+
+def test_throughput_rounds_alternate_the_order_and_report_medians(monkeypatch):
+    import benchmarks.llama_server as bench
+
+    calls = []
+
+    def fake(server, requests, concurrency, model, first):
+        calls.append((server.name, first))
+        return {"a": [1.0, 5.0, 2.0], "b": [3.0, 3.0, 9.0]}[server.name][sum(1 for n, _ in calls if n == server.name) - 1]
+
+    monkeypatch.setattr(bench, "throughput", fake)
+    servers = [bench.Server("a", "", None, None), bench.Server("b", "", None, None)]
+    assert bench.alternated_throughput(servers, 3, 16, 8, "m") == {"a": 2.0, "b": 3.0}
+    assert [n for n, _ in calls] == ["b", "a", "a", "b", "b", "a"]
+    assert len({first for _, first in calls}) == 6  # every run's requests distinct from the others'
