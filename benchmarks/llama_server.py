@@ -172,8 +172,9 @@ def start_clef_bridge(gguf: Path, folder: Path, parallel: int, threads: int) -> 
     """clef-bridge serving the same file as it is: `parallel` sequences share one decode of up to 8192 tokens."""
     port = _free_port()
     toml = folder / "models.toml"
-    toml.write_text(f'[models.bench]\ngguf = "{gguf}"\nn_ctx = 8192\nn_seq_max = {parallel}\nmax_length = 2048\n'
-                    f"n_threads = {threads}\n")
+    # no request timeout within the run: llama-server has none, and a busy shared machine can queue one past 60 s
+    toml.write_text(f'[server]\nrequest_timeout_s = 3600\n\n[models.bench]\ngguf = "{gguf}"\nn_ctx = 8192\n'
+                    f'n_seq_max = {parallel}\nmax_length = 2048\nn_threads = {threads}\n')
     cmd = [sys.executable, "-m", "clef_bridge.tools.cli", "serve", "--models", str(toml), "--port", str(port)]
     return _started("clef-bridge", cmd, "/ready", port, folder / "clef-bridge.log")
 
