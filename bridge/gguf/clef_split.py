@@ -221,17 +221,21 @@ def _encode(array: np.ndarray, qtype: Q) -> bytes:
     return ENCODERS[qtype.name](array).tobytes()
 
 
-def _head_plan(flat: dict[str, np.ndarray], cfg: HeadConfig, head_type: Q) -> list[OutTensor]:
+def _head_plan(flat: dict[str, np.ndarray], cfg: HeadConfig, head_type: Q, stored: list[str]) -> list[OutTensor]:
     arrays = cf.to_gguf_arrays(flat, cfg)
     out = []
-    for spec in cf.head_tensors(cfg.routing_layers, cfg.layers):
+    for spec in cf.converter_order(cfg.routing_layers, cfg.layers, stored):
         qtype = head_type if spec.kind == cf.MATRIX else Q.F32  # norms, biases, scales, token types: F32
         data = _encode(arrays[spec.gguf], qtype)
         out.append(OutTensor(spec.gguf, tuple(reversed(arrays[spec.gguf].shape)), int(qtype), len(data), data))
     return out
 
 
-def _head_keys(cfg: HeadConfig, temperatures: dict[str, float]) -> list[tuple[str, bytes]]:
+KeyValues = list[tuple[str, bytes]]  # (key, its stored type and value)
+
+
+def _head_keys(cfg: HeadConfig, temperatures: dict[str, float]) -> tuple[KeyValues, KeyValues]:
+    """(the decision keys, which upstream's converter writes after the architecture's; the template keys, last)."""
     kvs = [("clef.decision.type", encode_value(V.STRING, cf.DECISION_TYPE)),
            ("clef.decision.routing_block_count", encode_value(V.UINT32, cfg.routing_layers)),
            ("clef.decision.block_count", encode_value(V.UINT32, cfg.layers)),
@@ -244,9 +248,14 @@ def _head_keys(cfg: HeadConfig, temperatures: dict[str, float]) -> list[tuple[st
             kvs.append((cf.temperature_key(name), encode_value(V.FLOAT32, temp)))
         except ValueError as exc:
             raise ConvertError(str(exc)) from None
-    kvs.append((cf.TEMPLATE_KEY, encode_value(V.STRING, cf.SYSTEMONE_TEMPLATE)))
-    kvs.append((cf.TEMPLATES_KEY, encode_value(V.ARRAY, [cf.TEMPLATE_NAME], V.STRING)))
-    return kvs
+    return kvs, [(cf.TEMPLATE_KEY, encode_value(V.STRING, cf.SYSTEMONE_TEMPLATE)),
+                 (cf.TEMPLATES_KEY, encode_value(V.ARRAY, [cf.TEMPLATE_NAME], V.STRING))]
+
+
+def _with_head_keys(kvs: KeyValues, head: KeyValues, templates: KeyValues) -> KeyValues:
+    """The keys in upstream's converter order: the decision keys after the last clef.* key, the templates last."""
+    last = max((i for i, (key, _) in enumerate(kvs) if key.startswith(f"{cf.CLEF_ARCH}.")), default=len(kvs) - 1)
+    return kvs[:last + 1] + head + kvs[last + 1:] + templates
 
 
 def _without_mtp(info: GGUFInfo) -> tuple[list[tuple[str, bytes]], list[str], list[str]]:
@@ -298,9 +307,15 @@ def join(backbone: str | Path, head: str | Path, out: str | Path, head_dtype: st
     _refuse_existing([out], overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)  # as split creates its folder
     kvs, names, dropped = _without_mtp(info)
-    tensors = copied(info, names) + _head_plan(flat, cfg, cf.HEAD_TYPES[choice])
-    result = write_gguf(out, kvs + _head_keys(cfg, temperatures or {}), tensors, info.alignment, progress)
+    tensors = copied(info, names) + _head_plan(flat, cfg, cf.HEAD_TYPES[choice], _stored_order(Path(head)))
+    result = write_gguf(out, _with_head_keys(kvs, *_head_keys(cfg, temperatures or {})), tensors, info.alignment,
+                        progress)
     return JoinResult(out, cf.HEAD_TYPES[choice].name, tuple(dropped), result.bytes, result.seconds)
+
+
+def _stored_order(head: Path) -> list[str]:
+    """The head's tensor names in the order of their data, the order safetensors' load_file yields them."""
+    return [e.name for e in sorted(read_header(head).entries.values(), key=lambda e: e.begin)]
 
 
 def _safetensors_dtype(head: Path) -> str:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import date
+from datetime import date, datetime, time, timezone
 from typing import Any, AsyncIterator
 
 from aiohttp import web
 
+from ...head.errors import Problem, RequestInvalid
 from ..catalogue.releases import REAL_RELEASES, RELEASES
 from ..config.registry import ModelSpec, Registry, name_table
 from ..llama.adapters import BackboneView
@@ -68,7 +69,32 @@ async def models_handler(request: web.Request) -> web.Response:
         if warnings:
             entry["x_warnings"] = warnings
         models.append(entry)
-    return json_response({"models": models})
+    return json_response(openai_model_list(models) if wants_openai_list(request) else {"models": models})
+
+
+# Which body /v1/models answers: Jev's {"models": [...]} unless the client is one of OpenAI's SDKs (all of them
+# Stainless-generated: X-Stainless-Lang on every request, User-Agent "OpenAI/<lang> <version>"), whose
+# models.list() reads OpenAI's {"object": "list", "data": [...]}; ?shape= says it outright (curl, other clients).
+SHAPES = ("jev", "openai")
+
+
+def wants_openai_list(request: web.Request) -> bool:
+    shape = request.query.get("shape")
+    if shape is not None and shape not in SHAPES:
+        raise RequestInvalid([Problem(("query", "shape"), f"shape must be one of {', '.join(SHAPES)}, not "
+                                      f"{shape[:40]!r}", "value_error")])
+    if shape is not None:
+        return shape == "openai"
+    return "X-Stainless-Lang" in request.headers or request.headers.get("User-Agent", "").startswith("OpenAI/")
+
+
+def openai_model_list(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """Jev's model entries in OpenAI's list shape, each marked as llama-server marks a decision model."""
+    return {"object": "list", "data": [{
+        "id": m["name"], "object": "model", "owned_by": "clef-bridge",
+        "created": int(datetime.combine(date.fromisoformat(m["release_date"]), time(), timezone.utc).timestamp()),
+        "architecture": {"input_modalities": ["text", *m["x_media"]], "output_modalities": ["decisions"]},
+        "description": m["description"], **{k: v for k, v in m.items() if k.startswith("x_")}} for m in models]}
 
 
 async def health_handler(request: web.Request) -> web.Response:

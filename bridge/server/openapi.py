@@ -158,9 +158,21 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
                  "description": "Jev / TypeSafe System One API for self-hosted Clef decision models"},
         "paths": {
             **door_paths(security, _errors),
-            PATHS["models"]: {"get": {"operationId": "models", "security": security, "responses": {
-                "200": {"description": "served models", "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/ModelList"}}}}, **_errors(401)}}},
+            PATHS["models"]: {"get": {
+                "operationId": "models", "security": security,
+                "parameters": [{"name": "shape", "in": "query", "required": False,
+                                "schema": {"enum": ["jev", "openai"]},
+                                "description": "the body's shape; absent: OpenAI's list for OpenAI's SDKs (their "
+                                               "X-Stainless-Lang header or User-Agent OpenAI/...), else Jev's"}],
+                "responses": {
+                    "200": {"description": "served models: Jev's shape, or OpenAI's (object list, data: one entry "
+                                           "per model with id, created, owned_by, architecture.output_modalities "
+                                           "[\"decisions\"] and the same x_ fields)",
+                            "content": {"application/json": {"schema": {"oneOf": [
+                                {"$ref": "#/components/schemas/ModelList"},
+                                {"type": "object", "required": ["object", "data"],
+                                 "properties": {"object": {"const": "list"}, "data": {"type": "array"}}}]}}}},
+                    **_errors(401, 422)}}},
             PATHS["health"]: {"get": {"operationId": "health", "responses": {"200": {"description": "alive"}}}},
             PATHS["ready"]: {"get": {"operationId": "ready", "responses": {"200": {"description": "every model loaded"},
                                                                      "503": {"description": "not ready"}}}},
