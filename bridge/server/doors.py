@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import openai_decisions, systemone, workers_ai
+from . import ainode, openai_decisions, systemone, systemone_batch, workers_ai
 from .context import Door, ErrorShape, Handler, jev_error
 from .routes import JEV_SHAPE
 
-DOORS: tuple[Door, ...] = (systemone.DOOR, workers_ai.DOOR, openai_decisions.DOOR)
+DOORS: tuple[Door, ...] = (systemone.DOOR, workers_ai.DOOR, openai_decisions.DOOR, systemone_batch.DOOR, ainode.DOOR)
 
 HANDLERS: dict[str, Handler] = {name: handler for door in DOORS for name, handler in door.handlers.items()}
 # every route's errors take their door's shape; the routes of no door (models, health, ...) Jev's
