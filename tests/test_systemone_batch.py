@@ -44,8 +44,8 @@ def server(fx, tmp_path_factory):
 def laya_serve_post(url: str, body: dict) -> dict:
     """What clausal-decide's _ServeBackend._post sends and reads: a 400 or 422 is its ValueError, the rest its
     RuntimeError."""
-    request = urllib.request.Request(url + "/v1/systemone/batch", method="POST",
-                                     headers={"Content-Type": "application/json"}, data=json.dumps(body).encode("utf-8"))
+    request = urllib.request.Request(url + "/v1/systemone/batch", method="POST", headers={
+        "Content-Type": "application/json"}, data=json.dumps(body).encode("utf-8"))
     try:
         with urllib.request.urlopen(request, timeout=120) as resp:
             return json.loads(resp.read().decode("utf-8"))

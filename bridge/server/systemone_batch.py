@@ -119,7 +119,8 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
         "states": {"type": "array", "minItems": 1, "items": {"anyOf": [
             {"type": "string"}, {"type": "object"}, {"type": "array"}]},
                    "description": "at most max_queue states; each is asked every question"},
-        "questions": {"type": "object", "minProperties": 1, "description": "System One's questions, asked of each state",
+        "questions": {"type": "object", "minProperties": 1,
+                      "description": "System One's questions, asked of every state",
                       "additionalProperties": {"$ref": "#/components/schemas/Question"}},
         **{key: {"description": f"refused: {why}"} for key, why in REFUSED.items()},
         **{key: {"description": "accepted; changes nothing (the worker batches by its own token budget)"}
