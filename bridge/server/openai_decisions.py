@@ -83,14 +83,16 @@ def param(loc: Loc) -> str | None:
 def openai_error(exc: BaseException | None, status: int, error_type: str, message: str) -> dict[str, Any]:
     """OpenAI's error shape: {"error": {message, type, param, code}}; an invalid request's param names the first
     offending field (a too-long input's first), its code says what is wrong with it (context_length_exceeded for
-    any input over a length limit, the limit in the message). The message starts with the field, or else the code:
-    the SDK's exception text holds only the message, and clients read it (langchain-openai looks for
-    context_length_exceeded there)."""
+    any input over a length limit, the limit in the message). The message starts with the field, or else the code
+    (context_length_exceeded always): the SDK's exception text holds only the message, and clients read it
+    (langchain-openai looks for context_length_exceeded there)."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     if isinstance(exc, RequestInvalid) and exc.problems:
         first = next((p for p in exc.problems if p.type in TOO_LONG), exc.problems[0])
         message = "; ".join(f"{param(p.loc) or 'body'}: {p.msg}" for p in exc.problems)
-        return {"error": {"message": message, "type": kind, "param": param(first.loc), "code": _code(first.type)}}
+        code = _code(first.type)
+        lead = f"{code}: " if code == CONTEXT_LENGTH_EXCEEDED else ""
+        return {"error": {"message": lead + message, "type": kind, "param": param(first.loc), "code": code}}
     code = _code(error_type)
     return {"error": {"message": f"{code}: {message}", "type": kind, "param": None, "code": code}}
 
