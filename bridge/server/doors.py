@@ -1,7 +1,7 @@
 """The API shapes this server speaks, each a front door over the one decision service: Jev's System One,
-Cloudflare's Workers AI and OpenAI's Decisions. A new shape is a module beside these holding its Door (its
-handlers, the shape of its errors, its paths in /openapi.json), its rows in routes.py, and its line below: three
-files."""
+Cloudflare's Workers AI, OpenAI's Decisions, laya-serve's batch and AINode's decide. A new shape is a module beside
+these holding its Door (its handlers, the shape of its errors, its paths in /openapi.json), its rows in routes.py,
+and its line below: three files."""
 
 from __future__ import annotations
 
