@@ -121,6 +121,8 @@ def test_no_model_is_the_default_said_in_a_warning(server):
     ({"state": "s", "questions": {"q": {"question": "how big?", "type": "score", "min": 1, "max": 20}}},
      "questions.q.options"),  # the service's level limit, located at the AINode field
     ({"state": "s", "questions": {"q": QUESTIONS["refund"]}, "calibration": "cooked"}, "calibration must be"),
+    ({"state": "s", "questions": {"q": {"question": "how big?", "type": "score", "max": 10**12}}},
+     "more than the 255 allowed"),  # refused before a level is written out
 ])
 def test_what_has_no_place_in_clefs_prompt_is_a_400_naming_it(server, body, fragment):
     with pytest.raises(JebError, match="HTTP 400") as info:

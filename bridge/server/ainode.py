@@ -28,6 +28,7 @@ from .systemone import no_model_warning
 Loc = tuple[str | int, ...]
 YES_NO = ("yes", "no")  # a boolean question's options, AINode's BOOLEAN_OPTIONS
 SCORE_RANGE = (1, 5)  # a score question's min and max when it sends none (AINode's defaults)
+MAX_OPTIONS = 255  # AINode's ceiling on a question's options, a score's range included (the model's limits follow)
 RAW = "raw"  # calibration: the probabilities before the model's temperatures
 
 
@@ -87,6 +88,10 @@ def _options(key: str, spec: dict[str, Any], loc: Loc, problems: list[Problem]) 
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or hi <= lo:
         problems.append(Problem(loc + ("max",), "a score's min and max must be integers, max above min",
                                 "invalid_value"))
+        return None
+    if hi - lo + 1 > MAX_OPTIONS:  # checked before the levels are written out
+        problems.append(Problem(loc + ("max",), f"a score's range spans {hi - lo + 1} values, more than the "
+                                f"{MAX_OPTIONS} allowed", "too_many_options"))
         return None
     return [str(v) for v in range(lo, hi + 1)]
 
