@@ -82,6 +82,18 @@ def test_clausal_decides_batch_is_answered_state_by_state_as_system_one_answers_
     assert got["x_latency_ms"] > 0 and got["x_timings"]["total_ms"] == got["x_latency_ms"]
 
 
+def test_states_that_begin_alike_share_that_prefill(server):
+    """Four states with the same long beginning (over 1,024 tokens: a checkpoint of the prefix cache) and their own
+    ends: the beginning is decoded once, by the first, and the others restore it (in the same batch, or from the
+    cache if the worker took the first alone)."""
+    common = "The conversation so far, told again and again by the customer. " * 100
+    states = [common + tail for tail in ("Refund!", "Thanks.", "Where is it?", "Cancel it.")]
+    reused = server.metric("clef_prefix_cache_tokens_reused_total")
+    got = laya_serve_post(server.url, {"model": "tiny", "questions": QUESTIONS, "states": states})
+    assert min(r["usage"]["input_tokens"] for r in got["results"]) > 1_100
+    assert server.metric("clef_prefix_cache_tokens_reused_total") - reused >= 3 * 1_024
+
+
 def test_laya_controls_that_only_shape_its_passes_change_nothing_and_no_model_gets_the_default(server):
     plain = laya_serve_post(server.url, {"model": "tiny", "questions": QUESTIONS, "states": STATES[:2]})
     shaped = laya_serve_post(server.url, {"questions": QUESTIONS, "states": STATES[:2], "batch_size": 1,
