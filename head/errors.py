@@ -95,6 +95,7 @@ class ContextLengthExceeded(ClefError):
         """at_least: n_tokens is a lower bound (the check stopped before tokenizing everything)."""
         self.n_tokens = n_tokens
         self.limit = limit
+        self.detail, self.at_least = detail, at_least  # a front door restates it (the batch names its state)
         super().__init__(
             f"the request needs {'at least ' if at_least else ''}{n_tokens} tokens but this model accepts at most "
             f"{limit}{detail}; "

@@ -236,6 +236,20 @@ def _join(args: argparse.Namespace) -> int:
                            args.from_calibration, args.overwrite), args.json)
 
 
+def demos_read() -> str:
+    """What each built-in demo reads, as the banner says it ("demo: text and images; ..."): from the catalogue, the
+    media kinds of its release's architecture."""
+    from ..bridge.catalogue.architectures import ARCHITECTURES
+    from ..bridge.catalogue.media import MEDIA_KINDS
+    from ..bridge.catalogue.releases import RELEASES
+
+    def listed(words: list[str]) -> str:
+        return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
+
+    return "; ".join(f"{r.demo}: {listed(['text'] + [MEDIA_KINDS[k].field for k in ARCHITECTURES[r.backbone].media])}"
+                     for r in RELEASES.values() if r.demo)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..bridge.catalogue.releases import CLEF_FLASH
     from ..bridge.config.registry import demo_registry, load_registry
@@ -248,8 +262,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.models is None and not path.is_file():
         registry = demo_registry(path.resolve())
         materialize(registry.models["demo"])  # writes both demos, once
-        print(f"clef-bridge: no models.toml in {Path.cwd()}: serving the built-in demo models (demo: text and images; "
-              f"demo-omni: text, images and audio) from {registry.models['demo'].gguf.parent} (RANDOM weights: their "
+        print(f"clef-bridge: no models.toml in {Path.cwd()}: serving the built-in demo models ({demos_read()}) "
+              f"from {registry.models['demo'].gguf.parent} (RANDOM weights: their "
               f"answers are meaningless). Configure a real model with `{CLEF_FLASH.pull_command}` or a models.toml.",
               file=sys.stderr)
     else:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 UNMATCHED = "unmatched"
 JEV_SHAPE, WORKERS_AI_SHAPE, OPENAI_SHAPE = "jev", "workers_ai", "openai"  # the shape of a route's answers, errors
+BATCH_SHAPE, AINODE_SHAPE = "laya_batch", "ainode"  # laya-serve's batch route, AINode's /v1/decide
 # Cloudflare's paths, matched or not, answer in the Workers AI envelope: its clients call either the bare
 # route or the REST API's, whose base is https://api.cloudflare.com/client/v4 (they change only the host)
 WORKERS_AI_PREFIXES = ("/accounts/", "/client/v4/")
@@ -28,6 +29,8 @@ ROUTES = (
     Route("POST", "/" + WORKERS_AI_RUN, "workers_ai", shape=WORKERS_AI_SHAPE),
     Route("POST", "/client/v4/" + WORKERS_AI_RUN, "workers_ai_v4", shape=WORKERS_AI_SHAPE),
     Route("POST", "/v1/decisions", "openai_decisions", shape=OPENAI_SHAPE),
+    Route("POST", "/v1/systemone/batch", "systemone_batch", shape=BATCH_SHAPE),
+    Route("POST", "/v1/decide", "ainode_decide", shape=AINODE_SHAPE),
     Route("GET", "/health", "health", public=True),
     Route("GET", "/ready", "ready", public=True),
     Route("GET", "/metrics", "metrics"),  # labels carry model names, so it needs a key like /v1/models

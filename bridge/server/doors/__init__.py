@@ -1,8 +1,8 @@
 """The API shapes this server speaks, each a front door over the one decision service: Jev's System One,
-Cloudflare's Workers AI and OpenAI's Decisions, one module a door in this folder, and what they share
-(decisions.py: the body read, the service called, the reply timed). A new shape is a module here holding its Door
-(its handlers, the shape of its errors, its paths in /openapi.json), its rows in ../routes.py, and its line below:
-three files."""
+Cloudflare's Workers AI, OpenAI's Decisions, laya-serve's batch and AINode's decide, one module a door in this
+folder, and what they share (decisions.py: the body read, the service called, the reply timed). A new shape is a
+module here holding its Door (its handlers, the shape of its errors, its paths in /openapi.json), its rows in
+../routes.py, and its line below: three files."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 from ..context import Door, ErrorShape, Handler, jev_error
 from ..routes import JEV_SHAPE
-from . import openai_decisions, systemone, workers_ai
+from . import ainode, openai_decisions, systemone, systemone_batch, workers_ai
 
-DOORS: tuple[Door, ...] = (systemone.DOOR, workers_ai.DOOR, openai_decisions.DOOR)
+DOORS: tuple[Door, ...] = (systemone.DOOR, workers_ai.DOOR, openai_decisions.DOOR, systemone_batch.DOOR, ainode.DOOR)
 
 HANDLERS: dict[str, Handler] = {name: handler for door in DOORS for name, handler in door.handlers.items()}
 # every route's errors take their door's shape; the routes of no door (models, health, ...) Jev's

@@ -35,6 +35,10 @@ CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_to
 # An OpenAI answer's status -> its error type (the SDK reads `type`); other 4xx are invalid requests
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                429: "rate_limit_error"}
+# An input too long for a limit (the body's bytes, the state's bytes, the prompt's tokens), by its error or problem
+# type: each answers OpenAI's context_length_exceeded, the code its clients read as a context overflow
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+TOO_LONG = frozenset({"request_too_large", "state_too_large", CONTEXT_LENGTH_EXCEEDED})
 
 
 @dataclass
@@ -78,15 +82,23 @@ def param(loc: Loc) -> str | None:
 
 def openai_error(exc: BaseException | None, status: int, error_type: str, message: str) -> dict[str, Any]:
     """OpenAI's error shape: {"error": {message, type, param, code}}; an invalid request's param names the first
-    offending field, its code says what is wrong with it. The message starts with the field, or else the code: the
-    SDK's exception text holds only the message, and clients read it (langchain-openai looks for
-    context_length_exceeded there)."""
+    offending field (a too-long input's first), its code says what is wrong with it (context_length_exceeded for
+    any input over a length limit, the limit in the message). The message starts with the field, or else the code
+    (context_length_exceeded always): the SDK's exception text holds only the message, and clients read it
+    (langchain-openai looks for context_length_exceeded there)."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     if isinstance(exc, RequestInvalid) and exc.problems:
-        first = exc.problems[0]
+        first = next((p for p in exc.problems if p.type in TOO_LONG), exc.problems[0])
         message = "; ".join(f"{param(p.loc) or 'body'}: {p.msg}" for p in exc.problems)
-        return {"error": {"message": message, "type": kind, "param": param(first.loc), "code": first.type}}
-    return {"error": {"message": f"{error_type}: {message}", "type": kind, "param": None, "code": error_type}}
+        code = _code(first.type)
+        lead = f"{code}: " if code == CONTEXT_LENGTH_EXCEEDED else ""
+        return {"error": {"message": lead + message, "type": kind, "param": param(first.loc), "code": code}}
+    code = _code(error_type)
+    return {"error": {"message": f"{code}: {message}", "type": kind, "param": None, "code": code}}
+
+
+def _code(error_type: str) -> str:
+    return CONTEXT_LENGTH_EXCEEDED if error_type in TOO_LONG else error_type
 
 
 # --- the request -------------------------------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""laya-serve's batch route (POST /v1/systemone/batch; clausal-decide's laya_serve backend posts to it): one set of
+questions over many states, the answers in `results` in the states' order. Each state is its own System One request
+to the one decision service, all of them submitted at once, so the model's worker batches them into shared prefills
+and the prefix cache shares what their prompts share."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+from aiohttp import web
+
+from ....head.errors import ContextLengthExceeded, Problem, RequestInvalid
+from ....head.schema import MEDIA_FIELDS
+from ...media.request import UnsupportedMediaType
+from ...service.decision import Decision, DecisionInput, systemone_body
+from ..appstate import REGISTRY
+from ..context import INFO, Door, jev_error, json_response
+from ..routes import BATCH_SHAPE, PATHS
+from .decisions import decide, decision_input, extensions, read_body
+from .systemone import no_model_warning
+
+# laya's controls that change its answers and that Clef has nothing like: refused by name rather than ignored
+REFUSED = {
+    "max_len": "Clef reads the whole state or refuses it (max_length in models.toml)",
+    "head_max_len": "Clef's head reads every option's tokens",
+    "lang": "Clef reads any language; there is no language checkpoint to pick",
+    "lang_guess": "Clef reads any language; there is no language checkpoint to pick",
+    "task": "Clef has one checkpoint per served model; name it in `model`",
+    "min_confidence": "Clef flags no answer; compare each answer's confidence yourself",
+}
+# laya's controls that only shape its forward passes: the worker batches by its own token budget, answers unchanged
+PASSES = ("batch_size", "sort_by_length")
+
+
+def batch_problems(data: Any, max_states: int) -> list[Problem]:
+    """What the batch body itself gets wrong; each state's body is validated by the service."""
+    if not isinstance(data, dict):
+        return [Problem(("body",), "the body must be a JSON object with states and questions", "type_error")]
+    problems = []
+    states = data.get("states")
+    if not isinstance(states, list) or not states:
+        problems.append(Problem(("body", "states"), "states must be a non-empty array of states (strings, objects or "
+                                "arrays)", "missing" if states is None else "type_error"))
+    elif len(states) > max_states:
+        problems.append(Problem(("body", "states"), f"at most {max_states} states per batch (max_queue), got "
+                                f"{len(states)}; split the batch", "too_many_states"))
+    problems += [Problem(("body", key), f"the batch route takes no {key}: {why}", "control_not_supported")
+                 for key, why in REFUSED.items() if data.get(key) is not None]
+    problems += [Problem(("body", field), "the batch route takes text states only: send media to POST /v1/systemone",
+                         error_type) for field, error_type in MEDIA_FIELDS.items() if data.get(field)]
+    return problems
+
+
+def located(exc: BaseException, i: int) -> BaseException:
+    """State i's refusal naming it: its state's problems under states[i], a too-long prompt's message with it."""
+    if type(exc) is RequestInvalid:  # a text state: no media, so no MediaRejected
+        return RequestInvalid([Problem(("body", "states", i) + p.loc[2:] if p.loc[:2] == ("body", "state") else p.loc,
+                                       p.msg, p.type) for p in exc.problems])
+    if isinstance(exc, ContextLengthExceeded):
+        return ContextLengthExceeded(exc.n_tokens, exc.limit, f"{exc.detail} (states[{i}])", exc.at_least)
+    return exc
+
+
+async def decide_each(request: web.Request, calls: list[DecisionInput]) -> list[Decision]:
+    """Every call's Decision, decided together; on a refusal the others are withdrawn and the first state's refusal
+    (in the states' order) answers the batch."""
+    tasks = [asyncio.ensure_future(decide(request, call)) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except Exception:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        failed = [(i, task.exception()) for i, task in enumerate(tasks) if not task.cancelled() and task.exception()]
+        if not failed:
+            raise
+        i, exc = failed[0]
+        raise located(exc, i) from None
+
+
+async def batch_handler(request: web.Request) -> web.Response:
+    start = time.perf_counter()
+    body = await read_body(request)
+    if body.parts is not None:
+        raise UnsupportedMediaType("POST /v1/systemone/batch takes application/json: text states only")
+    registry = request.app[REGISTRY]
+    data, warnings = body.data, []
+    problems = batch_problems(data, registry.server.max_queue)
+    if problems:
+        raise RequestInvalid(problems)
+    model = data.get("model")
+    if model is None:  # as POST /v1/systemone: the default model, and a warning that says so
+        model = registry.default
+        warnings.append(no_model_warning(model))
+    calls = [decision_input(body, {"model": model, "state": state, "questions": data.get("questions")}, model)
+             for state in data["states"]]
+    decisions = await decide_each(request, calls)
+    info = request[INFO]  # each decide() wrote its own: the batch's are the sums, and each stage's longest
+    info.input_tokens = sum(d.input_tokens for d in decisions)
+    info.batch_size = max(d.batch_size for d in decisions)
+    info.timings = {f"{stage}_ms": round(max(d.timings.get(stage, 0.0) for d in decisions) * 1e3, 3)
+                    for stage in decisions[0].timings}
+    info.timings["reused_tokens"] = sum(d.reused_tokens for d in decisions)
+    results = [{**systemone_body(d), "x_timings": {**{f"{stage}_ms": round(s * 1e3, 3) for stage, s in d.timings.items()},
+                                            "reused_tokens": d.reused_tokens}} for d in decisions]
+    batch = {"model": decisions[0].model, "results": results,
+             "total_usage": {"input_tokens": info.input_tokens, "output_tokens": 0}}
+    extra, headers = extensions(request, decisions[0], start, warnings)
+    return json_response({**batch, **extra}, headers=headers)
+
+
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """POST /v1/systemone/batch in /openapi.json: System One's questions over an array of states."""
+    request = {"type": "object", "required": ["states", "questions"], "properties": {
+        "model": {"type": "string"},
+        "states": {"type": "array", "minItems": 1, "items": {"anyOf": [
+            {"type": "string"}, {"type": "object"}, {"type": "array"}]},
+                   "description": "at most max_queue states; each is asked every question"},
+        "questions": {"type": "object", "minProperties": 1,
+                      "description": "System One's questions, asked of every state",
+                      "additionalProperties": {"$ref": "#/components/schemas/Question"}},
+        **{key: {"description": f"refused: {why}"} for key, why in REFUSED.items()},
+        **{key: {"description": "accepted; changes nothing (the worker batches by its own token budget)"}
+           for key in PASSES}}}
+    ok = {"description": "each state's System One answer, in the states' order", "content": {"application/json": {
+        "schema": {"type": "object", "required": ["model", "results", "total_usage"], "properties": {
+            "model": {"type": "string"},
+            "results": {"type": "array", "items": {"$ref": "#/components/schemas/SystemOneResponse"}},
+            "total_usage": {"type": "object"}}}}}}
+    return {PATHS["systemone_batch"]: {"post": {
+        "operationId": "systemone_batch", "security": security,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+        "responses": {"200": ok, **errors(400, 401, 404, 413, 415, 422, 429, 503)}}}}
+
+
+DOOR = Door(BATCH_SHAPE, {"systemone_batch": batch_handler}, jev_error, openapi_paths)
