@@ -220,7 +220,7 @@ def data_url(text: str) -> DataUrl | None:
 def _kind(asset: Any) -> str:
     """The medium an asset claims to be (images by default, as the Jev API's `type` is optional)."""
     kind = asset.get("type") if isinstance(asset, dict) else None
-    return kind if kind in TABLE else IMAGE
+    return kind if isinstance(kind, str) and kind in TABLE else IMAGE  # any other JSON value: a 422 later, not here
 
 
 def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: set[str], media: dict[str, _Medium],

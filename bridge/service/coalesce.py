@@ -14,6 +14,7 @@ which is what partitioning the cache is for. A client's own retries carry its ke
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -34,7 +35,9 @@ class Shared:
 
     future: asyncio.Future
     job: Job | None
-    abandon: Callable[[], None] = lambda: None  # called when the last waiter leaves before the answer
+    # called with this computation when its last waiter leaves before the answer (taking it as an argument, not
+    # closing over it: a closure would tie it, its future and the error in it into a cycle only the GC frees)
+    abandon: Callable[[Shared], None] = lambda shared: None
     waiters: int = 0
 
     @property
@@ -46,7 +49,7 @@ class Shared:
         the worker's queue (or its answer is dropped) and its future is cancelled."""
         self.waiters -= 1
         if self.waiters == 0 and not self.future.done():
-            self.abandon()
+            self.abandon(self)
 
 
 def request_key(model: str, body: Any, media: Media = NO_MEDIA, partition: tuple[str, ...] = ()) -> Key | None:
@@ -86,7 +89,7 @@ class Coalescer:
             return self._join(running)
         job = worker.submit(request, media, options)
         shared = Shared(job.future, job)
-        shared.abandon = lambda: self._abandon(key, shared, worker)
+        shared.abandon = functools.partial(self._abandon, key, worker)
         if key is not None:
             self._inflight[key] = shared
             job.future.add_done_callback(lambda future: self._finished(key, future))
@@ -97,7 +100,7 @@ class Coalescer:
         """Computations under way that requests can still join."""
         return len(self._inflight)
 
-    def _abandon(self, key: Key | None, shared: Shared, worker: InferenceWorker) -> None:
+    def _abandon(self, key: Key | None, worker: InferenceWorker, shared: Shared) -> None:
         if key is not None and self._inflight.get(key) is shared:
             del self._inflight[key]
         worker.withdraw(shared.job)
