@@ -95,11 +95,6 @@ class Coalescer:
             job.future.add_done_callback(lambda future: self._finished(key, future))
         return self._join(shared)
 
-    @property
-    def in_flight(self) -> int:
-        """Computations under way that requests can still join."""
-        return len(self._inflight)
-
     def _abandon(self, key: Key | None, worker: InferenceWorker, shared: Shared) -> None:
         if key is not None and self._inflight.get(key) is shared:
             del self._inflight[key]
