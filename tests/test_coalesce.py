@@ -5,6 +5,7 @@ poisoned every retry of its body), whatever the order of submissions, hang-ups, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from types import SimpleNamespace
 
@@ -157,15 +158,24 @@ def test_no_future_is_left_pending_and_nothing_abandoned_stays_joinable(steps):
     asyncio.run(session(steps))
 
 
+@contextlib.asynccontextmanager
+async def running():
+    """A gated model's worker, started, and a coalescer without a cache; the worker stopped (its gate open) after."""
+    model = GatedModel()
+    worker = InferenceWorker(model, max_queue=8, overlap=False)
+    worker.start()
+    try:
+        yield model, worker, Coalescer(cache_size=0)
+    finally:
+        model.gate.set()
+        await asyncio.get_running_loop().run_in_executor(None, worker.stop)
+
+
 def test_a_retry_after_a_hang_up_while_queued_computes_afresh():
     """The issue's case, step by step: the first copy is withdrawn from the queue at once and its retry answers."""
 
     async def main():
-        model = GatedModel()
-        worker = InferenceWorker(model, max_queue=8, overlap=False)
-        coalescer = Coalescer(cache_size=0)
-        worker.start()
-        try:
+        async with running() as (model, worker, coalescer):
             model.gate.clear()
             blocker = asyncio.create_task(client(coalescer, worker, "a", None))
             await settle_until(model.entered.is_set)  # "a" holds the worker at the gate
@@ -177,20 +187,13 @@ def test_a_retry_after_a_hang_up_while_queued_computes_afresh():
             model.gate.set()
             assert await asyncio.wait_for(client(coalescer, worker, "b", None), 5) == {"state": "b"}
             assert (await blocker) == {"state": "a"}
-        finally:
-            model.gate.set()
-            await asyncio.get_running_loop().run_in_executor(None, worker.stop)
 
     asyncio.run(main())
 
 
 def test_one_of_two_waiters_hanging_up_keeps_the_others_answer():
     async def main():
-        model = GatedModel()
-        worker = InferenceWorker(model, max_queue=8, overlap=False)
-        coalescer = Coalescer(cache_size=0)
-        worker.start()
-        try:
+        async with running() as (model, worker, coalescer):
             model.gate.clear()
             first = asyncio.create_task(client(coalescer, worker, "b", None))
             second = asyncio.create_task(client(coalescer, worker, "b", 5.0))
@@ -200,9 +203,6 @@ def test_one_of_two_waiters_hanging_up_keeps_the_others_answer():
             await asyncio.sleep(0)
             model.gate.set()
             assert await second == {"state": "b"}
-        finally:
-            model.gate.set()
-            await asyncio.get_running_loop().run_in_executor(None, worker.stop)
 
     asyncio.run(main())
 
