@@ -10,7 +10,7 @@ import tomllib
 import pytest
 from clef_bridge.bridge.config.registry import RegistryError, parse_registry
 from clef_bridge.bridge.media.images import ImageLimits, ImageRejected, ImageTooLarge
-from clef_bridge.bridge.media.request import MARKER, FormPart, UnsupportedMediaType, extract
+from clef_bridge.bridge.media.request import IMAGE, MARKER, FormPart, UnsupportedMediaType, extract
 from clef_bridge.bridge.server.assets import body_limit
 from clef_bridge.bridge.server.multipart import is_form, parse_body, parse_form
 from clef_bridge.head.errors import RequestInvalid
@@ -47,7 +47,7 @@ def test_images_follow_the_prompt_order_and_placeholders_become_markers():
     }
     raw = body({"later": "{c}", "first": ["{b}", 3, None]}, questions,
                assets={"{a}": asset("A"), "{b}": asset("B"), "{c}": asset("C"), "{d}": asset("D")})
-    found = extract(raw, None, LIMITS)
+    found = extract(raw, None, {IMAGE: LIMITS})
     # the state renders with sorted keys: "first" ({b}) before "later" ({c}); then question z's instructions
     # ({a}); its options sorted by code point: "differ" ({d}) before "same"
     assert images_of(found.media) == [PNG["B"], PNG["C"], PNG["A"], PNG["D"]]
@@ -64,31 +64,31 @@ def test_images_follow_the_prompt_order_and_placeholders_become_markers():
 def test_noul_options_are_read_true_first():
     raw = body("s", {"n": {"type": "noul", "criteria": {"false": "{x}", "true": "{y}"}}},
                assets={"{x}": asset("A"), "{y}": asset("B")})
-    assert images_of(extract(raw, None, LIMITS).media) == [PNG["B"], PNG["A"]]
+    assert images_of(extract(raw, None, {IMAGE: LIMITS}).media) == [PNG["B"], PNG["A"]]
 
 
 def test_longest_placeholder_wins_and_unreferenced_assets_come_last():
     raw = body("img12 then img1", assets={"img1": asset("A"), "unused": asset("C"), "img12": asset("B")})
-    found = extract(raw, None, LIMITS)
+    found = extract(raw, None, {IMAGE: LIMITS})
     assert found.body["state"] == "[image 1] then [image 2]"
     assert images_of(found.media) == [PNG["B"], PNG["A"], PNG["C"]]
 
 
 def test_markers_do_not_depend_on_the_placeholder():
-    one = extract(body("see <image:1f>", assets={"<image:1f>": asset("A")}), None, LIMITS)
-    two = extract(body("see <image:9e>", assets={"<image:9e>": asset("A")}), None, LIMITS)
+    one = extract(body("see <image:1f>", assets={"<image:1f>": asset("A")}), None, {IMAGE: LIMITS})
+    two = extract(body("see <image:9e>", assets={"<image:9e>": asset("A")}), None, {IMAGE: LIMITS})
     assert one.body == two.body and one.media.digests == two.media.digests
 
 
 def test_ids_and_option_names_are_not_rewritten():
     raw = body("s", {"{a}": {"type": "choice", "criteria": {"{a}": "x", "b": "y"}}}, assets={"{a}": asset("A")})
-    found = extract(raw, None, LIMITS)
+    found = extract(raw, None, {IMAGE: LIMITS})
     assert found.body["questions"] == raw["questions"] and len(found.media.images) == 1
 
 
 def test_images_list_takes_data_urls_and_base64_in_order():
     raw = body("s", images=[data_url(PNG["C"]), b64(PNG["A"]), "\n".join([b64(PNG["B"])[:40], b64(PNG["B"])[40:]])])
-    found = extract(raw, None, LIMITS)
+    found = extract(raw, None, {IMAGE: LIMITS})
     assert images_of(found.media) == [PNG["C"], PNG["A"], PNG["B"]]
     assert "images" not in found.body and found.body["state"] == "s"
     assert found.inline_chars == sum(len(s) for s in raw["images"])
@@ -96,7 +96,7 @@ def test_images_list_takes_data_urls_and_base64_in_order():
 
 def problems(raw, parts=None, limits=LIMITS) -> list[tuple[str, str, str]]:
     with pytest.raises(RequestInvalid) as info:
-        extract(raw, parts, limits)
+        extract(raw, parts, {IMAGE: limits})
     return [(".".join(map(str, p.loc)), p.type, p.msg) for p in info.value.problems]
 
 
@@ -141,23 +141,23 @@ def test_bad_media_names_its_location(name, raw, expected):
 def test_sizes_are_refused_before_decoding_as_too_large():
     small = ImageLimits(max_bytes=len(PNG["A"]) - 1)
     with pytest.raises(ImageTooLarge) as info:
-        extract(body("s", images=[b64(PNG["A"])]), None, small)
+        extract(body("s", images=[b64(PNG["A"])]), None, {IMAGE: small})
     assert info.value.problems[0].loc == ("body", "images", 0) and "bytes per image" in str(info.value)
     huge = "A" * (4 * LIMITS.max_bytes)  # judged from its length: never decoded
     with pytest.raises(ImageTooLarge, match="max_image_bytes"):
-        extract(body("s", images=[huge]), None, LIMITS)
+        extract(body("s", images=[huge]), None, {IMAGE: LIMITS})
     total = ImageLimits(max_total_bytes=len(PNG["A"]) + len(PNG["B"]) - 1)
     with pytest.raises(ImageTooLarge, match="max_image_total_bytes") as info:
-        extract(body("s", images=[b64(PNG["A"]), b64(PNG["B"])]), None, total)
+        extract(body("s", images=[b64(PNG["A"]), b64(PNG["B"])]), None, {IMAGE: total})
     assert info.value.problems[0].loc == ("body", "images")
     few_pixels = ImageLimits(max_pixels=40 * 32 - 1)
     with pytest.raises(ImageTooLarge, match="pixels"):
-        extract(body("s", images=[b64(PNG["A"])]), None, few_pixels)
+        extract(body("s", images=[b64(PNG["A"])]), None, {IMAGE: few_pixels})
 
 
 def test_a_size_problem_with_a_format_problem_is_a_422():
     with pytest.raises(ImageRejected) as info:
-        extract(body("s", images=[b64(PNG["A"]), b64(b"nope")]), None, ImageLimits(max_bytes=100))
+        extract(body("s", images=[b64(PNG["A"]), b64(b"nope")]), None, {IMAGE: ImageLimits(max_bytes=100)})
     assert not isinstance(info.value, ImageTooLarge) and len(info.value.problems) == 2
 
 
@@ -181,7 +181,7 @@ def test_the_sdks_multipart_body_round_trips():
                                     Part("asset-0", "image/png", PNG["A"], "asset-0")])
     parsed = parse_body(data, ctype)
     assert parsed.data == raw and list(parsed.parts) == ["asset-0"] and parsed.json_bytes == len(request_part(raw)[2])
-    found = extract(parsed.data, parsed.parts, LIMITS)
+    found = extract(parsed.data, parsed.parts, {IMAGE: LIMITS})
     assert images_of(found.media) == [PNG["A"]] and found.body["state"] == "look: [image 1]"
 
 
@@ -230,7 +230,7 @@ def test_every_part_is_claimed_exactly_once():
 
 def test_multipart_without_images_and_other_multipart_types_are_415():
     with pytest.raises(UnsupportedMediaType):
-        extract(body("s"), {}, LIMITS)
+        extract(body("s"), {}, {IMAGE: LIMITS})
     with pytest.raises(UnsupportedMediaType, match="multipart/mixed"):
         is_form("multipart/mixed")
     assert is_form("multipart/form-data") and not is_form("application/json")

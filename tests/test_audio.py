@@ -25,11 +25,9 @@ from clef_bridge.bridge.media.audio import (
     AudioTooLarge,
     check,
     decode,
-    decode_audio_all,
     sniff,
 )
-from clef_bridge.bridge.media.images import ImageLimits
-from clef_bridge.bridge.media.request import FormPart, extract
+from clef_bridge.bridge.media.request import AUDIO, DecodeSettings, FormPart, decode_kind, extract
 from clef_bridge.bridge.server.assets import body_limit
 from clef_bridge.head.errors import RequestInvalid
 
@@ -265,7 +263,7 @@ GARBAGE = {  # name: (bytes, the problem's type)
 def test_garbage_is_a_422_that_names_the_clip(name):
     data, kind = GARBAGE[name]
     with pytest.raises(AudioRejected) as caught:
-        decode_audio_all([_input(data)])
+        decode_kind(AUDIO, [_input(data)], DecodeSettings(None, {AUDIO: AudioLimits()}))
     assert not isinstance(caught.value, AudioTooLarge)
     [problem] = caught.value.problems
     assert problem.loc == LOC and problem.type == kind and problem.msg
@@ -274,7 +272,7 @@ def test_garbage_is_a_422_that_names_the_clip(name):
 def _input(data: bytes):
     """An AudioInput as extract() makes it, or the AudioRejected that sniffing raises, raised on decode."""
     body = {"model": "m", "state": "s", "questions": {"q": {"type": "noul"}}, "audio": [data_url(data)]}
-    [found] = extract(body, None, ImageLimits()).media.audio
+    [found] = extract(body).media.audio
     return found
 
 
@@ -299,7 +297,7 @@ def test_audio_assets_become_markers_numbered_apart_from_images():
               "<w>": {"type": "audio", "format": "wav", "data_base64": b64(CLIP["A"])},
               "<unnamed>": {"type": "audio", "format": "wav", "data_base64": b64(CLIP["C"])},
               "<scan>": {"type": "image", "format": "png", "data_base64": b64(PNG)}}
-    found = extract(body({"call": "<w> then <v>", "scan": "<scan>"}, assets=assets), None, ImageLimits())
+    found = extract(body({"call": "<w> then <v>", "scan": "<scan>"}, assets=assets))
     # the state renders with sorted keys: "call" (<w>, <v>) before "scan"; then the instructions (<v> again)
     assert found.body["state"] == {"call": "[audio 1] then [audio 2]", "scan": "[image 1]"}
     assert found.body["questions"]["q"]["instructions"] == "Is [audio 2] calm?"
@@ -312,7 +310,7 @@ def test_audio_assets_become_markers_numbered_apart_from_images():
 def test_audio_list_takes_data_urls_base64_and_objects_in_order():
     entries = [data_url(CLIP["B"], "audio/mpeg"), b64(CLIP["A"]),
                {"content_type": "audio/wav", "base64": b64(CLIP["C"])}]
-    found = extract(body("s", audio=entries, images=[b64(PNG)]), None, ImageLimits())
+    found = extract(body("s", audio=entries, images=[b64(PNG)]))
     assert [a.data for a in found.media.audio] == [CLIP["B"], CLIP["A"], CLIP["C"]]
     assert [a.loc for a in found.media.audio] == [("body", "audio", i) for i in range(3)]
     assert len(found.media.images) == 1 and "audio" not in found.body
@@ -324,13 +322,13 @@ def test_multipart_audio_parts_are_claimed_by_audio_assets():
                               "<i>": {"type": "image", "part": "asset-1"}})
     parts = {"asset-0": FormPart("asset-0", "application/octet-stream", CLIP["B"]),
              "asset-1": FormPart("asset-1", "image/png", PNG)}
-    found = extract(raw, parts, ImageLimits())
+    found = extract(raw, parts)
     assert [a.data for a in found.media.audio] == [CLIP["B"]] and [i.data for i in found.media.images] == [PNG]
 
 
 def problems(raw, limits=AudioLimits()) -> list[tuple[str, str, str]]:
     with pytest.raises(RequestInvalid) as caught:
-        extract(raw, None, ImageLimits(), audio_limits=limits)
+        extract(raw, None, {AUDIO: limits})
     return [(".".join(map(str, p.loc)), p.type, p.msg) for p in caught.value.problems]
 
 
@@ -354,10 +352,10 @@ def test_refusals_name_their_place_and_their_limit():
 def test_over_max_audio_bytes_is_a_413_before_base64_is_decoded():
     big = b64(CLIP["A"])
     with pytest.raises(AudioTooLarge, match=r"max_audio_bytes") as caught:
-        extract(body("s", audio=["@" * len(big)]), None, ImageLimits(), audio_limits=AudioLimits(max_bytes=1000))
+        extract(body("s", audio=["@" * len(big)]), None, {AUDIO: AudioLimits(max_bytes=1000)})
     assert caught.value.problems[0].type == "value_error.audio.bytes"  # not "invalid base64": never decoded
     with pytest.raises(AudioTooLarge, match=r"max_audio_seconds"):
-        extract(body("s", audio=[big]), None, ImageLimits(), audio_limits=AudioLimits(max_seconds=0.25))
+        extract(body("s", audio=[big]), None, {AUDIO: AudioLimits(max_seconds=0.25)})
 
 
 def test_a_video_that_is_no_video_is_refused_where_it_is():

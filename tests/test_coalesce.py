@@ -10,6 +10,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from clef_bridge.bridge.media.request import NO_MEDIA
 from clef_bridge.bridge.model.clef_model import Scored, Timings
 from clef_bridge.bridge.model.worker import InferenceWorker, WorkerStopped
 from clef_bridge.bridge.service.coalesce import Coalescer
@@ -44,7 +45,8 @@ class GatedModel:
     def prepare(self, request, media):
         if request.state == "fail-prepare":
             raise ModelFault("prepare")
-        return SimpleNamespace(request=request, has_media=False, encoded=SimpleNamespace(input_ids=[0, 0, 0]))
+        return SimpleNamespace(request=request, media=NO_MEDIA, has_media=False,
+                               encoded=SimpleNamespace(input_ids=[0, 0, 0]))
 
     def prefill_batch(self, batch):
         self.entered.set()
@@ -71,9 +73,10 @@ STEPS = st.one_of(
 
 
 async def client(coalescer: Coalescer, worker: InferenceWorker, state: str, deadline: float | None) -> dict:
-    """What DecisionService.decide does around the coalescer: join, wait within the deadline, leave."""
-    request = parse_request(body(state))
-    shared = coalescer.submit(worker, body(state), request)
+    """What DecisionService.decide does around the coalescer: join, else prepare and submit, wait within the
+    deadline, leave."""
+    shared = coalescer.join(worker, body(state)) or coalescer.submit(
+        worker, body(state), worker.model.prepare(parse_request(body(state)), NO_MEDIA))
     try:
         scored = await asyncio.wait_for(asyncio.shield(shared.future), deadline)
     finally:
@@ -134,7 +137,7 @@ async def session(steps: list[tuple]) -> None:
             await loop.run_in_executor(None, worker.stop)
         for _ in range(5):
             await asyncio.sleep(0)
-    pending = [job.request.state for job in jobs if not job.future.done()]
+    pending = [job.prepared.request.state for job in jobs if not job.future.done()]
     assert not pending, f"futures left pending: {pending}"
     done, waiting = await asyncio.wait([task for _, task in clients], timeout=5) if clients else (set(), set())
     assert not waiting, f"{len(waiting)} clients never answered"
@@ -224,15 +227,15 @@ def test_jobs_still_queued_when_the_prefill_thread_dies_answer_worker_stopped():
         worker._take = take
         model.gate.clear()
         worker.start()
-        first = worker.submit(parse_request(body("a"))).future
+        first = worker.submit(model.prepare(parse_request(body("a")), NO_MEDIA)).future
         await settle_until(lambda: worker.depth == 0)  # taken: the first round waits at the gate
-        queued = worker.submit(parse_request(body("b"))).future
+        queued = worker.submit(model.prepare(parse_request(body("b")), NO_MEDIA)).future
         model.gate.set()
         assert (await asyncio.wait_for(first, 5)).answers[0].id == "a"
         with pytest.raises(WorkerStopped):
             await asyncio.wait_for(queued, 5)
         with pytest.raises(WorkerStopped):
-            worker.submit(parse_request(body("c")))
+            worker.submit(model.prepare(parse_request(body("c")), NO_MEDIA))
         await asyncio.get_running_loop().run_in_executor(None, worker.stop)
 
     asyncio.run(main())

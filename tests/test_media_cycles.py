@@ -21,12 +21,11 @@ from clef_bridge.bridge.media.audio import (
     AudioLimits,
     AudioRejected,
     AudioTooLarge,
-    decode_audio_all,
 )
 from clef_bridge.bridge.media.errors import DecodeOverMemory, DecodeOverTime, DecoderStopped, MediaRejected
-from clef_bridge.bridge.media.images import ImageLimits, ImageRejected
-from clef_bridge.bridge.media.request import extract
-from clef_bridge.bridge.media.video import VideoRejected
+from clef_bridge.bridge.media.images import ImageRejected
+from clef_bridge.bridge.media.request import AUDIO, VIDEO, DecodeSettings, decode_kind, extract
+from clef_bridge.bridge.media.video import VideoHeader, VideoInput, VideoLimits, VideoRejected
 from clef_bridge.head.errors import Problem
 
 pytestmark = pytest.mark.unit
@@ -69,7 +68,18 @@ def test_a_clip_refused_while_decoding_leaves_no_cycle(data, error):
     with no_collector():
         before = live_media_errors()
         with pytest.raises(error):
-            decode_audio_all([clip, clip], AudioLimits(max_seconds=0.1))
+            decode_kind(AUDIO, [clip, clip], DecodeSettings(None, {AUDIO: AudioLimits(max_seconds=0.1)}))
+        assert live_media_errors() == before
+
+
+def test_videos_refused_while_decoding_leave_no_cycle():
+    """Issue 39: the videos' decoding kept its errors undetached (the near-copy of the clips' bug fixed before)."""
+    data = b"\x1a\x45\xdf\xa3" + bytes(300)  # a Matroska magic and nothing decodable after it
+    video = VideoInput(("body", "videos", 0), data, VideoHeader("matroska", None, None, None, None, None), b"")
+    with no_collector():
+        before = live_media_errors()
+        with pytest.raises(VideoRejected):
+            decode_kind(VIDEO, [video, video], DecodeSettings(None, {VIDEO: VideoLimits()}))
         assert live_media_errors() == before
 
 
@@ -80,7 +90,7 @@ def test_clips_refused_from_their_headers_leave_no_cycle(audio):
     with no_collector():
         before = live_media_errors()
         with pytest.raises(AudioRejected):
-            extract(body, None, ImageLimits())
+            extract(body)
         assert live_media_errors() == before
 
 
@@ -90,7 +100,7 @@ def test_videos_refused_from_their_headers_leave_no_cycle():
     with no_collector():
         before = live_media_errors()
         with pytest.raises(VideoRejected):
-            extract(body, None, ImageLimits())
+            extract(body)
         assert live_media_errors() == before
 
 

@@ -24,8 +24,8 @@ from clef_bridge.bridge.media.audio import (
     check,
     sniff,
 )
-from clef_bridge.bridge.media.images import MAX_JPEG_MARKERS, ImageLimits, ImageRejected, ImageTooLarge
-from clef_bridge.bridge.media.request import FormPart, extract
+from clef_bridge.bridge.media.images import MAX_JPEG_MARKERS, ImageRejected, ImageTooLarge
+from clef_bridge.bridge.media.request import AUDIO, FormPart, extract
 from clef_bridge.bridge.server import multipart
 from clef_bridge.head.errors import Category, RequestInvalid
 from hypothesis import given, settings
@@ -215,11 +215,10 @@ def test_a_parts_size_is_checked_before_anything_parses_it(monkeypatch):
     part = TINY_FRAME * (9 * 2**20 // 24)  # 9 MiB, over max_audio_bytes (and the 55 MB scan)
     with pytest.raises(AudioTooLarge, match=r"holds 9437184 bytes of audio; the limit is 8388608 bytes per audio "
                                             r"clip \(max_audio_bytes\)") as caught:
-        extract(_multipart_body("audio"), {"asset-0": FormPart("asset-0", "audio/mpeg", part)}, ImageLimits())
+        extract(_multipart_body("audio"), {"asset-0": FormPart("asset-0", "audio/mpeg", part)})
     assert caught.value.problems[0].loc == ("body", "assets", "<a>")
     with pytest.raises(ImageTooLarge, match=r"max_image_bytes"):
-        extract(_multipart_body("image"), {"asset-0": FormPart("asset-0", "image/jpeg", b"\xff\xd8\xff" * 2**21)},
-                ImageLimits())
+        extract(_multipart_body("image"), {"asset-0": FormPart("asset-0", "image/jpeg", b"\xff\xd8\xff" * 2**21)})
     assert parsed == []  # no frame header read, no image header sniffed
 
 
@@ -253,11 +252,11 @@ def test_a_data_urls_size_is_checked_before_its_base64_is_decoded(monkeypatch):
     monkeypatch.setattr(base64, "b64decode", lambda *a, **k: decoded.append(a) or b64decode(*a, **k))
     limits = AudioLimits(max_bytes=3000)
     fits = base64.b64encode(wav(bytes(3000 - 44))).decode()  # 3,000 bytes exactly: its padding counted out
-    extract({"state": "s", "audio": [f"data:audio/wav;base64,{fits}"]}, None, ImageLimits(), audio_limits=limits)
+    extract({"state": "s", "audio": [f"data:audio/wav;base64,{fits}"]}, None, {AUDIO: limits})
     assert len(decoded) == 1
     over = base64.b64encode(wav(bytes(3002 - 44))).decode()  # 3,002 bytes: 4,004 characters, one of them "="
     with pytest.raises(AudioTooLarge, match=r"holds about 3002 bytes of audio; the limit is 3000 bytes"):
-        extract({"state": "s", "audio": [f"data:audio/wav;base64,{over}"]}, None, ImageLimits(), audio_limits=limits)
+        extract({"state": "s", "audio": [f"data:audio/wav;base64,{over}"]}, None, {AUDIO: limits})
     assert len(decoded) == 1
 
 
@@ -266,14 +265,14 @@ def test_the_base64_marker_is_read_in_any_case_for_images_and_audio(marker):
     clip, png = wav(), encoded(picture(40, 32), "PNG")
     body = {"state": "s", "audio": [f"data:audio/wav;{marker},{base64.b64encode(clip).decode()}"],
             "images": [f"DATA:image/png;charset=x;{marker},{base64.b64encode(png).decode()}"]}
-    media = extract(body, None, ImageLimits()).media
+    media = extract(body).media
     assert [a.data for a in media.audio] == [clip] and [i.data for i in media.images] == [png]
 
 
 def test_a_data_urls_head_is_read_within_its_bound():
     head = "data:audio/wav;" + "x" * request.DATA_URL_HEAD + ";base64,"
     with pytest.raises(AudioRejected, match="without ;base64") as caught:
-        extract({"state": "s", "audio": [head + base64.b64encode(wav()).decode()]}, None, ImageLimits())
+        extract({"state": "s", "audio": [head + base64.b64encode(wav()).decode()]})
     assert caught.value.problems[0].type == "value_error.audio.data_url"
 
 

@@ -11,7 +11,6 @@ import struct
 
 import pytest
 from clef_bridge.bridge.media.audio import AudioLimits, sniff as sniff_audio
-from clef_bridge.bridge.media.images import ImageLimits
 from clef_bridge.bridge.media.request import AUDIO, VIDEO, extract
 from clef_bridge.bridge.media.video import MAX_SOURCE_FPS, VideoLimits, VideoTooLarge, check, sniff
 from clef_bridge.bridge.service.decision import DecisionInput
@@ -70,9 +69,9 @@ def test_the_frame_count_bound_is_inclusive_too():
 def test_a_video_request_over_max_video_seconds_is_refused_through_extract():
     body = {**BODY, "videos": [base64.b64encode(ffmpeg_mp4(60_000, 60 * 15360 + 1)).decode()]}
     with pytest.raises(VideoTooLarge) as caught:
-        extract(body, None, ImageLimits())
+        extract(body)
     assert caught.value.problems[0].loc == LOC
-    extract({**BODY, "videos": [base64.b64encode(ffmpeg_mp4(60_000, 60 * 15360)).decode()]}, None, ImageLimits())
+    extract({**BODY, "videos": [base64.b64encode(ffmpeg_mp4(60_000, 60 * 15360)).decode()]})
 
 
 PNG = encoded(picture(64, 64, seed=5), "PNG")
@@ -99,21 +98,21 @@ def media_body(images: int = 1, audio: int = 1, videos: int = 1, assets: bool = 
 def test_max_media_bytes_counts_images_and_audio_beside_the_videos(assets):
     total = len(PNG) + len(WAV) + len(CLIP)
     assert len(CLIP) < total - max(len(PNG), len(WAV))  # any one kind left out fits under total - 1
-    extract(media_body(assets=assets), None, ImageLimits(), video_limits=VideoLimits(max_media_bytes=total))
+    extract(media_body(assets=assets), None, {VIDEO: VideoLimits(max_media_bytes=total)})
     tight = VideoLimits(max_media_bytes=total - 1)
     with pytest.raises(VideoTooLarge) as caught:
-        extract(media_body(assets=assets), None, ImageLimits(), video_limits=tight)
+        extract(media_body(assets=assets), None, {VIDEO: tight})
     [problem] = caught.value.problems
     assert problem.type == "value_error.video.total_bytes" and "max_media_bytes" in problem.msg
     assert f"hold {total} bytes together" in problem.msg
     assert problem.loc == ("body", "assets" if assets else "videos")
     for fewer in ({"images": 0}, {"audio": 0}):  # without either kind the request fits: both were counted
-        extract(media_body(assets=assets, **fewer), None, ImageLimits(), video_limits=tight)
+        extract(media_body(assets=assets, **fewer), None, {VIDEO: tight})
 
 
 def test_max_media_bytes_binds_only_requests_with_videos():
     tiny = VideoLimits(max_media_bytes=10)
-    found = extract(media_body(images=2, audio=2, videos=0), None, ImageLimits(), video_limits=tiny)
+    found = extract(media_body(images=2, audio=2, videos=0), None, {VIDEO: tiny})
     assert len(found.media.images) == 2 and len(found.media.audio) == 2
 
 

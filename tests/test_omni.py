@@ -129,7 +129,7 @@ def test_media_and_limits_of_the_served_model(omni):
 
 def test_a_model_without_audio_refuses_audio(ofx, tmp_path, tiny_model):
     with pytest.raises(RequestInvalid) as info:
-        refuse_unsupported(Media({AUDIO: (tone(0.5),)}), tiny_model.media, tiny_model.name)
+        refuse_unsupported((AUDIO,), tiny_model.media, tiny_model.name)
     assert info.value.problems[0].type == "audio_not_supported" and tiny_model.media == ()
     # Clef-omni with the vision half alone as its projector: images, no audio
     vision, _ = ensure_vision_projector(ofx.mmproj_f32, tmp_path / "split")
@@ -137,7 +137,7 @@ def test_a_model_without_audio_refuses_audio(ofx, tmp_path, tiny_model):
     try:
         assert model.media == ("image",) and model.backbone.deepstack == 2
         with pytest.raises(RequestInvalid, match="takes no audio"):
-            refuse_unsupported(Media({AUDIO: (tone(0.5),)}), model.media, model.name)
+            refuse_unsupported((AUDIO,), model.media, model.name)
     finally:
         model.close()
 

@@ -281,16 +281,18 @@ def test_input_images_are_seen_where_the_message_puts_them(vision_server):
     assert decision.usage.input_tokens == expected["usage"]["input_tokens"]
 
 
-def test_a_lone_surrogate_anywhere_is_a_400_naming_its_field(server):
+def test_a_lone_surrogate_anywhere_is_a_400_naming_its_field(server, vision_server):
+    """An image's surrogate goes to the model with vision: a model without it refuses any image first (admission in
+    cost order, issue 39)."""
     auth = {"Authorization": f"Bearer {KEY}"}
-    for request, field in (({"input": "\ud800"}, "input"), ({"prompt_cache_key": "\udfff"}, None),
-                           ({"questions": [{"type": "predicate", "name": "\ud800", "instructions": "?"}]},
-                            "questions[0]"),
-                           ({"input": [{"role": "user", "content": [{"type": "input_image",
-                                                                     "image_url": "data:image/png;base64,\ud800"}]}]},
-                            "input[0].content[0].image_url")):
+    for where, request, field in (
+            (server, {"input": "\ud800"}, "input"), (server, {"prompt_cache_key": "\udfff"}, None),
+            (server, {"questions": [{"type": "predicate", "name": "\ud800", "instructions": "?"}]}, "questions[0]"),
+            (vision_server, {"input": [{"role": "user", "content": [{"type": "input_image",
+                                                                    "image_url": "data:image/png;base64,\ud800"}]}]},
+             "input[0].content[0].image_url")):
         body = json.dumps({"model": "tiny", "input": STATE, "questions": QUESTIONS, **request}).encode()
-        reply = server.request("POST", "/v1/decisions", raw=body, headers=auth)
+        reply = where.request("POST", "/v1/decisions", raw=body, headers=auth)
         assert reply.status in (200, 400), (request, reply.status, reply.body[:300])
         if reply.status == 400:
             assert reply.json()["error"]["param"] == field, (request, reply.json())

@@ -7,14 +7,13 @@ import base64
 import hashlib
 
 import pytest
-from clef_bridge.bridge.media.images import ImageLimits
 from clef_bridge.bridge.media.request import (
     AUDIO,
     IMAGE,
     NO_MEDIA,
     VIDEO,
-    Media,
     extract,
+    named_kinds,
     refuse_unsupported,
 )
 from clef_bridge.head.errors import RequestInvalid
@@ -37,7 +36,7 @@ def test_an_image_and_a_clip_become_one_value_with_their_markers_and_digests():
     body = {"model": "m", "questions": QUESTIONS, "state": {"call": "<voice>", "photo": "<pic>"},
             "assets": {"<pic>": {"type": "image", "format": "png", "data_base64": b64(PNG)},
                        "<voice>": {"type": "audio", "format": "wav", "data_base64": b64(WAV)}}}
-    found = extract(body, None, ImageLimits())
+    found = extract(body)
     assert found.body["state"] == {"call": "[audio 1]", "photo": "[image 1]"} and "assets" not in found.body
     media = found.media
     assert media.kinds == (IMAGE, AUDIO) and media.images[0].data == PNG and media.audio[0].data == WAV
@@ -48,12 +47,12 @@ def test_an_image_and_a_clip_become_one_value_with_their_markers_and_digests():
 
 def test_a_body_without_media_is_left_as_it_is():
     body = {"model": "m", "state": "no media here", "questions": QUESTIONS}
-    found = extract(body, None, ImageLimits())
+    found = extract(body)
     assert found.body == body and found.media == NO_MEDIA and not found.media and found.inline_chars == 0
 
 
 def test_decoded_media_keep_the_digests_of_their_bytes():
-    found = extract({"model": "m", "state": "s", "questions": QUESTIONS, "images": [b64(PNG)]}, None, ImageLimits())
+    found = extract({"model": "m", "state": "s", "questions": QUESTIONS, "images": [b64(PNG)]})
     decoded = found.media.decoded({IMAGE: ("pixels",)})
     assert decoded.images == ("pixels",) and decoded.digests == found.media.digests
 
@@ -61,17 +60,28 @@ def test_decoded_media_keep_the_digests_of_their_bytes():
 @pytest.mark.parametrize("takes, refused", [((), "images_not_supported"), ((IMAGE,), "audio_not_supported"),
                                             ((IMAGE, AUDIO), None)])
 def test_the_first_kind_the_model_cannot_take_is_refused_naming_the_model(takes, refused):
-    media = Media({IMAGE: ("i",), AUDIO: ("a",)})
+    kinds = named_kinds({"audio": ["a"], "images": ["i"]})
     if refused is None:
-        refuse_unsupported(media, takes, "clef")
+        refuse_unsupported(kinds, takes, "clef")
         return
     with pytest.raises(RequestInvalid) as e:
-        refuse_unsupported(media, takes, "clef")
+        refuse_unsupported(kinds, takes, "clef")
     [problem] = e.value.problems
     assert problem.type == refused and "'clef'" in problem.msg
 
 
+@pytest.mark.parametrize("body, kinds", [
+    ({"videos": ["v"], "images": ["i"]}, (IMAGE, VIDEO)),  # in the prompt's order of kinds
+    ({"assets": {"<a>": {"type": "audio"}, "<b>": {}, "<c>": {"type": None}}}, (IMAGE, AUDIO)),  # no type: an image
+    ({"assets": {"<a>": {"type": "gif"}, "<b>": "not an object"}, "images": []}, ()),  # extract() refuses those
+    ({"audio": "not a list"}, (AUDIO,)),  # named: a model without audio refuses it before its shape is read
+    ("not an object", ()),
+])
+def test_named_kinds_are_read_from_the_fields_alone(body, kinds):
+    assert named_kinds(body) == kinds
+
+
 def test_a_video_is_refused_by_a_model_without_video():
     with pytest.raises(RequestInvalid) as e:
-        refuse_unsupported(Media({VIDEO: ("v",)}), (IMAGE, AUDIO), "clef-flash")
+        refuse_unsupported((VIDEO,), (IMAGE, AUDIO), "clef-flash")
     assert [p.loc for p in e.value.problems] == [("body", "videos")] and "Clef-omni" in e.value.problems[0].msg

@@ -55,8 +55,9 @@ class Recording(WrappedModel):
         self.prepared += 1
         if self.hears:
             self.heard.append(media.audio)
-            return self._model.prepare(request, Media({IMAGE: media.images}))  # the text alone: the omni branch's
-        return self._model.prepare(request, media)                             # model hears the rest
+            # the text alone (the omni branch's model hears the rest); the digests still key the answer
+            return self._model.prepare(request, Media({IMAGE: media.images}, media.digests))
+        return self._model.prepare(request, media)
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +154,10 @@ BAD = [  # (name, (body, headers), status, loc of the first problem for a 422, w
     ("asset without format", audio_json(assets={"a": {"type": "audio", "data_base64": b64(WAV)}}), 422,
      ["body", "assets", "a", "format"], "wav, mp3"),
     ("a model without audio", audio_json("deaf", audio=[b64(WAV)]), 422, ["body", "audio"], "takes no audio"),
-    ("videos", audio_json(videos=["data:video/mp4;base64,AAAA"]), 422, ["body", "videos", 0], "not an MP4"),
+    # a model without video refuses them before reading them (admission in cost order): not the bytes' "not an MP4"
+    ("videos", audio_json(videos=["data:video/mp4;base64,AAAA"]), 422, ["body", "videos"], "takes no videos"),
     ("a video asset", audio_json(assets={"m": {"type": "video", "format": "mp4", "data_base64": "AAAA"}}), 422,
-     ["body", "assets", "m"], "not an MP4"),
+     ["body", "videos"], "takes no videos"),
     ("multipart unclaimed audio part", multipart([("request", "application/json", bad_json()[0]),
                                                   ("asset-0", "audio/wav", WAV)]), 422, ["body", "asset-0"], "claimed"),
 ]
@@ -180,7 +182,8 @@ def test_no_audio_and_video_reasons_in_full(server):
     video = server.request("POST", "/accounts/acct/ai/run/@cf/cloudflare/tiny",
                            {"state": "s", "questions": QUESTIONS, "videos": ["data:video/webm;base64,AAAA"]})
     [error] = video.json()["errors"]
-    assert video.status == 422 and error["code"] == 422 and "not an MP4, WebM or Matroska" in error["message"]
+    assert video.status == 422 and error["code"] == 422 and "'tiny' takes no videos: Clef-omni reads them" in \
+        error["message"]
 
 
 def test_workers_ai_envelope_for_audio_over_a_limit(server):

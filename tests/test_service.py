@@ -56,6 +56,7 @@ class FakeModel:
         self.n_seq_max = 4
         self.geometry = ImageGeometry(min_pixels=64 * 64, max_pixels=64 * 64) if IMAGE in media else None
         self.prepared: list[tuple[object, Media]] = []
+        self.prefilled: list[str] = []  # the states of the requests that reached the backbone
         self.started = threading.Event()
 
     def prepare(self, request, media):
@@ -65,6 +66,7 @@ class FakeModel:
             input_ids=ids))
 
     def prefill_batch(self, batch):
+        self.prefilled += [p.request.state for p in batch]
         self.started.set()
         if self.gate is not None:
             self.gate.wait(5)
@@ -168,25 +170,68 @@ def test_a_misspelt_name_is_offered_only_a_model_that_takes_the_requests_media()
     assert "did you mean clef-vision?" in messages["image"]
 
 
+def media_work(monkeypatch) -> list[str]:
+    """What the service does to a body's media, in order: "extract" (base64 decoded, checked from headers), then
+    "decode"."""
+    done: list[str] = []
+    extract, decode = service_module.extract, service_module.decode_kind
+    monkeypatch.setattr(service_module, "extract", lambda *a: done.append("extract") or extract(*a))
+    monkeypatch.setattr(service_module, "decode_kind", lambda *a: done.append("decode") or decode(*a))
+    return done
+
+
 @pytest.mark.parametrize("field, data, kind", [("images", PNG, "images_not_supported"),
-                                               ("audio", WAV, "audio_not_supported")])
-def test_media_the_model_cannot_take_are_refused_before_decoding(monkeypatch, field, data, kind):
-    decoded = []
-    monkeypatch.setattr(service_module, "decode_kind", lambda *a: decoded.append(a))
+                                               ("audio", WAV, "audio_not_supported"),
+                                               ("images", b"not an image at all", "images_not_supported")])
+def test_media_the_model_cannot_take_are_refused_before_their_base64_is_read(monkeypatch, field, data, kind):
+    """Admission in cost order (issue 39): the model, then what it takes, from the body's fields alone."""
+    done = media_work(monkeypatch)
     model = FakeModel()
     service, workers = service_for(model)
     with pytest.raises(RequestInvalid) as info:
         run(workers, lambda: service.decide(DecisionInput(with_media(BODY, **{field: data}), "fake")))
-    assert [p.type for p in info.value.problems] == [kind] and decoded == [] and model.prepared == []
+    assert [p.type for p in info.value.problems] == [kind] and done == [] and model.prepared == []
 
 
-def test_a_full_media_queue_refuses_before_decoding(monkeypatch):
-    decoded = []
-    monkeypatch.setattr(service_module, "decode_kind", lambda *a: decoded.append(a))
+def test_an_unknown_model_is_refused_before_any_media_is_read(monkeypatch):
+    done = media_work(monkeypatch)
+    service, workers = service_for(FakeModel(media=(IMAGE,)))
+    with pytest.raises(UnknownModel):
+        run(workers, lambda: service.decide(DecisionInput(with_media({**BODY, "model": "nope"}, images=PNG), "nope")))
+    assert done == []
+
+
+def test_a_full_media_queue_refuses_before_any_media_is_read(monkeypatch):
+    done = media_work(monkeypatch)
     service, workers = service_for(FakeModel(media=(IMAGE,)), max_media_jobs=0)
     with pytest.raises(Overloaded, match="image or audio requests"):
         run(workers, lambda: service.decide(DecisionInput(with_media(BODY, images=PNG), "fake")))
-    assert decoded == []
+    assert done == []
+
+
+def test_an_invalid_text_is_refused_before_the_media_are_decoded(monkeypatch):
+    done = media_work(monkeypatch)
+    model = FakeModel(media=(IMAGE,))
+    service, workers = service_for(model)
+    with pytest.raises(RequestInvalid):
+        run(workers, lambda: service.decide(DecisionInput(with_media({**BODY, "state": 3}, images=PNG), "fake")))
+    assert done == ["extract"] and model.prepared == []
+
+
+def test_a_refusal_while_encoding_comes_before_the_queue():
+    """A clip too short to frame or a prompt over max_length (ClefModel.prepare's refusals) never takes a queue
+    slot: the prompt is encoded before the request is queued."""
+    class Refusing(FakeModel):
+        def prepare(self, request, media):
+            raise RequestInvalid([Problem(("body", "audio", 0), "too short", "value_error.audio_too_short")])
+
+    service, workers = service_for(Refusing())
+    queued = []
+    submit = workers["fake"].submit
+    workers["fake"].submit = lambda *a: queued.append(a) or submit(*a)
+    with pytest.raises(RequestInvalid):
+        run(workers, lambda: service.decide(DecisionInput(BODY, "fake")))
+    assert queued == []
 
 
 def test_media_are_decoded_into_one_value_with_their_digests_and_timed():
@@ -307,7 +352,7 @@ def test_past_the_deadline_the_request_is_refused_and_its_queued_job_dropped():
             await first  # its own deadline passed while the gate held it
 
     run(workers, main)
-    assert len(model.prepared) == 1  # the queued request, its waiter gone, never reached the model
+    assert model.prefilled == ["a message"]  # the queued request, its waiter gone, never reached the backbone
 
 
 def test_the_http_adapters_hand_the_read_body_over_as_it_came():

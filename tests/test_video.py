@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.media.request import VIDEO, DecodeSettings, decode_kind
 from clef_bridge.bridge.media.video import (
     FPS,
     MATROSKA,
@@ -20,7 +21,6 @@ from clef_bridge.bridge.media.video import (
     VideoTooLarge,
     check,
     decode,
-    decode_video_all,
     kept_size,
     sniff,
 )
@@ -111,7 +111,7 @@ def test_garbage_and_truncated_clips_are_422s(clips):
         sniff(data[:len(data) // 2], LOC)
     mkv = clips["mkv_sounded"].read_bytes()
     with pytest.raises(VideoRejected) as caught:
-        decode_video_all([type("V", (), {"data": mkv[:200], "loc": LOC})()])
+        decode_kind(VIDEO, [type("V", (), {"data": mkv[:200], "loc": LOC})()], DecodeSettings(None, {VIDEO: VideoLimits()}))
     assert caught.value.loc == LOC and not isinstance(caught.value, VideoTooLarge)
 
 
@@ -119,7 +119,6 @@ def test_decode_kind_decodes_videos_to_picklable_values(clips):
     """What an isolated decoder process returns travels by pickle (bridge/media/request.decode_kind)."""
     import pickle
 
-    from clef_bridge.bridge.media.request import VIDEO, DecodeSettings, decode_kind
     from clef_bridge.bridge.media.video import VideoInput
 
     data = clips["webm_sounded"].read_bytes()

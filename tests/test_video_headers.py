@@ -112,27 +112,26 @@ def test_video_limits_are_server_keys(tmp_path):
 
 
 def test_a_model_without_video_refuses_it_by_name():
-    from clef_bridge.bridge.media.request import VIDEO, Media, refuse_unsupported
+    from clef_bridge.bridge.media.request import VIDEO, refuse_unsupported
     from clef_bridge.head.errors import RequestInvalid
 
     with pytest.raises(RequestInvalid) as caught:
-        refuse_unsupported(Media({VIDEO: ("clip",)}), ("image",), "clef")
+        refuse_unsupported((VIDEO,), ("image",), "clef")
     [problem] = caught.value.problems
     assert problem.type == "videos_not_supported" and problem.loc == ("body", "videos") and "'clef'" in problem.msg
-    refuse_unsupported(Media({VIDEO: ("clip",)}), ("image", "audio", "video"), "clef-omni")
+    refuse_unsupported((VIDEO,), ("image", "audio", "video"), "clef-omni")
 
 
 def test_a_request_with_videos_holds_max_media_bytes_of_media_at_most():
     """Workers AI's bound: a request's media together; requests without videos keep their own limits."""
     import base64
 
-    from clef_bridge.bridge.media.images import ImageLimits
-    from clef_bridge.bridge.media.request import extract
+    from clef_bridge.bridge.media.request import VIDEO, extract
 
     clip = mp4(1.0, 64, 64, 2, 10, mdat=20)
     body = {"state": "s", "questions": {"q": {"type": "noul"}}, "videos": [base64.b64encode(clip).decode()] * 2}
-    extract(body, None, ImageLimits(), video_limits=VideoLimits(max_media_bytes=2 * len(clip)))
+    extract(body, None, {VIDEO: VideoLimits(max_media_bytes=2 * len(clip))})
     with pytest.raises(VideoTooLarge) as caught:
-        extract(body, None, ImageLimits(), video_limits=VideoLimits(max_media_bytes=2 * len(clip) - 1))
+        extract(body, None, {VIDEO: VideoLimits(max_media_bytes=2 * len(clip) - 1)})
     [problem] = caught.value.problems
     assert problem.loc == ("body", "videos") and "max_media_bytes" in problem.msg

@@ -22,7 +22,7 @@ def run_worker(model, requests: list, overlap: bool) -> list:
     worker.start()
     try:
         async def main():
-            jobs = [worker.submit(parse_request(r, model.limits)) for r in requests]
+            jobs = [worker.submit(model.prepare(parse_request(r, model.limits))) for r in requests]
             return await asyncio.gather(*(j.future for j in jobs))
 
         return asyncio.run(main())
@@ -44,7 +44,7 @@ def test_a_stopped_worker_refuses_new_requests(tiny_model):
     worker.stop()
 
     async def submit():
-        worker.submit(parse_request(REQUESTS[0]))
+        worker.submit(tiny_model.prepare(parse_request(REQUESTS[0])))
 
     with pytest.raises(WorkerStopped, match="not accepting requests"):
         asyncio.run(submit())

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from ..bridge.media.images import ImageLimits
 from ..bridge.media.request import extract
 from ..head.errors import Category, ClefError, RequestInvalid
 from ..head.schema import Question, parse_request
@@ -73,7 +72,7 @@ def load_examples(path: str | Path) -> list[Example]:
                             "(labels may be left out)")
             continue
         try:  # its media taken out first, as the decision service does: a request with images or audio is data too
-            request = parse_request(extract(obj["request"], None, ImageLimits()).body)
+            request = parse_request(extract(obj["request"]).body)
         except RequestInvalid as exc:
             problems.append(f"line {number}: invalid request: {exc}")
             continue

@@ -17,12 +17,11 @@ import io
 import itertools
 import struct
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from ...head.errors import Problem
-from .errors import MediaRejected, MediaTooLarge, detached
+from .errors import MediaRejected, MediaTooLarge
 
 SAMPLE_RATE = 16_000  # the reference's AUDIO_SAMPLE_RATE: Whisper-style features at 16 kHz
 WAV, MP3 = "wav", "mp3"
@@ -359,19 +358,3 @@ def decode(data: bytes, header: AudioHeader, loc: Loc, limits: AudioLimits = Aud
         raise AudioRejected(loc, f"is a {header.format.upper()} file that holds no audio samples",
                             "value_error.audio.empty")
     return np.concatenate(chunks).astype(np.float32, copy=False)
-
-
-def decode_audio_all(clips: Sequence[AudioInput], limits: AudioLimits = AudioLimits()) -> tuple[np.ndarray, ...]:
-    """Every clip's samples (PyAV; run it off the event loop); all failures at once."""
-    out: list[np.ndarray] = []
-    errors: list[AudioRejected] = []
-    for clip in clips:
-        try:
-            out.append(decode(clip.data, clip.header, clip.loc, limits))
-        except AudioRejected as exc:
-            errors.append(detached(exc))
-    if errors:
-        cls = AudioTooLarge if all(isinstance(e, AudioTooLarge) for e in errors) else AudioRejected
-        raise cls(errors[0].loc, problems=[p for e in errors for p in e.problems])
-    return tuple(out)
-

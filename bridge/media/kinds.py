@@ -7,7 +7,7 @@ own module (bridge/media/<kind>.py: header check, limits, decoding) plus one row
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -19,7 +19,7 @@ from . import audio as audio_files
 from . import video as video_files
 from .audio import AudioInput, AudioRejected, AudioTooLarge
 from .errors import MediaRejected, MediaTooLarge, detached
-from .images import ImageGeometry, ImageHeader, ImageRejected, ImageTooLarge, check, decode, sniff
+from .images import ImageGeometry, ImageHeader, ImageLimits, ImageRejected, ImageTooLarge, check, decode, sniff
 from .video import VideoInput, VideoRejected, VideoTooLarge
 
 IMAGE, AUDIO, VIDEO = media_kinds.IMAGE.name, media_kinds.AUDIO.name, media_kinds.VIDEO.name
@@ -67,6 +67,7 @@ class Kind:
     isolated: bool  # decoded in the capped decoder processes (untrusted containers and codecs), else in a thread
     towers: Mapping[str, str]  # x_timings stage -> the Timings field of a tower it runs through in the worker
     refusal: Callable[[str], RequestInvalid]  # its 422 for a model (named) that cannot take it
+    limits: Callable[[], Any]  # its limits dataclass: the defaults where a server names none
 
     @property
     def example(self) -> str:
@@ -122,25 +123,39 @@ def _no_total(total: int, media_bytes: int, limits: Any, field: str) -> MediaRej
     return None
 
 
-def decode_images(images: Sequence[ImageInput], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
-    """Every image's pixels at the projector's size (Pillow; run it off the event loop); all failures at once."""
-    pixels, errors = [], []
-    for image in images:
+def _each(inputs: Sequence[Any], one: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """Every input decoded by one(); all failures at once, detached from their frames (a kept traceback would hold
+    the request's bytes)."""
+    out, errors = [], []
+    for item in inputs:
         try:
-            pixels.append(decode(image.data, image.header, image.loc, settings.geometry))
-        except ImageRejected as exc:
+            out.append(one(item))
+        except MediaRejected as exc:
             errors.append(detached(exc))
     if errors:
         raise combined(errors)
-    return tuple(pixels)
+    return tuple(out)
+
+
+def decode_images(images: Sequence[ImageInput], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
+    """Every image's pixels at the projector's size (Pillow; run it off the event loop)."""
+    return _each(images, lambda image: decode(image.data, image.header, image.loc, settings.geometry))
 
 
 def _decode_audio(clips: Sequence[AudioInput], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
-    return audio_files.decode_audio_all(clips, settings.limits[AUDIO])
+    limits = settings.limits[AUDIO]
+    return _each(clips, lambda clip: audio_files.decode(clip.data, clip.header, clip.loc, limits))
+
+
+def _decode_video(video: VideoInput, limits: Any) -> video_files.DecodedVideo:
+    """A clip's frames at the vision tower's size (resized here, in the decoder process) and its soundtrack."""
+    decoded = video_files.decode(video.data, video.loc, limits)
+    return replace(decoded, frames=video_files.tower_frames(decoded.frames))
 
 
 def _decode_videos(videos: Sequence[VideoInput], settings: DecodeSettings) -> tuple[Any, ...]:
-    return video_files.decode_video_all(videos, settings.limits[VIDEO])
+    limits = settings.limits[VIDEO]
+    return _each(videos, lambda video: _decode_video(video, limits))
 
 
 def no_projector(model: str) -> RequestInvalid:
@@ -167,17 +182,18 @@ TABLE: dict[str, Kind] = {kind.name: kind for kind in (
          "PNG, JPEG or WebP images as data: URLs, base64 or {content_type, base64} (the reference's and Workers AI's "
          "shape); needs a vision projector; max_images counts the assets' images too",
          ImageRejected, ImageTooLarge, _image, _images_total, decode_images, False, {"vision": "vision"},
-         no_projector),
+         no_projector, ImageLimits),
     Kind(AUDIO, media_kinds.AUDIO.field, "audio clip", "audio/wav", audio_files.FORMATS, "max_audio_clips",
          "max_audio_bytes",
          "WAV or MP3 clips as data: URLs, base64 or {content_type, base64}, heard after the images; needs a model "
          "with audio (x_media lists \"audio\"); max_audio_clips counts the assets' clips too",
-         AudioRejected, AudioTooLarge, _clip, _no_total, _decode_audio, True, {"audio_tower": "audio"}, no_audio),
+         AudioRejected, AudioTooLarge, _clip, _no_total, _decode_audio, True, {"audio_tower": "audio"}, no_audio,
+         audio_files.AudioLimits),
     # a video's soundtrack goes through the audio tower (0 ms for a silent one)
     Kind(VIDEO, media_kinds.VIDEO.field, "video", "video/mp4", video_files.FORMATS, "max_videos", "max_video_bytes",
          "MP4, WebM or Matroska videos as data: URLs, base64 or {content_type, base64}, seen after the audio clips: "
          "frames at 2 fps and, when every video has one, the soundtrack; needs a model with video (x_media lists "
          "\"video\"); max_videos counts the assets' videos too",
          VideoRejected, VideoTooLarge, _video, _videos_total, _decode_videos, True,
-         {"vision": "vision", "audio_tower": "audio"}, no_video),
+         {"vision": "vision", "audio_tower": "audio"}, no_video, video_files.VideoLimits),
 )}

@@ -17,15 +17,13 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
 
 from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ...head.schema import MEDIA_FIELDS, Limits, json_depth, option_order
-from .audio import AudioLimits
 from .errors import MediaRejected, detached
-from .images import ImageLimits
 from .kinds import AUDIO, IMAGE, TABLE, VIDEO, DecodeSettings, Kind, combined
-from .video import VideoLimits
 
 FORM = "multipart/form-data"
 
@@ -112,9 +110,20 @@ class FormPart:
     data: bytes
 
 
-def refuse_unsupported(media: Media, takes: Sequence[str], model: str) -> None:
-    """A 422 for the first kind of media this model cannot take (takes: ClefModel.media)."""
-    for kind in media.kinds:
+def named_kinds(body: Any) -> tuple[str, ...]:
+    """The kinds of media a body names, in KINDS order, read from its fields alone: nothing decoded or checked, so a
+    model that cannot take them refuses before any of that work (extract() then refuses what is malformed)."""
+    if not isinstance(body, dict):
+        return ()
+    assets = body.get("assets")
+    named = {_kind(a) for a in assets.values() if isinstance(a, dict) and a.get("type") in (*KINDS, None)} if (
+        isinstance(assets, dict)) else set()
+    return tuple(kind for kind in KINDS if kind in named or body.get(FIELDS[kind]))
+
+
+def refuse_unsupported(kinds: Sequence[str], takes: Sequence[str], model: str) -> None:
+    """A 422 for the first of these kinds of media (named_kinds) that this model cannot take (ClefModel.media)."""
+    for kind in kinds:
         if kind not in takes:
             raise TABLE[kind].refusal(model)
 
@@ -346,14 +355,13 @@ def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
     return problems
 
 
-def extract(body: Any, parts: dict[str, FormPart] | None, limits: ImageLimits, text_limits: Limits = Limits(),
-            audio_limits: AudioLimits = AudioLimits(), video_limits: VideoLimits = VideoLimits()) -> Extracted:
+def extract(body: Any, parts: dict[str, FormPart] | None = None, limits: Mapping[str, Any] = MappingProxyType({}),
+            text_limits: Limits = Limits()) -> Extracted:
     """The body's media, each kind in prompt order, checked from their headers; parts: a multipart body's media
-    parts."""
+    parts; limits: each kind's by its name (ServerSpec.media_limits), its row's defaults where absent."""
     if not isinstance(body, dict):
         return Extracted(body, NO_MEDIA)
-    media = {kind: _Medium(row, {IMAGE: limits, AUDIO: audio_limits, VIDEO: video_limits}[kind])
-             for kind, row in TABLE.items()}
+    media = {kind: _Medium(row, limits[kind] if kind in limits else row.limits()) for kind, row in TABLE.items()}
     problems = _shape(body, media)
     if problems:
         raise RequestInvalid(problems)

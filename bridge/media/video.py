@@ -21,7 +21,6 @@ import itertools
 import math
 import struct
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -379,21 +378,6 @@ def decode(data: bytes, loc: tuple[str | int, ...], limits: VideoLimits = VideoL
     if len(frames) % 2:
         frames.append(frames[-1])
     return DecodedVideo(np.stack(frames), audio)
-
-
-def decode_video_all(videos: Sequence[VideoInput], limits: VideoLimits = VideoLimits()) -> tuple[DecodedVideo, ...]:
-    """Every clip's frames and soundtrack (PyAV; run it off the event loop); all failures at once."""
-    out: list[DecodedVideo] = []
-    errors: list[VideoRejected] = []
-    for video in videos:
-        try:
-            out.append(decode(video.data, video.loc, limits))
-        except VideoRejected as exc:
-            errors.append(exc)
-    if errors:
-        cls = VideoTooLarge if all(isinstance(e, VideoTooLarge) for e in errors) else VideoRejected
-        raise cls(errors[0].loc, problems=[p for e in errors for p in e.problems])
-    return tuple(out)
 
 
 # --- what the vision tower sees -------------------------------------------------------------------

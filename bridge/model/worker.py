@@ -12,8 +12,6 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ...head.errors import Category, ClefError
-from ...head.schema import DecisionRequest
-from ..media.request import NO_MEDIA, Media
 from .clef_model import ClefModel, Prefilled, Prepared, Scored
 
 log = logging.getLogger("clef_bridge.worker")
@@ -63,10 +61,9 @@ class RequestOptions:
 
 @dataclass(eq=False)
 class Job:
-    request: DecisionRequest
+    prepared: Prepared  # encoded, its media decoded: every refusal of the request came before it was queued
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    media: Media = NO_MEDIA  # decoded (bridge.media.request.decode_kind), each kind in prompt order
     options: RequestOptions = RequestOptions()
     enqueued: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set from the event loop when nobody waits for it any more (InferenceWorker.withdraw)
@@ -132,27 +129,36 @@ class InferenceWorker:
     def check_media_room(self, has_media: bool) -> None:
         """Refuse (429) a request with media while max_media_jobs of them wait: their pixels and samples are held
         in memory."""
-        if has_media and sum(1 for job in tuple(self._queue) if job.media) >= self.max_media_jobs:
+        if has_media and sum(1 for job in tuple(self._queue) if job.prepared.has_media) >= self.max_media_jobs:
             raise Overloaded(self.name, self.max_media_jobs, "image or audio requests")
 
-    def submit(self, request: DecisionRequest, media: Media = NO_MEDIA, options: RequestOptions = RequestOptions()
-               ) -> Job:
-        """Queue one validated request and its decoded media (call from the event loop); options.reject_if_busy:
-        refuse (429) instead of waiting behind other requests."""
+    def submit(self, prepared: Prepared, options: RequestOptions = RequestOptions()) -> Job:
+        """Queue one prepared request (ClefModel.prepare: call from the event loop); options.reject_if_busy: refuse
+        (429) instead of waiting behind other requests; options.partition: its prefix cache partition."""
         loop = asyncio.get_running_loop()
-        job = Job(request, loop.create_future(), loop, media, options)
+        if options.partition:
+            prepared = replace(prepared, partition=options.partition)
+        job = Job(prepared, loop.create_future(), loop, options)
         with self._cv:
-            if self._stopping or not self._thread.is_alive():
-                raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
-            # it would wait when a batch is in progress, or when a full batch is already queued
-            if options.reject_if_busy and (not self._idle or len(self._queue) >= self.model.n_seq_max):
-                raise Busy(self.name, len(self._queue))
-            if len(self._queue) >= self.max_queue:
-                raise Overloaded(self.name, len(self._queue))
-            self.check_media_room(bool(media))
+            self._admit(options, prepared.has_media)
             self._queue.append(job)
             self._cv.notify()
         return job
+
+    def admit(self, options: RequestOptions = RequestOptions(), has_media: bool = False) -> None:
+        """Refuse now what submit() would refuse (stopped, busy, a full queue): before the request is encoded."""
+        with self._cv:
+            self._admit(options, has_media)
+
+    def _admit(self, options: RequestOptions, has_media: bool) -> None:
+        if self._stopping or not self._thread.is_alive():
+            raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
+        # it would wait when a batch is in progress, or when a full batch is already queued
+        if options.reject_if_busy and (not self._idle or len(self._queue) >= self.model.n_seq_max):
+            raise Busy(self.name, len(self._queue))
+        if len(self._queue) >= self.max_queue:
+            raise Overloaded(self.name, len(self._queue))
+        self.check_media_room(has_media)
 
     def withdraw(self, job: Job) -> None:
         """Nobody waits for job any more (call from the event loop): it leaves the queue at once, freeing its slot,
@@ -204,12 +210,7 @@ class InferenceWorker:
                     self._deliver(job, CANCELLED)
                     continue
                 job.queue_s = now - job.enqueued
-                try:
-                    prepared = self.model.prepare(job.request, job.media)
-                    partition = job.options.partition
-                    ready.append((job, replace(prepared, partition=partition) if partition else prepared))
-                except Exception as exc:  # noqa: BLE001 - every failure goes back to its own request
-                    self._deliver(job, exc)
+                ready.append((job, job.prepared))
             for batch in self._batches(ready):
                 self._prefill(batch)
 

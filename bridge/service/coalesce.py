@@ -21,9 +21,8 @@ from typing import Any, Callable
 
 import orjson
 
-from ...head.schema import DecisionRequest
 from ..media.request import NO_MEDIA, Media
-from ..model.clef_model import Scored
+from ..model.clef_model import Prepared, Scored
 from ..model.worker import InferenceWorker, Job, RequestOptions
 
 Key = tuple[str, tuple[str, ...], bytes]
@@ -70,12 +69,10 @@ class Coalescer:
         self._inflight: dict[Key, Shared] = {}
         self._cache: OrderedDict[Key, Scored] = OrderedDict()
 
-    def submit(self, worker: InferenceWorker, body: Any, request: DecisionRequest, media: Media = NO_MEDIA,
-               options: RequestOptions = RequestOptions()) -> Shared:
-        """The computation for this body (request: it parsed) and its decoded media (keyed by their bytes' sha256
-        digests) in the prefix cache's partition: a cached answer, one in flight, or a new job on the worker
-        (refused while it is busy with options.reject_if_busy: joining an answer that exists or is under way waits
-        behind nothing)."""
+    def join(self, worker: InferenceWorker, body: Any, media: Media = NO_MEDIA,
+             options: RequestOptions = RequestOptions()) -> Shared | None:
+        """A cached answer or a computation in flight for this body and its media (keyed by their bytes' sha256
+        digests) in the prefix cache's partition, joined; None: nothing to join, prepare it and submit()."""
         key = request_key(worker.name, body, media, options.partition)
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)
@@ -87,7 +84,18 @@ class Coalescer:
         if running is not None and not running.future.cancelled():
             self._on_shared(worker.name, "in_flight")
             return self._join(running)
-        job = worker.submit(request, media, options)
+        return None
+
+    def submit(self, worker: InferenceWorker, body: Any, prepared: Prepared,
+               options: RequestOptions = RequestOptions()) -> Shared:
+        """The computation for this body (prepared: it encoded, with its decoded media): one to join (join()), since
+        a copy may have started while this one was prepared, or a new job on the worker (refused while it is busy
+        with options.reject_if_busy: joining an answer that exists or is under way waits behind nothing)."""
+        joined = self.join(worker, body, prepared.media, options)
+        if joined is not None:
+            return joined
+        key = request_key(worker.name, body, prepared.media, options.partition)
+        job = worker.submit(prepared, options)
         shared = Shared(job.future, job)
         shared.abandon = functools.partial(self._abandon, key, worker)
         if key is not None:

@@ -1,10 +1,13 @@
 """The one decision service: a typed request in, a typed Decision out.
 
 Every front door (POST /v1/systemone, the Workers AI routes, the CLI, Ray replicas) translates its wire
-format to a DecisionInput and the Decision back. The service validates the body once, checks its media
-against the model once, refuses on a full media queue before decoding, decodes audio in its decoder processes
-(bridge/media/decoders.py: never on the event loop, never in the server's memory) and images in a thread,
-coalesces identical requests and waits for the model's worker within the deadline.
+format to a DecisionInput and the Decision back. The service admits a request in ONE place, cheapest check
+first: the model it names, whether that model takes the kinds of media it names (read from its fields), room
+in the model's media queue, then each medium's base64 decoded, sized and checked from its header, the text
+validated, the media decoded (audio and video in the decoder processes, bridge/media/decoders.py: never on the
+event loop, never in the server's memory; images in a thread) and the prompt encoded; only a request that
+passed all of that is queued. It coalesces identical requests and waits for the model's worker within the
+deadline.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ import numpy as np
 
 from ...head.answer import Answer, systemone_answers
 from ...head.errors import Problem, RequestInvalid
-from ...head.schema import DecisionRequest, Limits, Question, is_unicode, parse_request
+from ...head.schema import MEDIA_FIELDS, DecisionRequest, Limits, Question, is_unicode, parse_request
 from ..config.registry import ServerSpec, resolve
 from ..media.decoders import ISOLATED, DecoderPool
 from ..media.kinds import TABLE, DecodeSettings
-from ..media.request import Extracted, FormPart, Media, decode_kind, extract, refuse_unsupported
+from ..media.request import Extracted, FormPart, Media, decode_kind, extract, named_kinds, refuse_unsupported
 from ..model.worker import InferenceWorker, RequestOptions
 from .coalesce import Coalescer
 from .errors import BodyTooLarge, DeadlineExceeded
@@ -95,10 +98,16 @@ async def off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
+def text_of(body: Any) -> Any:
+    """A body without its media fields: what validate() reads when the model named is not a name (nothing
+    decoded for a request that is refused anyway)."""
+    return {k: v for k, v in body.items() if k not in MEDIA_FIELDS} if isinstance(body, dict) else body
+
+
 def find_media(call: DecisionInput, server: ServerSpec) -> Extracted:
     """The body's media found and checked from their headers; its text (the JSON without inlined media) must fit
     max_body_bytes."""
-    found = extract(call.body, call.parts, server.images, server.limits, server.audio, server.videos)
+    found = extract(call.body, call.parts, server.media_limits, server.limits)
     if call.json_bytes - found.inline_chars > server.max_body_bytes:
         raise BodyTooLarge(f"the request's JSON exceeds {server.max_body_bytes} bytes"
                            f"{' without its images and audio' if found.inline_chars else ''} (max_body_bytes "
@@ -123,22 +132,27 @@ class DecisionService:
 
     async def decide(self, call: DecisionInput, resolved: Callable[[str], None] = lambda model: None) -> Decision:
         """The request's Decision; resolved: told the served model's name as soon as it is known."""
-        big = call.parts is not None or call.json_bytes > INLINE_BYTES
-        found = await off_loop(big, find_media, call, self.server)
-        body = found.body
-        if call.contract is not None and call.contract.problems(body, self.server.limits):
-            validate(body, self.server.limits, call.contract)  # raises, with the body's other problems
-        if not isinstance(body, dict) or not isinstance(call.model, str) or not is_unicode(call.model):
-            validate(body)  # every problem of the body at once, the model's among them
-        name = resolve(self.names, call.model, lambda served: self._takes(served, found.media))
+        kinds = named_kinds(call.body)
+        if not isinstance(call.body, dict) or not isinstance(call.model, str) or not is_unicode(call.model):
+            validate(text_of(call.body))  # every problem of the body at once, the model's among them
+        name = resolve(self.names, call.model, lambda served: self._takes(served, kinds))
         worker = self.workers[name]
         resolved(name)
         model = worker.model
-        refuse_unsupported(found.media, model.media, name)  # media the model cannot take: 422 before any work
-        worker.check_media_room(bool(found.media))  # a full queue refuses before decoding
+        refuse_unsupported(kinds, model.media, name)  # media the model cannot take: before any base64 is decoded
+        worker.check_media_room(bool(kinds))  # a full media queue: before any is decoded
+        big = call.parts is not None or call.json_bytes > INLINE_BYTES
+        found = await off_loop(big, find_media, call, self.server)
+        body = found.body
+        request = await off_loop(big, validate, body, model.limits, call.contract)
         media, decode_s = await self._decode(found.media, DecodeSettings(model.geometry, self.server.media_limits))
-        request = await off_loop(big, validate, body, model.limits)
-        shared = self.coalescer.submit(worker, body, request, media, call.options)
+        shared = self.coalescer.join(worker, body, media, call.options)
+        if shared is None:
+            worker.admit(call.options, bool(media))  # busy, a full queue: before the prompt is encoded
+            # encoded here, not on the model's thread: a clip too short to frame or a prompt over max_length is
+            # refused before the queue
+            prepared = await off_loop(big or bool(media), model.prepare, request, media)
+            shared = self.coalescer.submit(worker, body, prepared, call.options)
         try:
             self._on_queued(name, worker.depth)
             scored = await asyncio.wait_for(asyncio.shield(shared.future), self.timeout_s)
@@ -156,9 +170,9 @@ class DecisionService:
         return Decision(name, request.model, scored.answers, scored.input_tokens, stages, t.reused_tokens,
                         t.batch_size, scored.logits, scored.warnings)
 
-    def _takes(self, name: str, media: Media) -> bool:
+    def _takes(self, name: str, kinds: tuple[str, ...]) -> bool:
         """Whether the served model takes every kind of the request's media."""
-        return name in self.workers and all(kind in self.workers[name].model.media for kind in media.kinds)
+        return name in self.workers and all(kind in self.workers[name].model.media for kind in kinds)
 
     async def _decode(self, media: Media, settings: DecodeSettings) -> tuple[Media, dict[str, float]]:
         """Each kind decoded, in a decoder process where it is ISOLATED (else in a thread), and the seconds it took."""
