@@ -67,6 +67,7 @@ class Clip:
     pix_fmt: str = "yuv420p"
     vfr: bool = False  # variable frame rate: frame i at a jittered time (fps is then the time base's rate)
     audio_seconds: float | None = None  # the soundtrack's length when it is not the video's
+    rotation: int = 0  # the display matrix's counter-clockwise rotation (a phone's portrait shot stored landscape)
 
     @property
     def frames(self) -> int:
@@ -119,6 +120,10 @@ CLIPS = {
     "mp4_short_sound": Clip("mp4", ".mp4", "libx264", "libmp3lame", 352, 288, 8, 3.0, audio_rate=22050, seed=12,
                             layout="mono", audio_seconds=0.8),
     "mkv_vfr_portrait": Clip("matroska", ".mkv", "mpeg4", None, 288, 512, 8, 2.2, seed=11, vfr=True),
+    # a phone's portrait clip: 640 x 360 stored, a display matrix of 90 degrees (the MP4's tkhd matrix), H.264 + AAC
+    # 48 kHz mono at 30 fps; the reference's PyAV reads the rotation but hands the frames over as stored
+    "mp4_phone_rot90": Clip("mp4", ".mp4", "libx264", "aac", 640, 360, 30, 2.0, audio_rate=48000, seed=13,
+                            layout="mono", rotation=90),
 }
 
 
@@ -153,6 +158,8 @@ def write_clip(clip: Clip, path: Path) -> None:
         video = out.add_stream(clip.video_codec, rate=clip.fps)
         video.width, video.height, video.pix_fmt = clip.width, clip.height, clip.pix_fmt
         video.codec_context.time_base = Fraction(1, clip.ticks * clip.fps)
+        if clip.rotation:
+            video.set_display_rotation(clip.rotation)
         audio = out.add_stream(clip.audio_codec, rate=clip.audio_rate) if clip.audio_codec else None
         if audio is not None:
             audio.layout = clip.layout
@@ -208,9 +215,11 @@ CASES = {
     "two_frames_odd_51": VideoCase(videos=("mkv_2frames_odd_51",)),
     "vfr_portrait": VideoCase(videos=("mkv_vfr_portrait",)),
     "short_sound": VideoCase(videos=("mp4_short_sound",)),
+    "rotated_phone": VideoCase(videos=("mp4_phone_rot90",)),
 }
 ISSUE38 = ("mpeg4_30fps", "h264_aac_3f", "ffv1_pcm", "vp9_opus_5f", "image_audio_silent_video", "two_sounded",
-           "silent_beside_sounded", "one_frame_8k", "two_frames_odd_51", "vfr_portrait", "short_sound")
+           "silent_beside_sounded", "one_frame_8k", "two_frames_odd_51", "vfr_portrait", "short_sound",
+           "rotated_phone")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Video answers through the bridge equal to Cloudflare's clef-omni reference on the tiny random Qwen3-Omni:
 silent and sounded clips (mp4/H.264 + AAC, WebM/VP9 + Opus, Matroska/MPEG-4 + MP3), odd frame counts, frames
-scaled down and up, two videos, and a video beside an image and an audio clip. The reference's answers come from
-its own environment (tests/fixturegen_video.py); ours from llama.cpp (frame pairs through mtmd's qwen3vl graph,
-positions from bridge/llama/omni_positions.py) and the numpy audio tower.
+scaled down and up, a display matrix (not applied, as by the reference), two videos, and a video beside an image
+and an audio clip. The reference's answers come from its own environment (tests/fixturegen_video.py); ours from
+llama.cpp (frame pairs through mtmd's qwen3vl graph, positions from bridge/llama/omni_positions.py) and the numpy
+audio tower.
 """
 
 from __future__ import annotations

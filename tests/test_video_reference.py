@@ -79,6 +79,17 @@ def test_a_small_frame_is_upscaled_as_the_reference_does(decoded, answers):
     assert smart_resize(*frames.shape[1:3], ImageGeometry(32, 3136, 12845056)) == (256, 320)
 
 
+def test_a_rotated_clip_is_read_as_stored(answers, decoded):
+    """A phone's portrait shot stored landscape, with a 90-degree display matrix: the reference's PyAV reads the
+    rotation (so the fixture carries it), yet its load_video hands the frames over as stored, 640 wide, and so does
+    ours; a bridge that applied the matrix would send 360 x 640 frames, other grids and another token count."""
+    want = answers["rotated_phone"]
+    assert want["video_rotation"] == [90]
+    assert want["video_frames_shape"] == [list(decoded["mp4_phone_rot90"].frames.shape)] == [[4, 360, 640, 3]]
+    assert want["video_grid_thw"] == [[2, 22, 40]]
+    assert all(answers[c]["video_rotation"] == [0] * len(CASES[c].videos) for c in CASES if c != "rotated_phone")
+
+
 def _audio_items(fx, decoded, case: str, in_video: bool) -> list[np.ndarray]:
     clips = [_audio(fx, a) for a in fixturegen_video.CASES[case].audio]
     return clips + ([decoded[v].audio for v in fixturegen_video.CASES[case].videos] if in_video else [])

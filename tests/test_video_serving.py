@@ -81,9 +81,10 @@ def _urls(vfx, names) -> list[str]:
 @pytest.mark.parametrize("case", fixturegen_video.ISSUE38)
 def test_issue38_clips_answer_as_the_reference(server, vfx, case):  # noqa: F811
     """Clips as users send them (MPEG-4 at 30 fps, 3 and 5 kept frames, FFV1 + PCM, VP9 + Opus at 48 kHz, one frame
-    and 8 kHz, two frames of odd size with 5.1 sound, a variable frame rate; several videos, videos beside an image
-    and a clip): the prompt's token count the reference's, every answer within 1e-2; a soundtrack's answer says in
-    x_warnings what llama.cpp's mask hides (the one difference left), a silent video's says nothing."""
+    and 8 kHz, two frames of odd size with 5.1 sound, a variable frame rate, a phone's clip rotated 90 degrees;
+    several videos, videos beside an image and a clip): the prompt's token count the reference's, every answer
+    within 1e-2; a soundtrack's answer says in x_warnings what llama.cpp's mask hides (the one difference left), a
+    silent video's says nothing."""
     url, _ = server
     spec = fixturegen_video.CASES[case]
     body = {"state": STATE, "questions": SCHEMA, "videos": _urls(vfx, spec.videos)}

@@ -45,6 +45,14 @@ def processor(spec: dict, tokenizer):
                                  tokenizer=tokenizer)
 
 
+def rotation(path: str) -> int:
+    """The counter-clockwise display rotation PyAV reads from a clip's first frame (its display matrix side data)."""
+    import av
+
+    with av.open(path) as container:
+        return int(next(container.decode(video=0)).rotation)
+
+
 def joined(rows) -> np.ndarray:
     import torch
 
@@ -144,6 +152,9 @@ def main(spec_path: str) -> None:
             else [],
             "video_second_per_grid": [float(s) for s in media.get("video_second_per_grid", [])],
             "use_audio_in_video": bool(media.get("use_audio_in_video", False)),
+            # what each video's display matrix says, and the frames the reference's load_video makes of it
+            "video_rotation": [rotation(v) for v in case["videos"]],
+            "video_frames_shape": [list(ref.load_video(v)[0].shape) for v in case["videos"]],
         }
         if name in spec["arrays_for"]:
             arrays[f"{name}.pixel_values_videos"] = media["pixel_values_videos"].numpy()
