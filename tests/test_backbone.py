@@ -3,6 +3,9 @@ hidden states' shape and sequences kept apart, and the values a served model rea
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from clef_bridge.bridge.llama.backbone import Backbone
@@ -32,6 +35,22 @@ def test_min_tokens_bounds_every_text_from_below(backbone):
 
 def test_composed_and_decomposed_text_tokenize_alike_as_the_reference_normalizes(backbone):
     assert backbone.tokenize("e\u0301t\u00e9", False) == backbone.tokenize("\u00e9t\u00e9", False)
+
+
+def test_threads_tokenizing_at_once_each_get_their_own_tokens(backbone):
+    """Requests are encoded off the model's thread (the service prepares them before the queue), several at once:
+    a buffer shared between threads gave one text another's tokens."""
+    texts = [f"request {i}: " + "a fairly long state to tokenize " * (5 + 7 * i) for i in range(8)]
+    want = [backbone.tokenize(t, False) for t in texts]
+    start = threading.Barrier(len(texts))
+
+    def many(i: int) -> list[bool]:
+        start.wait()
+        return [backbone.tokenize(texts[i], False) == want[i] for _ in range(200)]
+
+    with ThreadPoolExecutor(len(texts)) as pool:
+        results = list(pool.map(many, range(len(texts))))
+    assert all(all(r) for r in results), [sum(not x for x in r) for r in results]
 
 
 def test_hidden_states_are_one_row_per_token_and_sequences_stay_apart(backbone):

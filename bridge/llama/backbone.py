@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import unicodedata
 from pathlib import Path
 
@@ -101,7 +102,7 @@ class Tokenizer:
     def __init__(self, vocab, normalization: str | None = None):
         self._vocab = vocab
         self.normalization = normalization
-        self._buf = (lc.llama_token * 4096)()
+        self._local = threading.local()  # a buffer per thread: requests are encoded on several threads at once
         self.user_defined, self.max_token_bytes = self._scan_vocab()
 
     def _scan_vocab(self) -> tuple[tuple[str, ...], int]:
@@ -125,7 +126,9 @@ class Tokenizer:
 
     def _raw(self, text: str, parse_special: bool) -> list[int]:
         raw = text.encode("utf-8")
-        buf = self._buf
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = (lc.llama_token * 4096)()
         n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, len(buf), False, parse_special)
         if n < 0:  # a one-off buffer: a long text must not pin its size in memory for the model's life
             buf = (lc.llama_token * (-n))()
