@@ -149,9 +149,9 @@ class DecisionService:
         shared = self.coalescer.join(worker, body, media, call.options)
         if shared is None:
             worker.admit(call.options, bool(media))  # busy, a full queue: before the prompt is encoded
-            # encoded here, not on the model's thread: a clip too short to frame or a prompt over max_length is
-            # refused before the queue
-            prepared = await off_loop(big or bool(media), model.prepare, request, media)
+            # encoded before the queue, so a clip too short to frame or a prompt over max_length takes no slot; in a
+            # thread whatever the size (llama.cpp tokenizes 64 KB of text in about 70 ms)
+            prepared = await off_loop(True, model.prepare, request, media)
             shared = self.coalescer.submit(worker, body, prepared, call.options)
         try:
             self._on_queued(name, worker.depth)
