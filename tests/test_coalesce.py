@@ -37,7 +37,7 @@ class GatedModel:
 
     def __init__(self):
         self.name, self.media, self.n_seq_max = "fake", (), 2
-        self.backbone = SimpleNamespace(on_gpu=False, decode_budget=4096)
+        self.backbone = SimpleNamespace(on_gpu=False, decode_budget=4096, batch_budget=4096)
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()  # a batch has reached the backbone

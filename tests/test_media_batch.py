@@ -14,7 +14,7 @@ def read(pointer, n: int) -> list:
     return [pointer[i] for i in range(n)]
 
 
-def test_a_token_chunk_is_one_sequence_with_one_output():
+def test_a_token_chunk_is_one_sequence_with_no_output():
     chunk = MediaChunk(pos=np.arange(7, 12, dtype=np.int64), tokens=np.array([5, 6, 7, 8, 9], dtype=np.int64))
     batch = MediaBatch(chunk)
     s = batch.struct
@@ -22,7 +22,7 @@ def test_a_token_chunk_is_one_sequence_with_one_output():
     assert read(s.token, 5) == [5, 6, 7, 8, 9] and read(s.pos, 5) == [7, 8, 9, 10, 11]
     assert not s.embd  # NULL: llama_decode reads tokens
     assert read(s.n_seq_id, 5) == [1] * 5 and [s.seq_id[i][0] for i in range(5)] == [0] * 5
-    assert read(s.logits, 5) == [0, 0, 0, 0, 1]  # only the last token's output
+    assert read(s.logits, 5) == [0] * 5  # the hidden states are the nextn rows: an output would only run lm_head
 
 
 def test_all_outputs_marks_every_token():

@@ -52,7 +52,7 @@ class FakeModel:
     def __init__(self, name: str = "fake", media: tuple[str, ...] = (), gate: threading.Event | None = None):
         self.name, self.media, self.gate = name, media, gate
         self.limits = Limits()
-        self.backbone = SimpleNamespace(on_gpu=False, decode_budget=4096)
+        self.backbone = SimpleNamespace(on_gpu=False, decode_budget=4096, batch_budget=4096)
         self.n_seq_max = 4
         self.geometry = ImageGeometry(min_pixels=64 * 64, max_pixels=64 * 64) if IMAGE in media else None
         self.prepared: list[tuple[object, Media]] = []

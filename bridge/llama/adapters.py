@@ -111,6 +111,7 @@ class BackboneView:
     n_embd = property(lambda self: self.shared.backbone.n_embd)
     n_embd_inp = property(lambda self: self.shared.backbone.n_embd_inp)
     decode_budget = property(lambda self: self.shared.backbone.decode_budget)
+    batch_budget = property(lambda self: self.shared.backbone.batch_budget)
     prefix_cache = property(lambda self: self.shared.backbone.prefix_cache)
     on_gpu = property(lambda self: self.shared.backbone.on_gpu)
     llama_model = property(lambda self: self.shared.backbone.llama_model)

@@ -66,7 +66,7 @@ class _Batch:
         self.n_seq_id = np.ones(capacity, dtype=np.int32)
         self.seq = np.zeros(capacity, dtype=np.int32)  # one sequence id per token, pointed to by seq_ptr
         self.seq_ptr = (self.seq.ctypes.data + 4 * np.arange(capacity, dtype=np.uint64)).astype(np.uint64)
-        self.logits = np.zeros(capacity, dtype=np.int8)  # outputs: the last token of each sequence only
+        self.logits = np.zeros(capacity, dtype=np.int8)  # outputs: none (see fill_chunks)
         self.struct = lc.llama_batch()
         self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(lc.llama_token))
         self.struct.embd = None
@@ -76,8 +76,13 @@ class _Batch:
         self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
     def fill_chunks(self, chunks: list[tuple[int, int, np.ndarray]], all_outputs: bool = False) -> int:
-        """Chunks of (sequence id, position of the first token, token ids); each chunk's last token is an output
-        (every token with all_outputs)."""
+        """Chunks of (sequence id, position of the first token, token ids); no token is an output (every token with
+        all_outputs).
+
+        The hidden states come from the unmasked nextn rows, which llama.cpp copies whatever the outputs are;
+        an output token would only make it run lm_head on that row: n_vocab x n_embd weights read per ubatch
+        holding one (622 MB at F32 for a 151,936-token vocabulary of width 1024), logits nobody reads.
+        """
         n = 0
         for seq_id, start, ids in chunks:
             k = len(ids)
@@ -85,7 +90,6 @@ class _Batch:
             self.pos[n:n + k] = np.arange(start, start + k, dtype=np.int32)
             self.seq[n:n + k] = seq_id
             self.logits[n:n + k] = int(all_outputs)
-            self.logits[n + k - 1] = 1
             n += k
         self.struct.n_tokens = n
         return n
@@ -157,9 +161,9 @@ class Backbone:
     """One GGUF backbone and one llama.cpp context; not thread-safe (one worker owns it).
 
     The hidden states come from llama.cpp's unmasked "nextn" embeddings: the final-norm output
-    of every token, while only each sequence's last token is an output. Marking every token as
-    an output (plain embeddings=True) would also run the LM head on every token and reserve
-    n_vocab floats per token on the host: 10 GB for a 16k-token batch of a 152k vocabulary.
+    of every token, while no token is an output. Marking every token as an output (plain
+    embeddings=True) would also run the LM head on every token and reserve n_vocab floats per
+    token on the host: 10 GB for a 16k-token batch of a 152k vocabulary.
     """
 
     def __init__(self, path: str | Path, options: BackboneOptions = BackboneOptions(),
@@ -195,8 +199,8 @@ class Backbone:
         cparams.n_batch = options.n_ctx
         cparams.n_ubatch = min(options.n_ubatch, options.n_ctx)
         cparams.n_seq_max = options.n_seq_max + (cache.sequences if cache else 0)
-        # Only the last token of each sequence is an output: without this, llama.cpp reserves logits
-        # for n_ubatch outputs (n_ubatch x n_vocab floats: 500 MB of compute buffer for Clef-flash).
+        # No token is an output (see _Batch.fill_chunks): without this, llama.cpp reserves logits for
+        # n_ubatch outputs (n_ubatch x n_vocab floats: 500 MB of compute buffer for Clef-flash).
         cparams.n_outputs_max = cparams.n_seq_max  # llama.cpp reserves at least one output per sequence id
         cparams.embeddings = False  # True would force every token to be an output (see the class docstring)
         cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
@@ -269,6 +273,18 @@ class Backbone:
     def on_gpu(self) -> bool:
         """True when llama.cpp offloads layers to a GPU (the head then overlaps prefills; the projector runs there)."""
         return self.options.n_gpu_layers != 0 and bool(lc.llama_supports_gpu_offload())
+
+    @property
+    def batch_budget(self) -> int:
+        """The most tokens the worker packs into one batch of requests (a longer request still decodes alone).
+
+        On a GPU the whole decode budget. On the CPU one ubatch (n_ubatch): past it llama.cpp's matmuls are
+        compute-bound, so batching saves no weight reads, while the unified KV cache makes every ubatch attend
+        over every sequence's cells. Measured on the benchmark model (1 thread, CPU time per request, batches
+        of 1 / 2 / 4 / 8): 32 tokens 102 / 85 / 80 / 78 ms; 256 tokens 612 / 589 / 610 / 646 ms; 751 tokens
+        1808 / 1749 / 1849 / 2018 ms (docs/llama-cpp.md).
+        """
+        return self.decode_budget if self.on_gpu else min(self.decode_budget, lc.llama_n_ubatch(self._ctx))
 
     @property
     def llama_model(self):

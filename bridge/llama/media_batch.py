@@ -31,10 +31,10 @@ class MediaBatch:
         self.n_seq_id = np.ones(n, dtype=np.int32)
         self.seq = np.zeros(n, dtype=np.int32)
         self.seq_ptr = (self.seq.ctypes.data + 4 * np.arange(n, dtype=np.uint64)).astype(np.uint64)
-        # one output per decode: Qwen3.5's hidden states come from the unmasked nextn rows; Qwen3-Omni's from the
-        # final norm of every token, each an output (bridge/llama/omni.py)
+        # no output: Qwen3.5's hidden states come from the unmasked nextn rows (an output would only run lm_head,
+        # see backbone._Batch.fill_chunks); Qwen3-Omni's from the final norm of every token, each an output
+        # (bridge/llama/omni.py)
         self.logits = np.full(n, int(all_outputs), dtype=np.int8)
-        self.logits[-1] = 1
         self.struct = lc.llama_batch()
         self.struct.n_tokens = n
         if chunk.embd is not None:

@@ -27,6 +27,9 @@ class BackboneProtocol(Protocol):
     def on_gpu(self) -> bool: ...
 
     @property
+    def batch_budget(self) -> int: ...  # tokens the worker packs into one batch of requests
+
+    @property
     def llama_model(self) -> Any: ...
 
     def tokenize(self, text: str, parse_special: bool) -> list[int]: ...

@@ -215,9 +215,10 @@ class InferenceWorker:
                 self._prefill(batch)
 
     def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
-        """Greedy packing of text requests under the decode's token budget (n_ctx); a request with media
-        decodes alone (llama.cpp takes token ids or embeddings in one batch, not both)."""
-        budget = self.model.backbone.decode_budget
+        """Greedy packing of text requests under the backbone's batch budget (n_ctx on a GPU, n_ubatch on the CPU:
+        Backbone.batch_budget); a request with media decodes alone (llama.cpp takes token ids or embeddings in one
+        batch, not both)."""
+        budget = self.model.backbone.batch_budget
         batches = [[item] for item in ready if item[1].has_media]
         current, used = [], 0
         for item in (item for item in ready if not item[1].has_media):
