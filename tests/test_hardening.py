@@ -149,7 +149,8 @@ def test_a_fault_fails_only_its_request_and_the_server_recovers(fx, tmp_path, po
 
 @pytest.mark.parametrize("poison", ["POISON", "OOM", "SURPRISE"])
 def test_a_poisonous_request_in_a_batch_of_8_fails_alone(fx, tmp_path, poison):
-    with RunningServer(registry_for(tiny_spec(fx), tmp_path / "m.toml"), faulty_loader) as srv:
+    # n_ubatch: on the CPU a batch of requests holds one ubatch of tokens (Backbone.batch_budget); all 8 of them
+    with RunningServer(registry_for(tiny_spec(fx, n_ubatch=4096), tmp_path / "m.toml"), faulty_loader) as srv:
         worker = srv.app[SERVED]["tiny"].worker
         model = worker.model
         model.gate = threading.Event()

@@ -77,7 +77,9 @@ def vfx():
 
 @pytest.fixture(scope="module")
 def spec(vfx):
-    return tiny_spec(vfx.base, gguf=vfx.gguf_f32, head=vfx.head, mmproj=vfx.mmproj_f32)
+    # n_ubatch: on the CPU a batch of requests holds one ubatch of tokens (Backbone.batch_budget); the text
+    # requests of the batching test together
+    return tiny_spec(vfx.base, gguf=vfx.gguf_f32, head=vfx.head, mmproj=vfx.mmproj_f32, n_ubatch=4096)
 
 
 @pytest.fixture(scope="module")

@@ -35,8 +35,9 @@ STATES = ["My parcel never arrived. I want my money back.", "Thanks, all good!",
 
 @pytest.fixture(scope="module")
 def server(fx, tmp_path_factory):
-    registry = registry_for(tiny_spec(fx, max_length=4096), tmp_path_factory.mktemp("batch") / "models.toml",
-                            max_queue=MAX_STATES)
+    # n_ubatch: on the CPU a batch of requests holds one ubatch of tokens (Backbone.batch_budget); all the states
+    registry = registry_for(tiny_spec(fx, max_length=4096, n_ubatch=4096),
+                            tmp_path_factory.mktemp("batch") / "models.toml", max_queue=MAX_STATES)
     with RunningServer(registry) as srv:
         yield srv
 
