@@ -27,8 +27,11 @@ pytestmark = pytest.mark.slow  # the oracle environment, and a model per module
 TOLERANCE = 1e-2
 # ours against the reference run with llama.cpp's attention mask (tests/video_oracle.py llama_mask): what remains is
 # the vision tower through mtmd, the numpy audio tower and float32 sums (measured: 2.1e-4 at most, two videos of
-# which one is silent; 9e-6 to 6e-5 for the others)
-MASKED_TOLERANCE = 5e-4
+# which one is silent; 9e-6 to 6e-5 for the others). The clips are not the same bytes on every build (x264 gave
+# frames up to 17 levels apart for mp4_short_sound in two builds on one machine, one thread or not), and on one
+# build short_sound measured 5.9e-4 (3.3e-5 on another). The bound covers the builds; it is above the mask's cost on
+# most sounded cases (3.4e-4 to 2.0e-3), where this test now says the rest is small, not that it is all the mask
+MASKED_TOLERANCE = 1e-3
 LOC = ("body", "videos", 0)
 CASES = {name: case for name, case in fixturegen_video.CASES.items() if case.videos and not case.media_kwargs}
 BODY = {"model": "clef-omni", "state": STATE, "questions": SCHEMA}
