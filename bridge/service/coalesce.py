@@ -73,7 +73,9 @@ class Coalescer:
              options: RequestOptions = RequestOptions()) -> Shared | None:
         """A cached answer or a computation in flight for this body and its media (keyed by their bytes' sha256
         digests) in the prefix cache's partition, joined; None: nothing to join, prepare it and submit()."""
-        key = request_key(worker.name, body, media, options.partition)
+        return self._joined(worker, request_key(worker.name, body, media, options.partition))
+
+    def _joined(self, worker: InferenceWorker, key: Key | None) -> Shared | None:
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)
             self._on_shared(worker.name, "cache")
@@ -91,10 +93,10 @@ class Coalescer:
         """The computation for this body (prepared: it encoded, with its decoded media): one to join (join()), since
         a copy may have started while this one was prepared, or a new job on the worker (refused while it is busy
         with options.reject_if_busy: joining an answer that exists or is under way waits behind nothing)."""
-        joined = self.join(worker, body, prepared.media, options)
+        key = request_key(worker.name, body, prepared.media, options.partition)
+        joined = self._joined(worker, key)
         if joined is not None:
             return joined
-        key = request_key(worker.name, body, prepared.media, options.partition)
         job = worker.submit(prepared, options)
         shared = Shared(job.future, job)
         shared.abandon = functools.partial(self._abandon, key, worker)
