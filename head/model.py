@@ -101,9 +101,11 @@ def sequential(x, first, last):
     return linear(gelu(linear(x, **first)), **last)
 
 
-def multi_head_attention(x, memory, in_proj_weight, in_proj_bias, out_proj, n_head):
+def multi_head_attention(x, memory, in_proj_weight, in_proj_bias, out_proj, n_head, bounds=None):
     """nn.MultiheadAttention(x, memory, memory), picking the cheaper of two exact forms.
 
+    bounds: (x's, memory's) row offsets [R + 1] of R records stacked, each attending its own memory
+    rows only; the projections run over every record's rows at once. None: one record.
     With few queries over a long memory, the key projection moves onto the queries
     (q Wk mem^T) and the value projection after the weighted sum ((p mem) Wv^T + bv);
     the key bias adds one constant to each query's scores, which the softmax ignores.
@@ -112,36 +114,50 @@ def multi_head_attention(x, memory, in_proj_weight, in_proj_bias, out_proj, n_he
     nq, w = x.shape
     t = memory.shape[0]
     hd = w // n_head
+    xb, mb = bounds if bounds is not None else ((0, nq), (0, t))
+    pairs = [(slice(a, b), slice(c, d)) for a, b, c, d in zip(xb, xb[1:], mb, mb[1:])]
     wq, wk, wv = in_proj_weight.astype(x.dtype, copy=False).reshape(3, w, w)
     bq, bk, bv = in_proj_bias.reshape(3, w)
     q = (linear(x, wq, bq) * np.float32(1 / math.sqrt(hd))).reshape(nq, n_head, hd)  # [nq, h, hd]
     q = q.transpose(1, 0, 2)  # [h, nq, hd]
-    if nq * (w + (n_head - 1) * t) < t * w:
+    if sum((r.stop - r.start) * (w + (n_head - 1) * (m.stop - m.start)) for r, m in pairs) < t * w:
         qk = q @ wk.reshape(n_head, hd, w)  # [h, nq, w]
-        p = softmax((qk.reshape(n_head * nq, w) @ memory.T).reshape(n_head, nq, t))  # [h, nq, t]
-        pm = (p.reshape(n_head * nq, t) @ memory).reshape(n_head, nq, w)  # [h, nq, w]
+        pm = xp.concatenate([attend(qk[:, r], memory[m]) for r, m in pairs], axis=1)  # [h, nq, w]
         o = pm @ wv.reshape(n_head, hd, w).transpose(0, 2, 1) + bv.reshape(n_head, 1, hd)  # [h, nq, hd]
     else:
         k = linear(memory, wk, bk).reshape(t, n_head, hd).transpose(1, 0, 2)  # [h, t, hd]
         v = linear(memory, wv, bv).reshape(t, n_head, hd).transpose(1, 0, 2)  # [h, t, hd]
-        o = softmax(q @ k.transpose(0, 2, 1)) @ v  # [h, nq, hd]
+        o = xp.concatenate([softmax(q[:, r] @ k[:, m].transpose(0, 2, 1)) @ v[:, m] for r, m in pairs],
+                           axis=1)  # [h, nq, hd]
     o = xp.ascontiguousarray(o.transpose(1, 0, 2)).reshape(nq, w)  # [nq, w]
     return linear(o, **out_proj)
 
 
+def attend(qk, memory):
+    """Each head's weighted sum of memory rows, scored by queries already through the key projection:
+    [h, nq, w], [t, w] -> [h, nq, w]."""
+    n_head, nq, w = qk.shape
+    t = memory.shape[0]
+    p = softmax((qk.reshape(n_head * nq, w) @ memory.T).reshape(n_head, nq, t))  # [h, nq, t]
+    return (p.reshape(n_head * nq, t) @ memory).reshape(n_head, nq, w)  # [h, nq, w]
+
+
 def evidence_routing_layer(queries, memory, query_norm, memory_norm, attention, feedforward_norm,
-                           feedforward, n_head):
+                           feedforward, n_head, bounds=None):
     m = layer_norm(memory, **memory_norm)  # [t, w]
-    queries = queries + multi_head_attention(layer_norm(queries, **query_norm), m, **attention, n_head=n_head)
+    queries = queries + multi_head_attention(layer_norm(queries, **query_norm), m, **attention, n_head=n_head,
+                                             bounds=bounds)
     return queries + sequential(layer_norm(queries, **feedforward_norm), feedforward["0"], feedforward["3"])
 
 
 def transformer_decoder_layer(x, memory, self_attn, multihead_attn, linear1, linear2, norm1, norm2, norm3,
-                              n_head):
-    """nn.TransformerDecoderLayer(norm_first=True, activation='gelu'), no masks."""
+                              n_head, bounds=None):
+    """nn.TransformerDecoderLayer(norm_first=True, activation='gelu'), no masks; bounds as in
+    multi_head_attention (a record's rows attend each other only)."""
+    xb = bounds[0] if bounds is not None else None
     h = layer_norm(x, **norm1)
-    x = x + multi_head_attention(h, h, **self_attn, n_head=n_head)
-    x = x + multi_head_attention(layer_norm(x, **norm2), memory, **multihead_attn, n_head=n_head)
+    x = x + multi_head_attention(h, h, **self_attn, n_head=n_head, bounds=None if xb is None else (xb, xb))
+    x = x + multi_head_attention(layer_norm(x, **norm2), memory, **multihead_attn, n_head=n_head, bounds=bounds)
     return x + sequential(layer_norm(x, **norm3), linear1, linear2)
 
 
@@ -178,7 +194,7 @@ def joint_schema_head(hidden, option_rows, layout: Layout, n_head: int, *, hidde
     option-span token, in order (the spans concatenated).
     """
     h, memory = hidden_memory(hidden, hidden_norm, memory_projection)  # [t, H], [t, w]
-    return option_logits(h, memory, option_rows, layout, n_head, **decision)
+    return option_logits([h], [memory], [option_rows], [layout], n_head, **decision)[0]
 
 
 def hidden_memory(hidden, hidden_norm, memory_projection):
@@ -190,39 +206,52 @@ def hidden_memory(hidden, hidden_norm, memory_projection):
     return h, linear(h, **memory_projection)  # [t, H], [t, w]
 
 
-def option_logits(h, memory, option_rows, layout: Layout, n_head: int, *, question_projection,
+def offsets(counts) -> np.ndarray:
+    """Row offsets of records stacked one after another: [R] counts -> [R + 1]."""
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # [R + 1]
+
+
+def option_logits(hs, memories, option_rows, layouts, n_head: int, *, question_projection,
                   option_question_projection, global_projection, option_context_projection,
                   option_lexical_projection, type_embedding, evidence_layers, option_summary_norm, layers,
                   field_norm, option_norm, residual_scorer, prior_logit_scale, joint_logit_scale, residual_gate):
-    """The head after hidden_memory: option logits from the normed states of the prompt's tail and the memory.
+    """The head after hidden_memory for R records at once: each record's option logits, flat in its layout order.
 
-    h: [t', H] the normed states of the prompt's last t' tokens (the layout's spans and the last token
-    lie there); memory: [t, w] the memory rows of the whole prompt (t >= t').
+    hs[i]: [t'_i, H] the normed states of record i's last t'_i tokens (its layout's spans and its last token
+    lie there); memories[i]: [t_i, w] the memory rows of its whole prompt (t_i >= t'_i); option_rows[i] as in
+    joint_schema_head. The records' question and option rows are stacked, so every linear layer reads its
+    weights once for all of them; pooling and attention stay within each record.
     """
-    xp = array_module(h)
-    oq = xp.asarray(layout.option_question)  # [n_o]
-    lengths = layout.option_spans[:, 1] - layout.option_spans[:, 0]  # [n_o]
-    row_spans = np.stack([np.cumsum(lengths) - lengths, np.cumsum(lengths)], axis=1)  # [n_o, 2] in option_rows
+    xp = array_module(hs[0])
+    n_q = [len(layout.types) for layout in layouts]
+    qb, ob = offsets(n_q), offsets([len(layout.option_spans) for layout in layouts])  # [R + 1] each
+    mb = offsets([len(m) for m in memories])  # [R + 1]
+    memory = xp.concatenate(memories) if len(memories) > 1 else memories[0]  # [t, w]
+    oq = xp.asarray(np.concatenate([layout.option_question + b for layout, b in zip(layouts, qb)]))  # [n_o]
+    qr = xp.asarray(np.repeat(np.arange(len(layouts)), n_q))  # [n_q] the record of each question
+    types = xp.asarray(np.concatenate([layout.types for layout in layouts]))  # [n_q]
 
-    g = h[-1]  # [H]
-    pooled = span_means(h, np.concatenate([layout.question_spans, layout.option_spans]))  # [n_q + n_o, H]
-    question, context = pooled[:len(layout.types)], pooled[len(layout.types):]  # [n_q, H], [n_o, H]
-    lexical = span_means(option_rows, row_spans)  # [n_o, H]
+    pooled = [span_means(h, np.concatenate([layout.question_spans, layout.option_spans]))
+              for h, layout in zip(hs, layouts)]  # [n_q_i + n_o_i, H] each
+    question = xp.concatenate([p[:k] for p, k in zip(pooled, n_q)])  # [n_q, H]
+    context = xp.concatenate([p[k:] for p, k in zip(pooled, n_q)])  # [n_o, H]
+    lexical = xp.concatenate([span_means(rows, row_spans(layout)) for rows, layout in zip(option_rows, layouts)])
+    g = xp.stack([h[-1] for h in hs])  # [R, H]
 
     options = (linear(context, **option_context_projection) + linear(lexical, **option_lexical_projection)
                + linear(question, **option_question_projection)[oq])  # [n_o, w]
     for layer in evidence_layers:
-        options = evidence_routing_layer(options, memory, **layer, n_head=n_head)
+        options = evidence_routing_layer(options, memory, **layer, n_head=n_head, bounds=(ob, mb))
 
     base = linear(question, **question_projection)  # [n_q, w]
     summaries = option_summaries(options, base, oq)  # [n_q, w]
-    fields = (base + layer_norm(summaries, **option_summary_norm) + linear(g, **global_projection)
-              + type_embedding["weight"][xp.asarray(layout.types)])  # [n_q, w]
+    fields = (base + layer_norm(summaries, **option_summary_norm) + linear(g, **global_projection)[qr]
+              + type_embedding["weight"][types])  # [n_q, w]
     for layer in layers:
-        fields = transformer_decoder_layer(fields, memory, **layer, n_head=n_head)
+        fields = transformer_decoder_layer(fields, memory, **layer, n_head=n_head, bounds=(qb, mb))
     fields = layer_norm(fields, **field_norm)  # [n_q, w]
 
-    anchor = normalize(question + g)  # [n_q, H]
+    anchor = normalize(question + g[qr])  # [n_q, H]
     prior_scale = xp.exp(xp.minimum(prior_logit_scale, LOG_100))
     prior = prior_scale * (normalize(lexical) * anchor[oq]).sum(-1)  # [n_o]
     opts = layer_norm(options, **option_norm)  # [n_o, w]
@@ -231,4 +260,11 @@ def option_logits(h, memory, option_rows, layout: Layout, n_head: int, *, questi
     residual = sequential(features, residual_scorer["0"], residual_scorer["3"])[:, 0]  # [n_o]
     joint = xp.exp(xp.minimum(joint_logit_scale, LOG_100)) * cosine_similarity(f, opts) + residual  # [n_o]
     gate = 1.0 / (1.0 + xp.exp(-residual_gate))
-    return prior + gate * joint  # [n_o]
+    logits = prior + gate * joint  # [n_o]
+    return [logits[a:b] for a, b in zip(ob, ob[1:])]
+
+
+def row_spans(layout: Layout) -> np.ndarray:
+    """Each option's [start, end) in its option rows (the option spans' tokens concatenated): [n_o, 2]."""
+    lengths = layout.option_spans[:, 1] - layout.option_spans[:, 0]  # [n_o]
+    return np.stack([np.cumsum(lengths) - lengths, np.cumsum(lengths)], axis=1)  # [n_o, 2]

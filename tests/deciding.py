@@ -26,8 +26,8 @@ def prepare(model: Any, body: Any, media: Media = NO_MEDIA) -> Prepared:
 
 
 def score_batch(model: Any, batch: list[Prepared]) -> list[Scored]:
-    """One batched prefill, then the head per request: the worker's two steps without its thread."""
-    return [model.score(item) for item in model.prefill_batch(batch)]
+    """One batched prefill, then the head over the batch: the worker's steps without its thread."""
+    return model.score([model.head_input(item) for item in model.prefill_batch(batch)])
 
 
 def systemone(scored: Scored, body: Any) -> dict[str, Any]:

@@ -55,10 +55,14 @@ class GatedModel:
             raise ModelFault("prefill")
         return batch
 
-    def score(self, item):
-        if item.request.state == "fail-head":
+    def head_input(self, item):
+        return item
+
+    def score(self, items):
+        if any(item.request.state == "fail-head" for item in items):
             raise ModelFault("head")
-        return Scored((NoulAnswer(item.request.state, 0.5),), 3, Timings(0, 0, 0, 1, 0), ())  # id: whose answer
+        return [Scored((NoulAnswer(item.request.state, 0.5),), 3, Timings(0, 0, 0, 1, 0), ())  # id: whose answer
+                for item in items]
 
 
 # one step of a client session: (what, argument)

@@ -117,10 +117,10 @@ class FaultyModel(WrappedModel):
         self.nan_for |= {id(p.encoded) for p, s in zip(batch, states) if "NANHEAD" in s}
         return self._model.prefill_batch(real)
 
-    def score(self, item):
+    def head_input(self, item):
         if id(item.prepared.encoded) in self.nan_for:
-            return self._model.score(replace(item, hidden=item.hidden * np.nan))
-        return self._model.score(item)
+            return self._model.head_input(replace(item, hidden=item.hidden * np.nan))
+        return self._model.head_input(item)
 
 
 def faulty_loader(registry):

@@ -61,7 +61,7 @@ def ours(model, case):
     pixels = [decode(p, sniff(p, LOC), LOC, model.geometry) for p in case.images]
     prepared = prepare(model, case.body, Media({IMAGE: tuple(pixels), AUDIO: tuple(case.audio)}))
     item = model.prefill_batch([prepared])[0]
-    return prepared, item, model.score(item)
+    return prepared, item, model.score([model.head_input(item)])[0]
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -54,7 +54,7 @@ def probabilities(model, bodies: list[dict]) -> tuple[list[list[np.ndarray]], li
     prepared = [prepare(model, b) for b in bodies]
     out, reused = [], []
     for p, item in zip(prepared, model.prefill_batch(prepared)):
-        logits = model.cached_logits(item)
+        logits = model.head_logits([model.head_input(item)])[0]
         bounds = list(p.encoded.layout.option_offsets) + [len(logits)]
         out.append([softmax64(logits[s:e]) for s, e in zip(bounds, bounds[1:])])
         reused.append(item.reused)

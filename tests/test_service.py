@@ -72,7 +72,14 @@ class FakeModel:
             self.gate.wait(5)
         return [SimpleNamespace(prepared=p, batch_size=len(batch)) for p in batch]
 
-    def score(self, item):
+    def head_input(self, item):
+        return item
+
+    def score(self, items):
+        return [self._score(item) for item in items]
+
+    @staticmethod
+    def _score(item):
         request = item.prepared.request
         logits = tuple((q, np.array([0.5, -0.5])) for q in request.questions)
         timings = Timings(0.001, 0.002, 0.003, item.batch_size, 2, vision=0.004 if item.prepared.media.images else 0)

@@ -60,7 +60,7 @@ def media(model, vfx, case: fixturegen_video.VideoCase) -> Media:
 def run(model, vfx, case):
     prepared = prepare(model, BODY, media(model, vfx, case))
     item = model.prefill_batch([prepared])[0]
-    return prepared, probabilities(model, prepared, item.hidden), model.score(item)
+    return prepared, probabilities(model, prepared, item.hidden), model.score([model.head_input(item)])[0]
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -45,11 +45,15 @@ class Head:
         """Normed states and memory rows of hidden states, on the head's device: [t, H] -> [t, H], [t, w]."""
         return hidden_memory(to_device(self.xp, hidden), self.params["hidden_norm"], self.params["memory_projection"])
 
-    def option_logits(self, h: Any, memory: Any, rows: np.ndarray, layout: Layout) -> np.ndarray:
-        """Flat option logits on the host (see head.model.option_logits)."""
+    def option_logits(self, hs: Sequence[Any], memories: Sequence[Any], rows: Sequence[np.ndarray],
+                      layouts: Sequence[Layout]) -> list[np.ndarray]:
+        """Each record's flat option logits on the host, all records in one pass (see head.model.option_logits)."""
         rest = {k: v for k, v in self.params.items() if k not in MEMORY_PARAMS}
-        out = option_logits(h, memory, to_device(self.xp, rows), layout, self.config.heads, **rest)
-        return out if self.xp is np else self.xp.asnumpy(out)
+        out = option_logits(hs, memories, [to_device(self.xp, r) for r in rows], layouts, self.config.heads, **rest)
+        if self.xp is np:
+            return out
+        flat = self.xp.asnumpy(self.xp.concatenate(out))  # one copy to the host, not one per record
+        return np.split(flat, np.cumsum([len(o) for o in out])[:-1])
 
 
 @dataclass
@@ -97,6 +101,17 @@ class Prepared:
     def warnings(self) -> tuple[str, ...]:
         """Where this request's answer knowingly departs from the reference's (a video's soundtrack: the mask)."""
         return tuple(w for plan in self.media.of(VIDEO) for w in plan.warnings)
+
+
+@dataclass(frozen=True)
+class HeadInput:
+    """A prefilled request's rows on the head's device, its checkpoint's memory rows handed to the prefix cache:
+    what the head's decision layers read, together with other requests' (ClefModel.head_logits)."""
+
+    item: "Prefilled"
+    h: Any  # [t - reused, H] the normed new rows
+    memory: Any  # [t, w] the memory rows of the whole prompt, the cached prefix's included
+    memory_s: float
 
 
 @dataclass(frozen=True)
@@ -207,34 +222,44 @@ class ClefModel:
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:
         """The head's flat option logits for one request prefilled in full, on the host."""
         h, memory = self.head.memory(hidden)
-        return self.head.option_logits(h, memory, self.embedding.rows(encoded.option_token_ids), encoded.layout)
+        return self.head.option_logits([h], [memory], [self.embedding.rows(encoded.option_token_ids)],
+                                       [encoded.layout])[0]
 
     @_device_memory_errors
-    def cached_logits(self, item: Prefilled) -> np.ndarray:
-        """Logits from the new rows only: the cached prefix's memory rows come with the item.
+    def head_input(self, item: Prefilled) -> HeadInput:
+        """The memory rows of a prefilled request's new rows, joined to its cached prefix's.
 
-        The layout's spans and the last token lie after the cached prefix (it ends inside the state),
-        so the head's pooling reads only new rows; its attention reads the whole prompt's memory. The
-        new rows' memory goes to the cache only once the logits are known finite: a fault never
-        leaves a poisoned checkpoint behind.
+        The layout's spans and the last token lie after the cached prefix (it ends inside the state), so
+        the head's pooling reads only new rows; its attention reads the whole prompt's memory. The new
+        rows' memory goes to the cache here, before the head's decision layers, so that a request of the
+        next batch can reuse it; only once it is known finite: a fault never leaves a poisoned checkpoint
+        behind.
         """
-        xp, encoded, cache = self.head.xp, item.prepared.encoded, self.backbone.prefix_cache
+        t0 = time.perf_counter()
+        xp, cache = self.head.xp, self.backbone.prefix_cache
         try:
             h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
             memory = xp.concatenate([to_device(xp, m) for m in item.prefix_memory] + [new]) if item.reused else new
-            logits = self.head.option_logits(h, memory, self.embedding.rows(encoded.option_token_ids),
-                                      encoded.layout.shifted(item.reused))
-            if item.ticket and np.isfinite(logits).all() and bool(xp.isfinite(new).all()):
+            if item.ticket and bool(xp.isfinite(new).all()):
                 # host copies: the cache's budget is host memory, and views would pin whole arrays
                 rows = [new[s - item.reused:e - item.reused] for s, e in item.new_segments]
                 cache.attach(item.ticket, [r.copy() if xp is np else xp.asnumpy(r) for r in rows])
             elif item.ticket:
                 cache.discard(item.ticket)
-            return logits
+            return HeadInput(item, h, memory, time.perf_counter() - t0)
         except BaseException:
             if item.ticket:
                 cache.discard(item.ticket)
             raise
+
+    @_device_memory_errors
+    def head_logits(self, inputs: Sequence[HeadInput]) -> list[np.ndarray]:
+        """Each request's flat option logits, the head's decision layers run once over all of them (their weights
+        read once per call, not once per request)."""
+        return self.head.option_logits(
+            [i.h for i in inputs], [i.memory for i in inputs],
+            [self.embedding.rows(i.item.prepared.encoded.option_token_ids) for i in inputs],
+            [i.item.prepared.encoded.layout.shifted(i.item.reused) for i in inputs])
 
     def prefill_batch(self, batch: list[Prepared]) -> list[Prefilled]:
         """Text requests through ONE batched llama_decode, each from its longest cached prefix; a request with
@@ -284,15 +309,24 @@ class ClefModel:
         hidden = self.backbone.decode_media(rope_chunks(ids, positions, rows, width))
         return Prefilled(prepared, hidden, time.perf_counter() - t2, 1, vision_s=t1 - t0, audio_s=t2 - t1)
 
-    def score(self, item: Prefilled) -> Scored:
-        """The head and the answers for one prefilled request."""
+    def score(self, inputs: Sequence[HeadInput]) -> list[Scored]:
+        """The head and the answers of prefilled requests (head_input's), the head's decision layers run once over
+        all of them; raises if any one fails (NonFiniteOutput among others): the caller scores them again one by
+        one to find which."""
         t0 = time.perf_counter()
-        prepared = item.prepared
-        logits = self.cached_logits(item)
+        logits = self.head_logits(inputs)
+        head_s = time.perf_counter() - t0
+        return [self._answer(done, z, head_s) for done, z in zip(inputs, logits)]
+
+    def _answer(self, done: HeadInput, logits: np.ndarray, head_s: float) -> Scored:
+        """The typed answers of one request from its option logits (head_s: the head's pass it took part in)."""
+        t0 = time.perf_counter()
+        item, prepared = done.item, done.item.prepared
         offsets = prepared.encoded.layout.option_offsets
         typed = answers(prepared.request, logits, offsets, self.answer_options)
-        timings = Timings(prepared.tokenize_s, item.backbone_s, time.perf_counter() - t0, item.batch_size, item.reused,
-                          item.vision_s, item.audio_s)
+        head = done.memory_s + head_s + time.perf_counter() - t0
+        timings = Timings(prepared.tokenize_s, item.backbone_s, head, item.batch_size, item.reused, item.vision_s,
+                          item.audio_s)
         return Scored(typed, len(prepared.encoded.input_ids), timings, per_question(prepared.request, logits, offsets),
                       prepared.warnings)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ...head.errors import Category, ClefError
-from .clef_model import ClefModel, Prefilled, Prepared, Scored
+from .clef_model import ClefModel, HeadInput, Prefilled, Prepared, Scored
 
 log = logging.getLogger("clef_bridge.worker")
 
@@ -80,9 +80,12 @@ class InferenceWorker:
     """Owns a ClefModel; the event loop never touches llama.cpp or numpy.
 
     With the backbone on a GPU, two threads form a pipeline: one batches and prefills (llama.cpp),
-    the other runs the head per request, so the next batch's prefill overlaps this batch's heads.
-    On a CPU-only backbone the head runs right after its prefill in the same thread: llama.cpp's
-    spinning CPU threads and BLAS fighting over the same cores would slow both.
+    the other runs the head over each batch, so the next batch's prefill overlaps this batch's heads.
+    On a CPU-only backbone the head runs in the same thread (llama.cpp's spinning CPU threads and BLAS
+    fighting over the same cores would slow both), and once for all the requests taken together: a batch
+    there holds one ubatch of tokens, often one request, and the head's decision layers cost about as much
+    for one request as for eight (they stream their weights for a few rows each). Each prefilled request's
+    memory rows go to the prefix cache right after its batch, so the next batch can reuse them.
     """
 
     def __init__(self, model: ClefModel, max_queue: int, on_batch: Callable[[BatchStats], None] = lambda s: None,
@@ -211,8 +214,15 @@ class InferenceWorker:
                     continue
                 job.queue_s = now - job.enqueued
                 ready.append((job, job.prepared))
+            taken: list[tuple[Job, HeadInput]] = []
             for batch in self._batches(ready):
-                self._prefill(batch)
+                done = self._prefill(batch)
+                if self.overlap:
+                    self._heads.put(done)
+                else:
+                    taken += self._head_inputs(done)
+            if taken:
+                self._finish(taken)
 
     def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
         """Greedy packing of text requests under the backbone's batch budget (n_ctx on a GPU, n_ubatch on the CPU:
@@ -232,8 +242,9 @@ class InferenceWorker:
             batches.append(current)
         return batches
 
-    def _prefill(self, batch: list[tuple[Job, Prepared]]) -> None:
-        """One batch through the backbone; its heads run next (here, or on the head thread)."""
+    def _prefill(self, batch: list[tuple[Job, Prepared]]) -> list[tuple[Job, Prefilled]]:
+        """One batch through the backbone (a failed batch again one request at a time); a request that fails is
+        answered here."""
         try:
             items = self.model.prefill_batch([p for _, p in batch])
         except Exception as exc:  # noqa: BLE001 - MemoryError and the unexpected too: one request must not sink others
@@ -241,31 +252,50 @@ class InferenceWorker:
                 if not isinstance(exc, ClefError):
                     log.error("request failed in the backbone: %r", exc)
                 self._deliver(batch[0][0], exc)
-                return
+                return []
             log.warning("batch of %d failed (%r); retrying one request at a time", len(batch), exc)
-            for item in batch:
-                self._prefill([item])
-            return
+            return [done for item in batch for done in self._prefill([item])]
         try:
             self._on_batch(BatchStats(len(batch), sum(len(p.encoded.input_ids) for _, p in batch)))
         except Exception:  # noqa: BLE001 - a metrics fault must not cost the batch its answers
             log.exception("the batch callback failed")
-        work = [(job, item) for (job, _), item in zip(batch, items)]
-        if self.overlap:
-            self._heads.put(work)
-        else:
-            self._finish(work)
+        return [(job, item) for (job, _), item in zip(batch, items)]
 
     def _run_heads(self) -> None:
         while (work := self._heads.get()) is not None:
-            self._finish(work)
+            self._finish(self._head_inputs(work))
 
-    def _finish(self, work: list[tuple[Job, Prefilled]]) -> None:
+    def _head_inputs(self, work: list[tuple[Job, Prefilled]]) -> list[tuple[Job, HeadInput]]:
+        """Each request's memory rows (ClefModel.head_input); a request that fails is answered here."""
+        out = []
         for job, item in work:
             try:
-                self._deliver(job, self.model.score(item))
+                out.append((job, self.model.head_input(item)))
             except Exception as exc:  # noqa: BLE001 - a fault in one head answers that request only
                 self._deliver(job, exc)
+        return out
+
+    def _finish(self, work: list[tuple[Job, HeadInput]]) -> None:
+        """The head once over the requests still awaited (ClefModel.score); when that fails, each request again
+        alone, so that a fault answers its own request only."""
+        for job, _ in work:
+            if job.cancelled:  # withdrawn while it was prefilled: nobody reads its answer
+                self._deliver(job, CANCELLED)
+        work = [(job, done) for job, done in work if not job.cancelled]
+        if not work:
+            return
+        try:
+            scored = self.model.score([done for _, done in work])
+        except Exception as exc:  # noqa: BLE001 - MemoryError, a non-finite answer and the unexpected too
+            if len(work) == 1:
+                self._deliver(work[0][0], exc)
+                return
+            log.info("the head over %d requests failed (%r); scoring them one at a time", len(work), exc)
+            for one in work:
+                self._finish([one])
+            return
+        for (job, _), outcome in zip(work, scored):
+            self._deliver(job, outcome)
 
     @staticmethod
     def _deliver(job: Job, outcome: Scored | BaseException | object) -> None:
