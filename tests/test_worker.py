@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from clef_bridge.bridge.model.worker import InferenceWorker, WorkerStopped
 from clef_bridge.head.schema import parse_request
 
+from .conftest import open_tiny
 from .corpus import varied_requests
 from .deciding import respond, systemone
+from .serverkit import WrappedModel, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,3 +51,51 @@ def test_a_stopped_worker_refuses_new_requests(tiny_model):
 
     with pytest.raises(WorkerStopped, match="not accepting requests"):
         asyncio.run(submit())
+
+
+class CountingModel(WrappedModel):
+    """A real model whose first batch waits at a gate, recording each batch's size and each head pass's."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.batches: list[int] = []
+        self.passes: list[int] = []
+
+    def prefill_batch(self, batch):
+        self.batches.append(len(batch))
+        self.entered.set()
+        self.gate.wait(60)
+        return self._model.prefill_batch(batch)
+
+    def score(self, inputs):
+        self.passes.append(len(inputs))
+        return self._model.score(inputs)
+
+
+def test_the_cpu_worker_runs_one_head_pass_over_what_it_took(fx):
+    """Three requests taken together decode in three batches (each longer than the CPU's one-ubatch budget) and
+    share ONE head pass; the second and third reuse the first's prefix from the cache within that same take
+    (its memory rows went to the cache after its batch, not after the shared pass); answers as decided alone."""
+    model = CountingModel(open_tiny(fx, n_ubatch=64, prefix_cache_mb=64, prefix_cache_every=32))
+    state = {"ticket": 88, "message": "the nightly export failed three times and the dashboard is stale " * 2}
+    bodies = [{"model": "tiny", "state": state, "questions": {q: {"type": "noul", "instructions": f"{q}?"}}}
+              for q in ("urgent", "billing", "outage")]
+    worker = InferenceWorker(model, max_queue=8, overlap=False)
+    worker.start()
+    try:
+        async def main():
+            first = worker.submit(model.prepare(parse_request({**bodies[0], "state": "the first, alone"})))
+            await asyncio.to_thread(wait_until, model.entered.is_set, "the first request in the backbone")
+            jobs = [worker.submit(model.prepare(parse_request(b))) for b in bodies]
+            model.gate.set()
+            return await first.future, await asyncio.gather(*(j.future for j in jobs))
+
+        _, decided = asyncio.run(main())
+    finally:
+        model.gate.set()
+        worker.stop()
+    assert model.batches == [1, 1, 1, 1] and model.passes == [1, 3]
+    assert [d.timings.reused_tokens > 0 for d in decided] == [False, True, True]
+    assert [systemone(d, b) for d, b in zip(decided, bodies)] == [respond(model._model, b) for b in bodies]
+    model.close()
