@@ -215,12 +215,17 @@ class InferenceWorker:
                 job.queue_s = now - job.enqueued
                 ready.append((job, job.prepared))
             taken: list[tuple[Job, HeadInput]] = []
+            held = 0  # prompt tokens whose hidden states wait in taken
             for batch in self._batches(ready):
                 done = self._prefill(batch)
                 if self.overlap:
                     self._heads.put(done)
-                else:
-                    taken += self._head_inputs(done)
+                    continue
+                taken += self._head_inputs(done)
+                held += sum(len(p.encoded.input_ids) for _, p in batch)
+                if held >= self.model.backbone.decode_budget:  # no more waits than one decode on a GPU holds
+                    self._finish(taken)
+                    taken, held = [], 0
             if taken:
                 self._finish(taken)
 
