@@ -122,13 +122,18 @@ def multi_head_attention(x, memory, in_proj_weight, in_proj_bias, out_proj, n_he
     q = q.transpose(1, 0, 2)  # [h, nq, hd]
     if sum((r.stop - r.start) * (w + (n_head - 1) * (m.stop - m.start)) for r, m in pairs) < t * w:
         qk = q @ wk.reshape(n_head, hd, w)  # [h, nq, w]
-        pm = xp.concatenate([attend(qk[:, r], memory[m]) for r, m in pairs], axis=1)  # [h, nq, w]
+        parts = []  # a loop, not a comprehension: on Python 3.11 its closure would keep qk past a CuPy OOM's frames
+        for r, m in pairs:
+            parts.append(attend(qk[:, r], memory[m]))  # [h, nq_r, w]
+        pm = xp.concatenate(parts, axis=1)  # [h, nq, w]
         o = pm @ wv.reshape(n_head, hd, w).transpose(0, 2, 1) + bv.reshape(n_head, 1, hd)  # [h, nq, hd]
     else:
         k = linear(memory, wk, bk).reshape(t, n_head, hd).transpose(1, 0, 2)  # [h, t, hd]
         v = linear(memory, wv, bv).reshape(t, n_head, hd).transpose(1, 0, 2)  # [h, t, hd]
-        o = xp.concatenate([softmax(q[:, r] @ k[:, m].transpose(0, 2, 1)) @ v[:, m] for r, m in pairs],
-                           axis=1)  # [h, nq, hd]
+        parts = []
+        for r, m in pairs:
+            parts.append(softmax(q[:, r] @ k[:, m].transpose(0, 2, 1)) @ v[:, m])  # [h, nq_r, hd]
+        o = xp.concatenate(parts, axis=1)  # [h, nq, hd]
     o = xp.ascontiguousarray(o.transpose(1, 0, 2)).reshape(nq, w)  # [nq, w]
     return linear(o, **out_proj)
 

@@ -105,12 +105,15 @@ class Prepared:
 
 @dataclass(frozen=True)
 class HeadInput:
-    """A prefilled request's rows on the head's device, its checkpoint's memory rows handed to the prefix cache:
-    what the head's decision layers read, together with other requests' (ClefModel.head_logits)."""
+    """A prefilled request whose checkpoint's memory rows the prefix cache has: what the head's decision layers read,
+    together with other requests' (ClefModel.head_logits)."""
 
     item: "Prefilled"
-    h: Any  # [t - reused, H] the normed new rows
-    memory: Any  # [t, w] the memory rows of the whole prompt, the cached prefix's included
+    # [t - reused, H] the normed new rows and [t, w] the whole prompt's memory rows, kept for a numpy head; None for
+    # a device head, which computes them again in its pass: device arrays held between calls would outlive an
+    # out-of-memory error there, and the pool could not give their blocks back
+    h: Any
+    memory: Any
     memory_s: float
 
 
@@ -225,6 +228,12 @@ class ClefModel:
         return self.head.option_logits([h], [memory], [self.embedding.rows(encoded.option_token_ids)],
                                        [encoded.layout])[0]
 
+    def _memory(self, item: Prefilled) -> tuple[Any, Any]:
+        """The normed new rows and the whole prompt's memory rows, on the head's device: [t - reused, H], [t, w]."""
+        h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
+        xp = self.head.xp
+        return h, xp.concatenate([to_device(xp, m) for m in item.prefix_memory] + [new]) if item.reused else new
+
     @_device_memory_errors
     def head_input(self, item: Prefilled) -> HeadInput:
         """The memory rows of a prefilled request's new rows, joined to its cached prefix's.
@@ -238,15 +247,16 @@ class ClefModel:
         t0 = time.perf_counter()
         xp, cache = self.head.xp, self.backbone.prefix_cache
         try:
-            h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
-            memory = xp.concatenate([to_device(xp, m) for m in item.prefix_memory] + [new]) if item.reused else new
+            h, memory = self._memory(item)
+            new = memory[item.reused:]  # [t - reused, w]
             if item.ticket and bool(xp.isfinite(new).all()):
                 # host copies: the cache's budget is host memory, and views would pin whole arrays
                 rows = [new[s - item.reused:e - item.reused] for s, e in item.new_segments]
                 cache.attach(item.ticket, [r.copy() if xp is np else xp.asnumpy(r) for r in rows])
             elif item.ticket:
                 cache.discard(item.ticket)
-            return HeadInput(item, h, memory, time.perf_counter() - t0)
+            kept = (h, memory) if xp is np else (None, None)
+            return HeadInput(item, *kept, time.perf_counter() - t0)
         except BaseException:
             if item.ticket:
                 cache.discard(item.ticket)
@@ -256,8 +266,9 @@ class ClefModel:
     def head_logits(self, inputs: Sequence[HeadInput]) -> list[np.ndarray]:
         """Each request's flat option logits, the head's decision layers run once over all of them (their weights
         read once per call, not once per request)."""
+        rows = [(i.h, i.memory) if i.h is not None else self._memory(i.item) for i in inputs]
         return self.head.option_logits(
-            [i.h for i in inputs], [i.memory for i in inputs],
+            [h for h, _ in rows], [m for _, m in rows],
             [self.embedding.rows(i.item.prepared.encoded.option_token_ids) for i in inputs],
             [i.item.prepared.encoded.layout.shifted(i.item.reused) for i in inputs])
 
