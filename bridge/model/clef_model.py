@@ -231,8 +231,12 @@ class ClefModel:
     def _memory(self, item: Prefilled) -> tuple[Any, Any]:
         """The normed new rows and the whole prompt's memory rows, on the head's device: [t - reused, H], [t, w]."""
         h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
+        return h, self._with_prefix(item, new)
+
+    def _with_prefix(self, item: Prefilled, new: Any) -> Any:
+        """The cached prefix's memory rows (uploaded to the head's device) before the new rows': [t, w]."""
         xp = self.head.xp
-        return h, xp.concatenate([to_device(xp, m) for m in item.prefix_memory] + [new]) if item.reused else new
+        return xp.concatenate([to_device(xp, m) for m in item.prefix_memory] + [new]) if item.reused else new
 
     @_device_memory_errors
     def head_input(self, item: Prefilled) -> HeadInput:
@@ -247,15 +251,15 @@ class ClefModel:
         t0 = time.perf_counter()
         xp, cache = self.head.xp, self.backbone.prefix_cache
         try:
-            h, memory = self._memory(item)
-            new = memory[item.reused:]  # [t - reused, w]
+            h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
             if item.ticket and bool(xp.isfinite(new).all()):
                 # host copies: the cache's budget is host memory, and views would pin whole arrays
                 rows = [new[s - item.reused:e - item.reused] for s, e in item.new_segments]
                 cache.attach(item.ticket, [r.copy() if xp is np else xp.asnumpy(r) for r in rows])
             elif item.ticket:
                 cache.discard(item.ticket)
-            kept = (h, memory) if xp is np else (None, None)
+            # a device head's pass computes its rows again (HeadInput): the prefix is uploaded there only
+            kept = (h, self._with_prefix(item, new)) if xp is np else (None, None)
             return HeadInput(item, *kept, time.perf_counter() - t0)
         except BaseException:
             if item.ticket:
