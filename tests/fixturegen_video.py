@@ -124,6 +124,11 @@ CLIPS = {
     # 48 kHz mono at 30 fps; the reference's PyAV reads the rotation but hands the frames over as stored
     "mp4_phone_rot90": Clip("mp4", ".mp4", "libx264", "aac", 640, 360, 30, 2.0, audio_rate=48000, seed=13,
                             layout="mono", rotation=90),
+    # issue 48: portrait frames 16 token rows high (rows 14 and 15 pass sound token 13, which ties pair 1), FFV1 +
+    # 16 kHz PCM, 4 pairs; and a longer clip (10 pairs at 44.1 kHz AAC) whose every pair ties a sound token
+    "mkv_portrait_sounded": Clip("matroska", ".mkv", "ffv1", "pcm_s16le", 288, 512, 4, 4.0, audio_rate=16000,
+                                 seed=14, layout="mono"),
+    "mp4_long_sounded": Clip("mp4", ".mp4", "libx264", "aac", 320, 240, 10, 10.0, seed=15),
 }
 
 
@@ -216,6 +221,9 @@ CASES = {
     "vfr_portrait": VideoCase(videos=("mkv_vfr_portrait",)),
     "short_sound": VideoCase(videos=("mp4_short_sound",)),
     "rotated_phone": VideoCase(videos=("mp4_phone_rot90",)),
+    "portrait_sounded": VideoCase(videos=("mkv_portrait_sounded",)),
+    "long_sounded": VideoCase(videos=("mp4_long_sounded",)),
+    "portrait_beside_long": VideoCase(videos=("mkv_portrait_sounded", "mp4_long_sounded")),
 }
 ISSUE38 = ("mpeg4_30fps", "h264_aac_3f", "ffv1_pcm", "vp9_opus_5f", "image_audio_silent_video", "two_sounded",
            "silent_beside_sounded", "one_frame_8k", "two_frames_odd_51", "vfr_portrait", "short_sound",

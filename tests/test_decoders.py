@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.media.images import ImageGeometry
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.media import video
 from clef_bridge.bridge.media.audio import AudioInput, AudioRejected
@@ -38,7 +39,7 @@ LOC = ("body", "audio")
 # its fork): the time-limit tests use pools of their own with short limits.
 LIMITS = DecoderLimits(workers=2, memory_mb=512, seconds=120.0)
 SHORT = DecoderLimits(workers=1, memory_mb=512, seconds=1.5)
-SETTINGS = DecodeSettings(None, ServerSpec().media_limits)
+SETTINGS = DecodeSettings(ImageGeometry(), ServerSpec().media_limits)  # Qwen3-Omni's 32-pixel tokens
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from clef_bridge.bridge.media.audio import (
     AudioTooLarge,
 )
 from clef_bridge.bridge.media.errors import DecodeOverMemory, DecodeOverTime, DecoderStopped, MediaRejected
-from clef_bridge.bridge.media.images import ImageRejected
+from clef_bridge.bridge.media.images import ImageGeometry, ImageRejected
 from clef_bridge.bridge.media.request import AUDIO, VIDEO, DecodeSettings, decode_kind, extract
 from clef_bridge.bridge.media.video import VideoHeader, VideoInput, VideoLimits, VideoRejected
 from clef_bridge.head.errors import Problem
@@ -79,7 +79,7 @@ def test_videos_refused_while_decoding_leave_no_cycle():
     with no_collector():
         before = live_media_errors()
         with pytest.raises(VideoRejected):
-            decode_kind(VIDEO, [video, video], DecodeSettings(None, {VIDEO: VideoLimits()}))
+            decode_kind(VIDEO, [video, video], DecodeSettings(ImageGeometry(), {VIDEO: VideoLimits()}))
         assert live_media_errors() == before
 
 

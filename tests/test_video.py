@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from clef_bridge.bridge.media.images import ImageGeometry
 from clef_bridge.bridge.media.request import VIDEO, DecodeSettings, decode_kind
 from clef_bridge.bridge.media.video import (
     FPS,
@@ -111,7 +112,7 @@ def test_garbage_and_truncated_clips_are_422s(clips):
         sniff(data[:len(data) // 2], LOC)
     mkv = clips["mkv_sounded"].read_bytes()
     with pytest.raises(VideoRejected) as caught:
-        decode_kind(VIDEO, [type("V", (), {"data": mkv[:200], "loc": LOC})()], DecodeSettings(None, {VIDEO: VideoLimits()}))
+        decode_kind(VIDEO, [type("V", (), {"data": mkv[:200], "loc": LOC})()], DecodeSettings(ImageGeometry(), {VIDEO: VideoLimits()}))
     assert caught.value.loc == LOC and not isinstance(caught.value, VideoTooLarge)
 
 
@@ -123,8 +124,8 @@ def test_decode_kind_decodes_videos_to_picklable_values(clips):
 
     data = clips["webm_sounded"].read_bytes()
     item = VideoInput(LOC, data, sniff(data, LOC), b"")
-    [got] = decode_kind(VIDEO, [item], DecodeSettings(None, {VIDEO: VideoLimits()}))
+    [got] = decode_kind(VIDEO, [item], DecodeSettings(ImageGeometry(), {VIDEO: VideoLimits()}))
     back = pickle.loads(pickle.dumps(got))
     assert np.array_equal(back.frames, got.frames) and np.array_equal(back.audio, got.audio)
     with pytest.raises(VideoTooLarge):
-        decode_kind(VIDEO, [item], DecodeSettings(None, {VIDEO: VideoLimits(max_seconds=0.4)}))
+        decode_kind(VIDEO, [item], DecodeSettings(ImageGeometry(), {VIDEO: VideoLimits(max_seconds=0.4)}))

@@ -6,17 +6,19 @@ soundtracks, and every token's M-RoPE position (bridge/llama/omni_positions.py) 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from clef_bridge.bridge.llama.omni_positions import rope_positions
+from clef_bridge.bridge.llama.omni_positions import OmniTokens, rope_chunks, rope_positions
 from clef_bridge.bridge.media.audio import decode as decode_audio
 from clef_bridge.bridge.media.audio import sniff as sniff_audio
 from clef_bridge.bridge.media.audio_tower import audio_tokens, mel_filters, request_features, request_frames
 from clef_bridge.bridge.media.images import ImageGeometry
-from clef_bridge.bridge.media.video import decode, patches, smart_resize, tower_frames
+from clef_bridge.bridge.media.video import decode, patches, smart_resize, tower_frames, tower_geometry
 from clef_bridge.bridge.model.video_prompt import video_prompt
 
-from . import fixturegen_video
+from . import fixturegen_omni, fixturegen_video
 
 pytestmark = pytest.mark.slow  # the first run builds the oracle environment (about 5 GB, minutes)
 
@@ -40,6 +42,16 @@ def decoded(fx):
     return {name: decode(path.read_bytes(), LOC) for name, path in fx.clips.items() if name in fixturegen_video.CLIPS}
 
 
+@pytest.fixture(scope="module")
+def tokens(fx):
+    """The markup ids as the reference reads them: the tiny Qwen3-Omni's own thinker config."""
+    thinker = json.loads((fixturegen_omni.build().hf_model / "config.json").read_text())[
+        "thinker_config"]
+    return OmniTokens(vision_start=thinker["vision_start_token_id"], image=thinker["image_token_id"],
+                      video=thinker["video_token_id"], audio_start=thinker["audio_start_token_id"],
+                      audio=thinker["audio_token_id"])
+
+
 def _audio(fx, name: str) -> np.ndarray:
     data = fx.clips[name].read_bytes()
     return decode_audio(data, sniff_audio(data, LOC), LOC)
@@ -52,7 +64,8 @@ def test_the_oracle_ran_the_pinned_transformers(answers):
 @pytest.mark.parametrize("name", ["video_silent", "video_sounded", *fixturegen_video.ISSUE38])
 def test_pixels_are_the_processors(fx, decoded, name):
     want = np.load(fx.arrays)[f"{name}.pixel_values_videos"]
-    got = np.concatenate([patches(tower_frames(decoded[v].frames)) for v in fixturegen_video.CASES[name].videos])
+    got = np.concatenate([patches(tower_frames(decoded[v].frames, tower_geometry(32)))
+                          for v in fixturegen_video.CASES[name].videos])
     assert got.shape == want.shape
     off = np.abs(got - want)
     # upscaled frames are equal; downscaled ones differ by up to two uint8 steps (Pillow's vs torch's antialiased
@@ -64,7 +77,8 @@ def test_pixels_are_the_processors(fx, decoded, name):
 def test_frame_grids_and_the_audio_in_video_rule(answers, decoded, case):
     want = answers[case]
     videos = [decoded[v] for v in CASES[case].videos]
-    grids = [[len(v.frames) // 2, *(s // 16 for s in smart_resize(*v.frames.shape[1:3]))] for v in videos]
+    grids = [[len(v.frames) // 2, *(s // 16 for s in smart_resize(*v.frames.shape[1:3], tower_geometry(32)))]
+             for v in videos]
     assert grids == want["video_grid_thw"]
     assert all(v.audio is not None for v in videos) == want["use_audio_in_video"]
 
@@ -75,7 +89,7 @@ def test_a_small_frame_is_upscaled_as_the_reference_does(decoded, answers):
     frames = decoded["mp4_silent_small"].frames
     assert frames.shape[1] * frames.shape[2] < 131_072
     assert answers["video_silent"]["video_grid_thw"] == [[2, 20, 28]]
-    assert smart_resize(*frames.shape[1:3]) == (320, 448)
+    assert smart_resize(*frames.shape[1:3], tower_geometry(32)) == (320, 448)
     assert smart_resize(*frames.shape[1:3], ImageGeometry(32, 3136, 12845056)) == (256, 320)
 
 
@@ -119,16 +133,17 @@ def test_audio_features_of_clips_and_soundtracks(fx, answers, decoded, case):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_positions_are_the_references(fx, answers, decoded, case):
+def test_positions_are_the_references(fx, answers, decoded, tokens, case):
     want = answers[case]
     in_video = want["use_audio_in_video"]
     counts = audio_tokens([len(x) for x in _audio_items(fx, decoded, case, in_video)])
     spg = [decoded[v].seconds_per_grid for v in CASES[case].videos]
-    got = rope_positions(want["input_ids"], want["image_grid_thw"], want["video_grid_thw"], counts, spg, in_video)
+    got = rope_positions(want["input_ids"], want["image_grid_thw"], want["video_grid_thw"], counts, spg, in_video,
+                         tokens=tokens, merge=2)
     assert np.array_equal(got, np.array(want["position_ids"]))
 
 
-def test_positions_catch_the_processors_default_fps(answers, fx, decoded):
+def test_positions_catch_the_processors_default_fps(answers, fx, decoded, tokens):
     """Passing the processor nothing (fps 1.0) gives each frame pair 2 s: the reference's fps-1 answer has other
     positions than ours, which are the fps-2 answer's (its probabilities move by under 1e-2 on the tiny model, so
     the positions are what catches it)."""
@@ -136,7 +151,7 @@ def test_positions_catch_the_processors_default_fps(answers, fx, decoded):
     assert right["video_second_per_grid"] == [1.0] and wrong["video_second_per_grid"] == [2.0]
     counts = audio_tokens([len(decoded["mp4_sounded_big"].audio)])
     ours = rope_positions(right["input_ids"], [], right["video_grid_thw"], counts,
-                          [decoded["mp4_sounded_big"].seconds_per_grid], True)
+                          [decoded["mp4_sounded_big"].seconds_per_grid], True, tokens=tokens, merge=2)
     assert np.array_equal(ours, np.array(right["position_ids"]))
     assert not np.array_equal(ours, np.array(wrong["position_ids"]))
 
@@ -150,17 +165,24 @@ def test_every_video_moves_the_references_answer(answers):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_what_the_mask_hides_is_counted_from_the_references_positions(fx, answers, decoded, case):
-    """The (sound token, earlier frame token) pairs that llama.cpp's rule (a later temporal position, or a tie and a
-    later row, or a later column on the same row) hides, found on the reference's own ids and positions, are the
-    ones the prompt plan counts for its x_warnings."""
+def test_the_tokens_decoded_alone_are_those_the_mask_would_hide_from(fx, answers, decoded, tokens, case):
+    """The tokens that llama.cpp's rule (a later temporal position, or a tie and a later row, or a later column on
+    the same row) would hide an earlier token from, found pair by pair on the reference's own ids and positions, are
+    the ones the bridge decodes alone with the causal mask off (rope_chunks): sound tokens of audio in video only."""
     want = answers[case]
     ids, (t, y, x) = np.array(want["input_ids"]), np.array(want["position_ids"])
-    sound, frame = np.flatnonzero(ids == 151675), np.flatnonzero(ids == 151656)
-    hidden = ((frame[None] < sound[:, None]) & ((t[frame][None] > t[sound][:, None]) | (
-        (t[frame][None] == t[sound][:, None]) & ((y[frame][None] > y[sound][:, None]) | (
-            (y[frame][None] == y[sound][:, None]) & (x[frame][None] > x[sound][:, None]))))))
+    i, j = np.arange(len(ids))[:, None], np.arange(len(ids))[None, :]
+    hidden = (j < i) & ((t[j] > t[i]) | ((t[j] == t[i]) & ((y[j] > y[i]) | ((y[j] == y[i]) & (x[j] > x[i])))))
+    flagged = np.flatnonzero(hidden.any(1))
     spec = fixturegen_video.CASES[case]
-    plan = video_prompt([decoded[v] for v in spec.videos], [_audio(fx, a) for a in spec.audio], 32)
-    assert plan.hidden_by_the_mask == (int(hidden.any(1).sum()), int(hidden.sum()))
-    assert (hidden.sum() > 0) == want["use_audio_in_video"]
+    plan = video_prompt([decoded[v] for v in spec.videos], [_audio(fx, a) for a in spec.audio], 32, 2)
+    positions = rope_positions(ids, want["image_grid_thw"], plan.grids, plan.audio_counts, plan.seconds_per_grid,
+                               plan.audio_in_video, tokens=tokens, merge=2)
+    rows = {tokens.image: np.zeros(((ids == tokens.image).sum(), 1), np.float32),
+            tokens.video: np.zeros(((ids == tokens.video).sum(), 1), np.float32),
+            tokens.audio: np.zeros(((ids == tokens.audio).sum(), 1), np.float32)}
+    chunks = rope_chunks(ids, positions, rows, 1)
+    starts = np.cumsum([0] + [len(c) for c in chunks])[:-1]
+    assert [int(at) for at, c in zip(starts, chunks) if not c.causal] == flagged.tolist()
+    assert set(ids[flagged].tolist()) <= {tokens.audio}
+    assert bool(len(flagged)) == want["use_audio_in_video"]

@@ -59,12 +59,15 @@ def joined(rows) -> np.ndarray:
     return (torch.cat(list(rows)) if isinstance(rows, (tuple, list)) else rows).numpy()
 
 
-# the pad tokens whose rows the bridge sends to llama.cpp as embeddings (image, video, audio): each run of one of them
-# is a llama_decode of its own (bridge/llama/omni_positions.py rope_chunks), text runs too
-MEDIA_PADS = (151655, 151656, 151675)
+def media_pads(config) -> tuple[int, int, int]:
+    """The pad tokens whose rows the bridge sends to llama.cpp as embeddings (image, video, audio), from the model's
+    own thinker config as the reference reads them: each run of one of them is a llama_decode of its own
+    (bridge/llama/omni_positions.py rope_chunks), text runs too."""
+    thinker = config.thinker_config
+    return thinker.image_token_id, thinker.video_token_id, thinker.audio_token_id
 
 
-def llama_mask(input_ids: list[int], positions) -> "torch.Tensor":
+def llama_mask(input_ids: list[int], positions, pads: tuple[int, ...]) -> "torch.Tensor":
     """The attention llama.cpp gives the bridge's prompt, as a 4D float mask [1, 1, T, T]: token i sees token j when
     j was decoded in an earlier or the same llama_decode (the chunks of rope_chunks) and llama.cpp's M-RoPE causal
     rule lets it: t_j < t_i, or t_j == t_i and (row_j, column_j) <= (row_i, column_i) (llama-kv-cache.cpp's
@@ -72,7 +75,7 @@ def llama_mask(input_ids: list[int], positions) -> "torch.Tensor":
     import torch
 
     ids = torch.tensor(input_ids)
-    kind = torch.where(torch.isin(ids, torch.tensor(MEDIA_PADS)), ids, torch.full_like(ids, -1))
+    kind = torch.where(torch.isin(ids, torch.tensor(pads)), ids, torch.full_like(ids, -1))
     chunk = torch.cat([torch.zeros(1, dtype=torch.long), (kind[1:] != kind[:-1]).long().cumsum(0)])
     t, y, x = (positions[a].reshape(-1) for a in range(3))
     i, j = (slice(None), None), (None, slice(None))
@@ -82,7 +85,7 @@ def llama_mask(input_ids: list[int], positions) -> "torch.Tensor":
     return mask[None, None]
 
 
-def with_llama_mask(model, batch: dict, position_ids) -> list:
+def with_llama_mask(model, batch: dict, position_ids, pads: tuple[int, ...]) -> list:
     """The reference's per-question logits with llama.cpp's mask (llama_mask) instead of its own causal one."""
     import torch
 
@@ -93,7 +96,7 @@ def with_llama_mask(model, batch: dict, position_ids) -> list:
         if key in media:
             media[key] = media[key].to(dtype)
     ids = batch["input_ids"]
-    outputs = model.thinker(input_ids=ids, attention_mask=llama_mask(ids[0].tolist(), position_ids[:, 0]),
+    outputs = model.thinker(input_ids=ids, attention_mask=llama_mask(ids[0].tolist(), position_ids[:, 0], pads),
                             position_ids=position_ids, use_cache=False, output_router_logits=False,
                             use_audio_in_video=in_video, return_dict=True, **media)
     return model.head(outputs.logits, ids, batch["attention_mask"], batch["records"],
@@ -132,7 +135,7 @@ def main(spec_path: str) -> None:
             seen.clear()
             batch = ref.collate_records([encoded], proc.tokenizer.pad_token_id, torch.device("cpu"))
             logits = model(batch)
-            masked = (with_llama_mask(model, batch, seen["position_ids"].clone())
+            masked = (with_llama_mask(model, batch, seen["position_ids"].clone(), media_pads(config))
                       if encoded.media and "pixel_values_videos" in encoded.media else None)
             full = ref.systemone(model, proc, record)  # encodes and runs the record again: the answer's shape
         media = encoded.media or {}

@@ -410,6 +410,7 @@ class Backbone:
             out = []
             for chunk in chunks:
                 batch = MediaBatch(chunk)
+                lc.llama_set_causal_attn(self._ctx, chunk.causal)
                 status = lc.llama_decode(self._ctx, batch.struct)
                 if status != 0:
                     raise DecodeFailed(f"llama_decode failed with status {status} on a chunk of {len(chunk)} "
@@ -417,4 +418,5 @@ class Backbone:
                 out.append(self._read_rows(len(chunk)))
             return np.concatenate(out)
         finally:
+            lc.llama_set_causal_attn(self._ctx, True)
             self.drop_sequence(0)

@@ -17,6 +17,15 @@ class MediaChunk:
     pos: np.ndarray  # int32: [n] for tokens; [n_pos_per_embd, n] (M-RoPE sections, section-major) for embd
     tokens: np.ndarray | None = None  # int32 [n]
     embd: np.ndarray | None = None  # float32 [n, n_embd_inp] (the backbone's input width: deepstack makes it wider)
+    # False: ONE token that sees every cell of its sequence (llama_set_causal_attn off for its decode): the cells
+    # hold exactly the tokens before it, which is the reference's token-order mask where llama.cpp's M-RoPE rule,
+    # comparing positions, would hide some of them (bridge/llama/omni_positions.py rope_chunks)
+    causal: bool = True
+
+    def __post_init__(self):
+        if not self.causal and self.pos.shape[-1] != 1:
+            raise ValueError(f"a chunk decoded without the causal mask holds one token, not {self.pos.shape[-1]}: its "
+                             "tokens would see each other's later cells")
 
     def __len__(self) -> int:
         return self.pos.shape[-1]

@@ -171,10 +171,12 @@ class OmniBackbone(Backbone):
 
         def batches():
             for c in chunks:
+                # read when llama_decode sets the mask's input, so the flag holds for this chunk's pieces alone
+                lc.llama_set_causal_attn(self._ctx, c.causal)
                 for s in range(0, len(c), self.chunk):
                     part = MediaChunk(c.pos[..., s:s + self.chunk],
                                       None if c.tokens is None else c.tokens[s:s + self.chunk],
-                                      None if c.embd is None else c.embd[s:s + self.chunk])
+                                      None if c.embd is None else c.embd[s:s + self.chunk], c.causal)
                     what = "embeddings" if c.embd is not None else "tokens"
                     yield MediaBatch(part, all_outputs=True), len(part), what
 
@@ -182,6 +184,7 @@ class OmniBackbone(Backbone):
         try:
             return self._collect(batches(), sum(len(c) for c in chunks))
         finally:
+            lc.llama_set_causal_attn(self._ctx, True)
             self.drop_sequence(0)
 
     # qwen3vlmoe keeps KV cells only: the prefix cache shares them (copy_cells); there is no other state to keep.

@@ -21,18 +21,21 @@ from typing import Sequence
 
 import numpy as np
 
-POSITION_ID_PER_SECONDS = 13  # Qwen3-Omni's thinker config
+# Qwen3-Omni's thinker config; no GGUF key records it (neither converter writes one, gguf-py names none), so it is
+# taken on trust: docs/media.md
+POSITION_ID_PER_SECONDS = 13
 
 
 @dataclass(frozen=True)
 class OmniTokens:
-    """The special token ids the positions depend on (Qwen3-Omni's tokenizer)."""
+    """The special token ids the positions depend on, read from the loaded model's vocabulary (Projector.omni_tokens):
+    a fine-tune's or a test model's tokenizer may put them anywhere."""
 
-    vision_start: int = 151652
-    image: int = 151655
-    video: int = 151656
-    audio_start: int = 151669
-    audio: int = 151675
+    vision_start: int
+    image: int
+    video: int
+    audio_start: int
+    audio: int
 
 
 def video_temporal(grid_t: int, rows: int, cols: int, seconds_per_grid: float,
@@ -71,11 +74,11 @@ def _text(start: float, n: int) -> np.ndarray:
 
 def rope_positions(input_ids: Sequence[int], image_grids: Sequence[Sequence[int]],
                    video_grids: Sequence[Sequence[int]], audio_tokens: Sequence[int],
-                   seconds_per_grid: Sequence[float], audio_in_video: bool, merge: int = 2,
-                   tokens: OmniTokens = OmniTokens(), per_second: int = POSITION_ID_PER_SECONDS) -> np.ndarray:
+                   seconds_per_grid: Sequence[float], audio_in_video: bool, *, tokens: OmniTokens, merge: int,
+                   per_second: int = POSITION_ID_PER_SECONDS) -> np.ndarray:
     """int64 [3, T] positions of a prompt (get_rope_index's): grids are (t, h, w) in patches, before merging;
     audio_tokens: each audio item's token count in prompt order (the request's clips, then with audio in video
-    the videos' soundtracks)."""
+    the videos' soundtracks); tokens and merge: the model's own (its vocabulary's ids, its projector's merge)."""
     ids = np.asarray(input_ids)
     pieces: list[np.ndarray] = []
     images, videos, clips = iter(image_grids), iter(zip(video_grids, seconds_per_grid)), iter(audio_tokens)
@@ -130,11 +133,36 @@ def rope_positions(input_ids: Sequence[int], image_grids: Sequence[Sequence[int]
     return np.concatenate([p for p in pieces if p.shape[1]], axis=1).astype(np.int64)
 
 
+def order_keys(positions: np.ndarray) -> np.ndarray:
+    """int64 [T]: each token's (t, row, column) as one integer ordered as llama.cpp's M-RoPE causal mask orders cells
+    (llama-kv-cache.cpp: a cell is hidden from a token at a smaller t, or at the same t when is_2d_gt: a later row,
+    or the same row and a later column)."""
+    p = np.asarray(positions, dtype=np.int64)
+    if p.size and (p.min() < 0 or p.max() >= 1 << 21):
+        raise ValueError(f"positions from {p.min()} to {p.max()}: outside the 21 bits an order key gives each axis")
+    return (p[0] << 42) | (p[1] << 21) | p[2]
+
+
+def sees_by_order(positions: np.ndarray) -> np.ndarray:
+    """bool [T]: the tokens from which llama.cpp's causal mask would hide an earlier token of the prompt (one whose
+    order key is greater: a frame pair's later rows from the sound token sharing the pair's temporal position, in
+    audio in video). The reference's mask is plain token order, so these are decoded one at a time with the causal
+    mask off: the sequence's cells then hold exactly the tokens before them."""
+    key = order_keys(positions)
+    before = np.maximum.accumulate(np.concatenate([[-1], key[:-1]])) if len(key) else key
+    return before > key
+
+
 def rope_chunks(input_ids: Sequence[int], positions: np.ndarray, rows: dict[int, np.ndarray], width: int) -> list:
     """A prompt as backbone chunks (MediaChunk) at its M-RoPE positions ([3, T], rope_positions'): each pad token id
     in `rows` takes the next row of its array (images', audio items' or videos' rows, each in prompt order), the
     other tokens go in as ids. Rows narrower than width (audio: no deepstack slices) are zero-padded, as llama.cpp
-    pads text tokens' embeddings."""
+    pads text tokens' embeddings.
+
+    Every token attends to exactly the tokens before it, as in the reference. llama.cpp masks by position, not by
+    order, so: a new chunk (a llama_decode of its own) wherever the kind of token changes or the order keys stop
+    increasing (a token would otherwise see a later one of its own chunk), and each token of sees_by_order alone,
+    with the causal mask off."""
     from .media_batch import MediaChunk
 
     ids = np.asarray(input_ids, dtype=np.int32)
@@ -148,16 +176,15 @@ def rope_chunks(input_ids: Sequence[int], positions: np.ndarray, rows: dict[int,
     for pad, r in rows.items():
         embd[order == pad, :r.shape[1]] = r
     pos4 = np.concatenate([positions, np.zeros((1, len(ids)), np.int64)]).astype(np.int32)
-    chunks, at, used = [], 0, 0
-    # a new chunk (a llama_decode of its own) wherever the kind of token changes, between a video's frame and sound
-    # tokens too: llama.cpp masks by position, not by order, and a frame token sharing its temporal position with
-    # a later sound token would otherwise see it (the reference's mask is causal by token order)
-    edges = np.flatnonzero(np.diff(np.where(is_row, ids, -1))) + 1
-    for end in [*edges.tolist(), len(ids)]:
+    key, alone = order_keys(positions), sees_by_order(positions)
+    kind = np.where(is_row, ids, -1)
+    cut = (kind[1:] != kind[:-1]) | (key[1:] <= key[:-1]) | alone[1:] | alone[:-1]
+    starts = [0, *(np.flatnonzero(cut) + 1).tolist()]
+    chunks, used = [], 0
+    for at, end in zip(starts, [*starts[1:], len(ids)]):
         if is_row[at]:
-            chunks.append(MediaChunk(pos=pos4[:, at:end], embd=embd[used:used + end - at]))
+            chunks.append(MediaChunk(pos=pos4[:, at:end], embd=embd[used:used + end - at], causal=not alone[at]))
             used += end - at
-        else:
-            chunks.append(MediaChunk(pos=pos4[0, at:end], tokens=ids[at:end]))  # text: one position on all axes
-        at = end
+        else:  # text: one position on all axes
+            chunks.append(MediaChunk(pos=pos4[0, at:end], tokens=ids[at:end], causal=not alone[at]))
     return chunks

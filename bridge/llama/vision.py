@@ -33,6 +33,7 @@ from ..catalogue.architectures import QWEN35_IMAGE_TOKENS
 from ..gguf.projector import ProjectorError, pairing_problems, projector_info
 from ..media.images import ImageGeometry
 from . import log as llama_log
+from .omni_positions import OmniTokens
 from .media_batch import MediaChunk
 from .native import lc
 from .native import mtmd as mt
@@ -95,6 +96,7 @@ class Projector:
         if problems:
             raise ProjectorError(f"{self.path} does not fit {backbone.path.name}: " + "; ".join(problems))
         factor = info.patch_size * info.merge
+        self.merge = info.merge  # patches per token side: the projector's spatial_merge_size
         self.geometry = ImageGeometry(factor, options.min_tokens * factor**2, options.max_tokens * factor**2)
         self._start, self._end, self.image_pad = (self._single_token(t) for t in (VISION_START, VISION_END, IMAGE_PAD))
         # Qwen3-Omni's audio markup, where the vocabulary has it (the rows come from the numpy audio tower)
@@ -125,6 +127,15 @@ class Projector:
     def audio_pad(self) -> int | None:
         """<|audio_pad|>'s id where the vocabulary has Qwen3-Omni's audio markup."""
         return self._audio_marks[2] if self._audio_marks else None
+
+    @property
+    def omni_tokens(self) -> OmniTokens | None:
+        """The markup ids M-RoPE positions depend on, from this model's vocabulary; None without Qwen3-Omni's audio
+        and video markup."""
+        if self._audio_marks is None or self.video_pad is None:
+            return None
+        return OmniTokens(vision_start=self._start, image=self.image_pad, video=self.video_pad,
+                          audio_start=self._audio_marks[0], audio=self._audio_marks[2])
 
     def _single_token(self, text: str) -> int:
         ids = self.backbone.tokenize(text, True)

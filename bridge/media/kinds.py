@@ -147,15 +147,15 @@ def _decode_audio(clips: Sequence[AudioInput], settings: DecodeSettings) -> tupl
     return _each(clips, lambda clip: audio_files.decode(clip.data, clip.header, clip.loc, limits))
 
 
-def _decode_video(video: VideoInput, limits: Any) -> video_files.DecodedVideo:
+def _decode_video(video: VideoInput, limits: Any, factor: int) -> video_files.DecodedVideo:
     """A clip's frames at the vision tower's size (resized here, in the decoder process) and its soundtrack."""
     decoded = video_files.decode(video.data, video.loc, limits)
-    return replace(decoded, frames=video_files.tower_frames(decoded.frames))
+    return replace(decoded, frames=video_files.tower_frames(decoded.frames, video_files.tower_geometry(factor)))
 
 
 def _decode_videos(videos: Sequence[VideoInput], settings: DecodeSettings) -> tuple[Any, ...]:
-    limits = settings.limits[VIDEO]
-    return _each(videos, lambda video: _decode_video(video, limits))
+    limits, factor = settings.limits[VIDEO], settings.geometry.factor  # a model taking videos has a projector
+    return _each(videos, lambda video: _decode_video(video, limits, factor))
 
 
 def no_projector(model: str) -> RequestInvalid:

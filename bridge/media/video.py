@@ -390,15 +390,18 @@ MIN_TOWER_PIXELS = 128 * 32 * 32  # 131,072
 MAX_TOWER_PIXELS = 768 * 32 * 32  # 786,432
 
 
-TOWER_GEOMETRY = ImageGeometry(32, MIN_TOWER_PIXELS, MAX_TOWER_PIXELS)  # patch 16 x merge 2, the bounds above
+def tower_geometry(factor: int) -> ImageGeometry:
+    """How the video processor sizes frames for a vision tower of this factor (its projector's patch x merge pixels a
+    token side; Qwen3-Omni's 16 x 2 = 32): the pixel bounds above."""
+    return ImageGeometry(factor, MIN_TOWER_PIXELS, MAX_TOWER_PIXELS)
 
 
-def smart_resize(height: int, width: int, geometry: ImageGeometry = TOWER_GEOMETRY) -> tuple[int, int]:
+def smart_resize(height: int, width: int, geometry: ImageGeometry) -> tuple[int, int]:
     """(height, width) the video processor resizes a frame to (Qwen2-VL's smart_resize, as for images)."""
     return images.smart_resize(height, width, geometry)
 
 
-def tower_frames(frames: np.ndarray, geometry: ImageGeometry = TOWER_GEOMETRY) -> np.ndarray:
+def tower_frames(frames: np.ndarray, geometry: ImageGeometry) -> np.ndarray:
     """uint8 [n, H, W, 3] frames at the processor's size (bicubic with antialiasing, as torchvision's uint8 resize,
     through Pillow); unchanged when the size already fits."""
     from PIL import Image

@@ -28,7 +28,7 @@ from ..llama.vision import EncodedAudio, Projector
 from ..media.audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE, AudioTower, audio_tokens
 from ..media.images import ImageGeometry
 from ..media.request import AUDIO, IMAGE, NO_MEDIA, VIDEO, Media
-from .video_prompt import MERGE, VideoPrompt, video_prompt
+from .video_prompt import VideoPrompt, video_prompt
 
 MEMORY_PARAMS = ("hidden_norm", "memory_projection")  # what hidden_memory takes; option_logits the rest
 
@@ -91,16 +91,13 @@ class Prepared:
     media: Media = NO_MEDIA  # decoded: uint8 [h, w, 3] pixels, float32 16 kHz mono samples, each in prompt order;
     # videos as ONE VideoPrompt (frames at the tower's size, grids, the audio items and token layouts)
     partition: tuple[str, ...] = ()  # the prefix cache's partition (PrefillRequest.partition): the worker sets it
+    warnings: tuple[str, ...] = ()  # where this request's answer knowingly departs from the reference's (x_warnings)
 
     @property
     def has_media(self) -> bool:
         """A request with media decodes alone (llama.cpp takes token ids or embeddings in a batch, not both)."""
         return bool(self.media)
 
-    @property
-    def warnings(self) -> tuple[str, ...]:
-        """Where this request's answer knowingly departs from the reference's (a video's soundtrack: the mask)."""
-        return tuple(w for plan in self.media.of(VIDEO) for w in plan.warnings)
 
 
 @dataclass(frozen=True)
@@ -208,7 +205,8 @@ class ClefModel:
                                           f"at {SAMPLE_RATE} Hz) are needed: the reference's feature extractor "
                                           "cannot frame a shorter clip", "value_error.audio_too_short")
                                   for i in short])
-        plan = video_prompt(media.of(VIDEO), clips, self.projector.geometry.factor) if media.of(VIDEO) else None
+        plan = video_prompt(media.of(VIDEO), clips, self.projector.geometry.factor, self.projector.merge) if (
+            media.of(VIDEO)) else None
         if plan and plan.audio_in_video and any(len(a) < MIN_AUDIO_SAMPLES for a in plan.audio[len(clips):]):
             raise RequestInvalid([Problem(("body", "videos"), f"a video's soundtrack holds under {MIN_AUDIO_SAMPLES} "
                                           f"samples at {SAMPLE_RATE} Hz: the reference's feature extractor cannot "
@@ -313,9 +311,10 @@ class ClefModel:
         t1 = time.perf_counter()
         sound = self.audio_tower.encode(plan.audio) if plan.audio else []
         t2 = time.perf_counter()
-        grids = [(1, i.rows * MERGE, i.cols * MERGE) for i in images]
+        merge = self.projector.merge
+        grids = [(1, i.rows * merge, i.cols * merge) for i in images]
         positions = rope_positions(ids, grids, plan.grids, plan.audio_counts, plan.seconds_per_grid,
-                                   plan.audio_in_video, MERGE)
+                                   plan.audio_in_video, tokens=self.projector.omni_tokens, merge=merge)
         width = self.backbone.n_embd_inp
         rows = {self.projector.image_pad: np.concatenate([i.embd for i in images]) if images else np.zeros((0, width)),
                 self.projector.video_pad: frames}

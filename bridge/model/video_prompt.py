@@ -16,9 +16,7 @@ import numpy as np
 
 from ..llama.omni_positions import interleaved, video_temporal
 from ..media.audio_tower import audio_tokens
-from ..media.video import DecodedVideo, tower_frames
-
-MERGE = 2  # spatial merge: one token per 2 x 2 patches (Qwen3-Omni's vision config)
+from ..media.video import DecodedVideo, tower_frames, tower_geometry
 
 
 @dataclass(frozen=True)
@@ -30,47 +28,19 @@ class VideoPrompt:
     audio: tuple[np.ndarray, ...]  # the audio items: the request's clips, then the soundtracks with audio in video
     audio_counts: tuple[int, ...]  # tokens per audio item
     layouts: tuple[tuple[bool, ...], ...]  # per video: each token a video token (True) or a sound token (False)
+    merge: int  # the projector's spatial merge: one token per merge x merge patches
 
     @property
     def clip_counts(self) -> tuple[int, ...]:
         """The request's own clips' token counts (the soundtracks' are inside the videos' layouts)."""
         return self.audio_counts[:len(self.audio) - (len(self.frames) if self.audio_in_video else 0)]
 
-    @property
-    def hidden_by_the_mask(self) -> tuple[int, int]:
-        """(sound tokens, frame tokens) llama.cpp's causal mask keeps apart where the reference's does not: a sound
-        token whose temporal position ties a frame pair's (sound token 13 k, pair k) sees only the pair's tokens
-        whose (row, column) is at most its own position (llama-kv-cache.cpp's is_2d_gt), the reference all of them."""
-        if not self.audio_in_video:
-            return 0, 0
-        sounds = hidden = 0
-        for (t, h, w), spg, n_sound in zip(self.grids, self.seconds_per_grid, self.audio_counts[-len(self.grids):]):
-            rows, cols = h // MERGE, w // MERGE
-            for at in video_temporal(t, 1, 1, spg):
-                if at != int(at) or at >= n_sound:
-                    continue  # no sound token shares this pair's position
-                j = int(at)
-                n = max(0, rows - 1 - j) * cols + (max(0, cols - 1 - j) if j < rows else 0)
-                sounds, hidden = sounds + (n > 0), hidden + n
-        return sounds, hidden
 
-    @property
-    def warnings(self) -> tuple[str, ...]:
-        """What a response says of this prompt: where llama.cpp's mask leaves it short of the reference."""
-        sounds, hidden = self.hidden_by_the_mask
-        if not sounds:
-            return ()
-        return (f"audio in video: {sounds} sound token(s) share a temporal position with a frame pair and llama.cpp's "
-                f"causal mask, which compares positions, hides {hidden} of those frame tokens from them (the "
-                "reference's mask follows token order): answers can differ from the reference's (by up to 2e-3 on "
-                "the test model; docs/media.md)",)
-
-
-def video_prompt(videos: Sequence[DecodedVideo], clips: Sequence[np.ndarray], factor: int) -> VideoPrompt:
+def video_prompt(videos: Sequence[DecodedVideo], clips: Sequence[np.ndarray], factor: int, merge: int) -> VideoPrompt:
     """The prompt plan of a request's videos beside its audio clips (16 kHz samples), for a tower of this factor
-    (patch x merge pixels per token side)."""
-    frames = tuple(tower_frames(v.frames) for v in videos)
-    patch = factor // MERGE
+    (patch x merge pixels per token side) and merge (its projector's)."""
+    frames = tuple(tower_frames(v.frames, tower_geometry(factor)) for v in videos)
+    patch = factor // merge
     grids = tuple((len(f) // 2, f.shape[1] // patch, f.shape[2] // patch) for f in frames)
     spg = tuple(v.seconds_per_grid for v in videos)
     in_video = bool(videos) and all(v.audio is not None for v in videos)
@@ -79,10 +49,10 @@ def video_prompt(videos: Sequence[DecodedVideo], clips: Sequence[np.ndarray], fa
     tracks = counts[len(clips):]
     layouts = []
     for i, (t, h, w) in enumerate(grids):
-        n_video = t * (h // MERGE) * (w // MERGE)
+        n_video = t * (h // merge) * (w // merge)
         if in_video:
-            order, _ = interleaved(video_temporal(t, h // MERGE, w // MERGE, spg[i]), tracks[i])
+            order, _ = interleaved(video_temporal(t, h // merge, w // merge, spg[i]), tracks[i])
             layouts.append(tuple(bool(x) for x in order))
         else:
             layouts.append((True,) * n_video)
-    return VideoPrompt(frames, grids, spg, in_video, items, counts, tuple(layouts))
+    return VideoPrompt(frames, grids, spg, in_video, items, counts, tuple(layouts), merge)
