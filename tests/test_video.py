@@ -129,3 +129,34 @@ def test_decode_kind_decodes_videos_to_picklable_values(clips):
     assert np.array_equal(back.frames, got.frames) and np.array_equal(back.audio, got.audio)
     with pytest.raises(VideoTooLarge):
         decode_kind(VIDEO, [item], DecodeSettings(ImageGeometry(), {VIDEO: VideoLimits(max_seconds=0.4)}))
+
+
+def resizing_mjpeg(container: str) -> bytes:
+    """An MJPEG clip whose frames change size mid-stream (each packet from an encoder of its own size)."""
+    import io
+    from fractions import Fraction
+
+    import av
+
+    out_bytes = io.BytesIO()
+    with av.open(out_bytes, "w", format=container) as out:
+        stream = out.add_stream("mjpeg", rate=4)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuvj420p"
+        for i, (w, h) in enumerate([(64, 48), (64, 48), (96, 64), (96, 64)]):
+            encoder = av.CodecContext.create("mjpeg", "w")
+            encoder.width, encoder.height, encoder.pix_fmt, encoder.time_base = w, h, "yuvj420p", Fraction(1, 4)
+            frame = av.VideoFrame.from_ndarray(np.full((h, w, 3), 40 * i, np.uint8), format="rgb24")
+            for packet in [*encoder.encode(frame.reformat(format="yuvj420p")), *encoder.encode(None)]:
+                packet.stream, packet.pts, packet.dts, packet.time_base = stream, i, i, Fraction(1, 4)
+                out.mux(packet)
+    return out_bytes.getvalue()
+
+
+@pytest.mark.parametrize("container", ["matroska", "mp4"])
+def test_frames_that_change_size_mid_stream_are_a_422(container):
+    """Issue 50: np.stack failed on them outside the decoding's error handling (a 500); the reference's load_video
+    stacks its frames the same way and fails too, so it is the request's fault."""
+    with pytest.raises(VideoRejected) as caught:
+        decode(resizing_mjpeg(container), LOC)
+    assert caught.value.problems[0].type == "value_error.video.frame_size"
+    assert "64 x 48 then 96 x 64" in str(caught.value)

@@ -133,11 +133,14 @@ def _child(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int] | 
     return next(((s, e) for k, s, e in _boxes(data, start, end) if k == kind), None)
 
 
-def _mvhd_like(data: bytes, s: int) -> tuple[int, int]:
-    """(timescale, duration) of an mvhd or mdhd box's payload."""
-    if data[s] == 1:
-        return struct.unpack_from(">IQ", data, s + 20)
-    return struct.unpack_from(">II", data, s + 12)
+def _mvhd_like(data: bytes, s: int, e: int) -> float | None:
+    """The seconds an mvhd or mdhd box's payload data[s:e] says; None where it is too short to say them (version 1
+    puts a 64-bit duration after 64-bit times: 32 bytes, version 0 20) or its timescale is 0."""
+    version_1 = s < e and data[s] == 1
+    if e - s < (32 if version_1 else 20):
+        return None
+    scale, length = struct.unpack_from(">IQ", data, s + 20) if version_1 else struct.unpack_from(">II", data, s + 12)
+    return length / scale if scale else None
 
 
 def _mp4(data: bytes) -> VideoHeader | None:
@@ -146,9 +149,8 @@ def _mp4(data: bytes) -> VideoHeader | None:
         return None
     duration = None
     mvhd = _child(data, *moov, b"mvhd")
-    if mvhd and mvhd[1] - mvhd[0] >= 32:
-        scale, length = _mvhd_like(data, mvhd[0])
-        duration = length / scale if scale else None
+    if mvhd:
+        duration = _mvhd_like(data, *mvhd)
     for kind, s, e in _boxes(data, *moov):
         if kind != b"trak":
             continue
@@ -162,10 +164,7 @@ def _mp4(data: bytes) -> VideoHeader | None:
             w, h = struct.unpack_from(">II", data, tkhd[1] - 8)
             width, height = w >> 16, h >> 16
         mdhd = _child(data, *mdia, b"mdhd")
-        track_s = None
-        if mdhd and mdhd[1] - mdhd[0] >= 24:
-            scale, length = _mvhd_like(data, mdhd[0])
-            track_s = length / scale if scale else None
+        track_s = _mvhd_like(data, *mdhd) if mdhd else None
         stbl = _child(data, *(_child(data, *mdia, b"minf") or (0, 0)), b"stbl")
         stsz = stbl and _child(data, *stbl, b"stsz")
         frames = sample_bytes = None
@@ -221,11 +220,25 @@ def _elements(data: bytes, start: int, end: int):
         at = e
 
 
+class _Corrupt(ValueError):
+    """A Matroska element whose value no valid file holds."""
+
+
 def _uint(data: bytes, s: int, e: int) -> int:
+    """An EBML unsigned integer: at most 8 bytes (RFC 8794), so every later product stays small."""
+    if e - s > 8:
+        raise _Corrupt(f"an integer element of {e - s} bytes (at most 8)")
     return int.from_bytes(data[s:e], "big")
 
 
-def _matroska(data: bytes) -> VideoHeader:
+def _matroska(data: bytes, loc: tuple[str | int, ...]) -> VideoHeader:
+    try:
+        return _matroska_fields(data)
+    except _Corrupt as exc:
+        raise VideoRejected(loc, f"has corrupt Matroska headers: {exc}", "value_error.video.corrupt") from None
+
+
+def _matroska_fields(data: bytes) -> VideoHeader:
     scale, duration, width, height, fps = 1_000_000, None, None, None, None
     segment = next(((s, e) for i, s, e in _elements(data, 0, len(data)) if i == SEGMENT), None)
     for ident, s, e in _elements(data, *segment) if segment else ():
@@ -237,6 +250,8 @@ def _matroska(data: bytes) -> VideoHeader:
                     scale = _uint(data, a, b)
                 elif i == DURATION and b - a in (4, 8):
                     duration = struct.unpack(">f" if b - a == 4 else ">d", data[a:b])[0]
+                    if not math.isfinite(duration) or duration < 0:
+                        raise _Corrupt(f"a duration of {duration}")
         elif ident == TRACKS:
             for i, a, b in _elements(data, s, e):
                 fields = {j: (c, d) for j, c, d in _elements(data, a, b)} if i == TRACK_ENTRY else {}
@@ -261,7 +276,7 @@ def sniff(data: bytes, loc: tuple[str | int, ...]) -> VideoHeader:
                                 "value_error.video.corrupt")
         return header
     if data[:4] == EBML.to_bytes(4, "big"):
-        return _matroska(data)
+        return _matroska(data, loc)
     raise VideoRejected(loc, "is not an MP4, WebM or Matroska video (judged from its bytes); send one of those "
                              "formats", "value_error.video.format")
 
@@ -375,6 +390,11 @@ def decode(data: bytes, loc: tuple[str | int, ...], limits: VideoLimits = VideoL
                             "value_error.video.corrupt") from None
     if not frames:
         raise VideoRejected(loc, "holds no decodable frames", "value_error.video.empty")
+    sizes = list(dict.fromkeys(f.shape[1::-1] for f in frames))
+    if len(sizes) > 1:  # the reference's load_video stacks its frames and fails there too
+        raise VideoRejected(loc, f"changes its frame size mid-stream ({' then '.join(f'{w} x {h}' for w, h in sizes[:3])}"
+                                 "); the reference reads clips of one frame size: re-encode it at one size",
+                            "value_error.video.frame_size")
     if len(frames) % 2:
         frames.append(frames[-1])
     return DecodedVideo(np.stack(frames), audio)
