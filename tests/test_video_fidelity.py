@@ -26,10 +26,11 @@ pytestmark = pytest.mark.slow  # the oracle environment, and a model per module
 
 TOLERANCE = 1e-2  # the issue's bar, for any medium
 # ours against the reference: what remains is the vision tower through mtmd, the numpy audio tower and float32 sums
-# (measured 1.1e-5 to 6.1e-5 over the cases, F32 KV cache). Below the smallest cost llama.cpp's own mask had on a
-# sounded case (3.4e-4, before the tied sound tokens were decoded alone; docs/media.md), so no sounded case passes
-# with that mask back; 5x the largest residual, as the clips' bytes vary a little between x264 builds
-EXACT_TOLERANCE = 3e-4
+# (measured 9e-6 to 6.1e-5 over the cases, F32 KV cache; llama.cpp's own mask cost 2.3e-4 to 2.0e-3 on the sounded
+# ones before the tied sound tokens were decoded alone: docs/media.md). 8x the largest residual: the clips' bytes vary
+# a little between x264 builds, and one build once measured 5.9e-4 where another gave 3.3e-5 (against the reference
+# run with llama.cpp's mask); test_llama_cpps_mask_is_not_what_we_run proves the mask gone case by case
+EXACT_TOLERANCE = 5e-4
 LOC = ("body", "videos", 0)
 CASES = {name: case for name, case in fixturegen_video.CASES.items() if case.videos and not case.media_kwargs}
 BODY = {"model": "clef-omni", "state": STATE, "questions": SCHEMA}

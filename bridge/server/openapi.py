@@ -96,8 +96,7 @@ def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
                 "x_warnings": {"type": "array", "items": {"type": "string"},
                                "description": "what the server chose for the request (the default model, say) and what "
                                               "makes an answer doubtful: the built-in demo's random weights (with the "
-                                              "header X-Clef-Demo: random-weights), a video soundtrack's tokens that "
-                                              "llama.cpp's causal mask keeps from part of a frame pair"},
+                                              "header X-Clef-Demo: random-weights)"},
             },
         },
         "ValidationError": {
