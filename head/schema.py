@@ -197,13 +197,19 @@ def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem]) -> Qu
     return Question(qid, qtype, instructions, options, keys)
 
 
+def check_depth(body: Any, limits: Limits) -> None:
+    """A body as sent nested deeper than max_json_depth is a 422 (a door that renders part of it into text, as
+    OpenAI's input_json, checks it before: the rendered text has no depth left to check)."""
+    if json_depth(body) > limits.max_json_depth:
+        raise RequestInvalid([Problem(("body",), f"the JSON is nested deeper than {limits.max_json_depth} levels "
+                                      "(max_json_depth)", "json_too_deep")])
+
+
 def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
     """Validate a decoded request body; every problem found is reported in one RequestInvalid."""
     if not isinstance(body, dict):
         raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
-    if json_depth(body) > limits.max_json_depth:
-        raise RequestInvalid([Problem(("body",), f"the JSON is nested deeper than {limits.max_json_depth} levels "
-                                      "(max_json_depth)", "json_too_deep")])
+    check_depth(body, limits)
     problems = _unpaired_surrogates(body)  # text no tokenizer can encode, refused before any is tokenized
     model = body.get("model")
     if not isinstance(model, str) or not model:

@@ -384,6 +384,8 @@ def decode(data: bytes, loc: tuple[str | int, ...], limits: VideoLimits = VideoL
         with av.open(io.BytesIO(data)) as container:
             frames = _frames(container, loc, limits)
         audio = _soundtrack(data, limits, loc)
+    except MemoryError:  # FFmpeg's ENOMEM too: over the decoder's memory cap (decoders.py), not a corrupt clip
+        raise
     except _decode_errors() as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise VideoRejected(loc, f"cannot be decoded ({reason}); re-encode it as MP4 (H.264, AAC) or WebM",

@@ -62,8 +62,12 @@ class EscapedArgs(logging.Filter):
         return True
 
 
+JSON_HEADERS = {"X-Content-Type-Options": "nosniff"}  # a browser never runs an answer or an error as another type
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json",
+                        headers={**JSON_HEADERS, **(headers or {})})
 
 
 # An error's body in one API's shape: (the error, or None for aiohttp's own 404/405; its status; its error type;

@@ -107,10 +107,11 @@ class RequestBody:
     json_bytes: int  # size of the JSON text, images inlined as base64 included
 
 
-def parse_body(raw: bytes, form: str = "") -> RequestBody:
-    """A JSON body, or with form (the multipart/form-data Content-Type header) a multipart one."""
+def parse_body(raw: bytes, form: str = "", containers: int | None = None) -> RequestBody:
+    """A JSON body, or with form (the multipart/form-data Content-Type header) a multipart one; containers: the
+    most objects and arrays its JSON may open (body.check_containers)."""
     if not form:
-        return RequestBody(parse_json(raw), None, len(raw))
+        return RequestBody(parse_json(raw, containers), None, len(raw))
     parts = parse_form(raw, form)
     request = parts.pop(REQUEST_PART, None)
     if request is None:
@@ -120,4 +121,4 @@ def parse_body(raw: bytes, form: str = "") -> RequestBody:
     if ctype not in ("", "application/json", "text/plain") and not ctype.endswith("+json"):
         raise _invalid(f"the {REQUEST_PART!r} part is {request.content_type}; it must hold the JSON request "
                        "(application/json)", "type_error", ("body", REQUEST_PART))
-    return RequestBody(parse_json(request.data), parts, len(request.data))
+    return RequestBody(parse_json(request.data, containers), parts, len(request.data))

@@ -188,7 +188,7 @@ def to_ainode(t: Translated, decision: Decision, response: dict[str, Any]) -> di
 
 async def decide_handler(request: web.Request) -> web.Response:
     start = time.perf_counter()
-    body = await read_body(request)
+    body = await read_body(request, kinds=())  # text only: its body is capped at max_body_bytes
     if body.parts is not None:
         raise UnsupportedMediaType("POST /v1/decide takes application/json")
     translated, warnings = to_systemone(body.data, request.app[REGISTRY].default)

@@ -6,15 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Collection
 
 from aiohttp import hdrs, web
 
 from ...catalogue.releases import REAL_RELEASES, RELEASES
+from ...media.request import KINDS
 from ...service.decision import INLINE_BYTES, Decision, DecisionInput
 from ..appstate import METRICS, REGISTRY, SERVED, SERVICE
 from ..assets import body_limit
-from ..body import BodyTooLarge, check_content_type, decode, header, media_type, parse_json, read_capped
+from ..body import (
+    TEXT_CAP,
+    BodyTooLarge,
+    check_content_type,
+    decode,
+    header,
+    json_containers,
+    media_type,
+    parse_json,
+    read_capped,
+)
 from ..context import INFO, BodyTimeout
 from ..multipart import RequestBody, is_form, parse_body
 
@@ -26,18 +37,23 @@ def demo_warning(builtin: str) -> str:
             f"(`{RELEASES[REAL_RELEASES[builtin]].pull_command}` writes its models.toml entry)")
 
 
-async def read_body(request: web.Request, cap: int | None = None) -> RequestBody:
-    """The body: JSON, or multipart/form-data (a `request` part and media parts), capped for text and media;
-    cap: a route's own lower ceiling (Workers AI's 13 MiB)."""
+async def read_body(request: web.Request, cap: int | None = None, kinds: Collection[str] = KINDS) -> RequestBody:
+    """The body: JSON, or multipart/form-data (a `request` part and media parts), capped for text and the media of
+    `kinds` (the door's) that a served model takes, raw and decoded alike; cap: a route's own lower ceiling
+    (Workers AI's 13 MiB)."""
     server = request.app[REGISTRY].server
-    limit = body_limit(server, {kind for served in request.app[SERVED].values() for kind in served.worker.model.media})
+    served = {kind for s in request.app[SERVED].values() for kind in s.worker.model.media} & set(kinds)
+    limit = body_limit(server, served)
+    why = TEXT_CAP if not served else (f"max_body_bytes {server.max_body_bytes} in models.toml [server], plus "
+                                       f"{limit - server.max_body_bytes} for the {', '.join(sorted(served))} a request "
+                                       "may carry, base64-inflated: max_image_bytes and the like")
     capped = cap is not None and cap < limit
     content_type = media_type(request) if request.body_exists else ""
     form = (header(request, hdrs.CONTENT_TYPE) or "") if is_form(content_type) else ""
     if not form:
         check_content_type(content_type)
     try:
-        return await _read(request, cap if capped else limit, form)
+        return await _read(request, cap if capped else limit, form, why)
     except BodyTooLarge:
         if not capped:
             raise
@@ -45,18 +61,19 @@ async def read_body(request: web.Request, cap: int | None = None) -> RequestBody
                            f"takes up to {limit} bytes here") from None
 
 
-async def _read(request: web.Request, limit: int, form: str) -> RequestBody:
+async def _read(request: web.Request, limit: int, form: str, why: str) -> RequestBody:
     server = request.app[REGISTRY].server
     try:  # a client trickling its body is cut off; it never reaches a worker
-        raw = await asyncio.wait_for(read_capped(request, limit), server.body_timeout_s)
+        raw = await asyncio.wait_for(read_capped(request, limit, why), server.body_timeout_s)
     except asyncio.TimeoutError:
         raise BodyTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
                           "(body_timeout_s)") from None
     encoding = header(request, hdrs.CONTENT_ENCODING) or ""
+    containers = json_containers(server.limits)
     if not form and len(raw) <= INLINE_BYTES and encoding in ("", "identity"):
-        return RequestBody(parse_json(raw), None, len(raw))
-    return await asyncio.get_running_loop().run_in_executor(None, lambda: parse_body(decode(raw, encoding, limit),
-                                                                                      form))
+        return RequestBody(parse_json(raw, containers), None, len(raw))
+    return await asyncio.get_running_loop().run_in_executor(
+        None, lambda: parse_body(decode(raw, encoding, limit, containers, why), form, containers))
 
 
 def decision_input(body: RequestBody, data: Any, model: Any, **options: Any) -> DecisionInput:

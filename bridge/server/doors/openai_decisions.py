@@ -14,12 +14,13 @@ from aiohttp import web
 
 from ....head.answer import Answer, ChoiceAnswer, NoulAnswer
 from ....head.errors import Problem, RequestInvalid, printable
-from ....head.schema import BOX, NO_BOX_HEAD, render
+from ....head.schema import BOX, NO_BOX_HEAD, check_depth, render
 from ...media.errors import MediaRejected
 from ...media.kinds import IMAGE, TABLE
 from ...media.request import UnsupportedMediaType, data_url
 from ...model.worker import RequestOptions
 from ...service.decision import Decision
+from ..appstate import REGISTRY
 from ..context import INFO, Door, json_response
 from ..routes import OPENAI_SHAPE, PATHS
 from .decisions import decide, decision_input, extensions, read_body
@@ -405,9 +406,10 @@ def to_openai(t: Translated, decision: Decision, extra: dict[str, Any]) -> dict[
 
 async def decisions_handler(request: web.Request) -> web.Response:
     start = time.perf_counter()
-    body = await read_body(request)
+    body = await read_body(request, kinds=(IMAGE,))  # input_image parts, no audio or video
     if body.parts is not None:
         raise UnsupportedMediaType("POST /v1/decisions takes application/json; send images as input_image data URLs")
+    check_depth(body.data, request.app[REGISTRY].server.limits)  # input_json parts are rendered into text below
     translated = to_systemone(body.data)
     options = RequestOptions(partition=translated.partition)
     try:

@@ -82,7 +82,7 @@ async def decide_each(request: web.Request, calls: list[DecisionInput]) -> list[
 
 async def batch_handler(request: web.Request) -> web.Response:
     start = time.perf_counter()
-    body = await read_body(request)
+    body = await read_body(request, kinds=())  # text only: its body is capped at max_body_bytes
     if body.parts is not None:
         raise UnsupportedMediaType("POST /v1/systemone/batch takes application/json: text states only")
     registry = request.app[REGISTRY]
