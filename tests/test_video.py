@@ -160,3 +160,18 @@ def test_frames_that_change_size_mid_stream_are_a_422(container):
         decode(resizing_mjpeg(container), LOC)
     assert caught.value.problems[0].type == "value_error.video.frame_size"
     assert "64 x 48 then 96 x 64" in str(caught.value)
+
+
+def test_ffmpeg_out_of_memory_is_the_decoders_memory_limit_not_a_corrupt_clip(clips, monkeypatch):
+    """FFmpeg's ENOMEM (av.error.MemoryError, an FFmpegError too) under the decoder's RLIMIT_AS leaves decode as a
+    MemoryError, which the decoder pool answers 413 decode_memory_exceeded (it answered 422 invalid_video)."""
+    import av
+
+    from clef_bridge.bridge.media import video as video_module
+
+    def exhausted(*args):
+        raise av.error.MemoryError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(video_module, "_frames", exhausted)
+    with pytest.raises(MemoryError):
+        decode(clips["mp4_silent_small"].read_bytes(), LOC)
