@@ -197,6 +197,25 @@ def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem]) -> Qu
     return Question(qid, qtype, instructions, options, keys)
 
 
+# Media left in a state's text: a data URL, or base64 that starts as an image or a clip does (PNG, JPEG, WebP/WAV's
+# RIFF, GIF, MP3's ID3) or runs long; natural text, hashes and ids do neither
+DATA_URL = re.compile(r"data:[a-z]+/[a-z0-9.+-]+;base64,", re.IGNORECASE)
+MEDIA_BASE64 = re.compile(r"(?:iVBORw0KGgo|/9j/|UklGR|R0lGOD|SUQz)[A-Za-z0-9+/]{52,}|[A-Za-z0-9+/]{1024,}")
+
+
+def embedded_media(state: Any) -> tuple[str, ...]:
+    """What a response says (x_warnings) of a state whose text still holds media after the media fields were taken
+    out: the model reads it as text, never as an image or a clip."""
+    text = render(state)
+    found = DATA_URL.search(text) or MEDIA_BASE64.search(text)
+    if found is None:
+        return ()
+    what = "a data URL" if found.re is DATA_URL else f"a base64 run of {len(found.group())} characters"
+    return (f"state.embedded_media: the state holds {what} at character {found.start()}; it is read as text, not as "
+            "media: send images in `images` (or as image_url parts of a chat-message state), audio in `audio`, "
+            "videos in `videos`",)
+
+
 def check_depth(body: Any, limits: Limits) -> None:
     """A body as sent nested deeper than max_json_depth is a 422 (a door that renders part of it into text, as
     OpenAI's input_json, checks it before: the rendered text has no depth left to check)."""

@@ -121,6 +121,38 @@ def named_kinds(body: Any) -> tuple[str, ...]:
     return tuple(kind for kind in KINDS if kind in named or body.get(FIELDS[kind]))
 
 
+def chat_images(body: Any) -> Any:
+    """llama-server's chat-message state read as llama-server reads it (its server-decision.cpp parse_state): the
+    state is a list of messages (or {"messages": [...]}), and every `image_url` part of a message's content is taken
+    out, in order, and follows the body's own `images`: the same request as one that sent them there. Any other body
+    is returned as it is."""
+    if not isinstance(body, dict):
+        return body
+    state = body.get("state")
+    wrapped = isinstance(state, dict) and "messages" in state
+    messages = state["messages"] if wrapped else state
+    if not isinstance(messages, list):
+        return body
+    found, out = [], []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        kept = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "image_url" and "image_url" in part:
+                url = part["image_url"]
+                found.append(url["url"] if isinstance(url, dict) and "url" in url else url)
+            else:
+                kept.append(part)
+        out.append({**message, "content": kept})
+    images = body.get(FIELDS[IMAGE]) or []
+    if not found or not isinstance(images, list):  # a malformed images field is refused as it is
+        return body
+    return {**body, "state": {**state, "messages": out} if wrapped else out, FIELDS[IMAGE]: [*images, *found]}
+
+
 def refuse_unsupported(kinds: Sequence[str], takes: Sequence[str], model: str) -> None:
     """A 422 for the first of these kinds of media (named_kinds) that this model cannot take (ClefModel.media)."""
     for kind in kinds:

@@ -18,7 +18,7 @@ from ...head.config import HeadConfig
 from ...head.encoder import Encoded, EncodeOptions, encode
 from ...head.errors import Problem, RequestInvalid
 from ...head.model import Layout, hidden_memory, option_logits
-from ...head.schema import DecisionRequest, Limits, Question
+from ...head.schema import DecisionRequest, Limits, Question, embedded_media
 from ..host.gpu import device_out_of_memory, to_device
 from ..llama.embedding import OutputEmbedding
 from ..llama.omni_positions import rope_chunks, rope_positions
@@ -217,7 +217,7 @@ class ClefModel:
                          audio_counts, plan.layouts if plan else ())
         decoded = media.decoded({**media.items, AUDIO: clips} | ({VIDEO: (plan,)} if plan else {})) if (
             clips or plan) else media
-        return Prepared(request, encoded, time.perf_counter() - t0, decoded)
+        return Prepared(request, encoded, time.perf_counter() - t0, decoded, warnings=embedded_media(request.state))
 
     @_device_memory_errors
     def logits(self, encoded: Encoded, hidden: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -25,7 +25,16 @@ from ...head.schema import MEDIA_FIELDS, DecisionRequest, Limits, Question, is_u
 from ..config.registry import ServerSpec, resolve
 from ..media.decoders import ISOLATED, DecoderPool
 from ..media.kinds import TABLE, DecodeSettings
-from ..media.request import Extracted, FormPart, Media, decode_kind, extract, named_kinds, refuse_unsupported
+from ..media.request import (
+    Extracted,
+    FormPart,
+    Media,
+    chat_images,
+    decode_kind,
+    extract,
+    named_kinds,
+    refuse_unsupported,
+)
 from ..model.worker import InferenceWorker, RequestOptions
 from .coalesce import Coalescer
 from .errors import BodyTooLarge, DeadlineExceeded
@@ -132,6 +141,7 @@ class DecisionService:
 
     async def decide(self, call: DecisionInput, resolved: Callable[[str], None] = lambda model: None) -> Decision:
         """The request's Decision; resolved: told the served model's name as soon as it is known."""
+        call = replace(call, body=chat_images(call.body))  # llama-server's image_url parts, as `images`
         kinds = named_kinds(call.body)
         if not isinstance(call.body, dict) or not isinstance(call.model, str) or not is_unicode(call.model):
             validate(text_of(call.body))  # every problem of the body at once, the model's among them
