@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import logging
@@ -11,10 +12,12 @@ import threading
 import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import pytest
 
 from aiohttp import web
-from clef_bridge.bridge.config.registry import ModelSpec, Registry, ServerSpec
+from clef_bridge.bridge.config.registry import ModelSpec, Registry, ServerSpec, demo_registry
 from clef_bridge.bridge.model.loading import Loaded
 from clef_bridge.bridge.server.app import RUNNER_OPTIONS, create_app
 from clef_bridge.bridge.server.appstate import Loader
@@ -222,3 +225,13 @@ def slow_loader(delay: float) -> Loader:
 
 def with_spec(spec: ModelSpec, **changes: Any) -> ModelSpec:
     return replace(spec, **changes)
+
+
+@contextlib.contextmanager
+def demo_server(folder: Path) -> Iterator[RunningServer]:
+    """`clef-bridge serve` without a models.toml: the built-in demos (Clef-flash's and Clef-omni's, every medium),
+    their files made under folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CLEF_BRIDGE_CACHE", str(folder / "cache"))
+        with RunningServer(demo_registry(folder / "models.toml")) as running:
+            yield running

@@ -15,10 +15,9 @@ import time
 
 import pytest
 from backports import zstd
-from clef_bridge.bridge.config.registry import demo_registry
 from clef_bridge.bridge.server.body import FEED, decode
 
-from .serverkit import RunningServer
+from .serverkit import demo_server
 
 pytestmark = pytest.mark.integration
 
@@ -47,11 +46,8 @@ def reset_peak() -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        folder = tmp_path_factory.mktemp("demo")
-        mp.setenv("CLEF_BRIDGE_CACHE", str(folder / "cache"))
-        with RunningServer(demo_registry(folder / "models.toml")) as running:
-            yield running
+    with demo_server(tmp_path_factory.mktemp("demo")) as running:
+        yield running
 
 
 @pytest.mark.parametrize("encoding, bomb", [("gzip", gzip.compress(BOMB_JSON, 9)), ("zstd", zstd.compress(BOMB_JSON))],

@@ -10,12 +10,11 @@ from __future__ import annotations
 import base64
 
 import pytest
-from clef_bridge.bridge.config.registry import demo_registry
 from clef_bridge.bridge.media.request import chat_images
 
 from .conftest import tiny_spec
 from .fixturegen_vision import encoded, picture
-from .serverkit import RunningServer, registry_for
+from .serverkit import RunningServer, demo_server, registry_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +34,8 @@ TEXT = {"type": "text", "text": "My screen shows this error."}
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        folder = tmp_path_factory.mktemp("demo")
-        mp.setenv("CLEF_BRIDGE_CACHE", str(folder / "cache"))
-        with RunningServer(demo_registry(folder / "models.toml")) as running:
-            yield running
+    with demo_server(tmp_path_factory.mktemp("demo")) as running:
+        yield running
 
 
 def answers(reply) -> dict:
