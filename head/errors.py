@@ -29,6 +29,7 @@ class Category(enum.Enum):
     TOO_LARGE = "too_large"  # the request is over a limit: send less
     NOT_FOUND = "not_found"  # the request names something not served
     UNAUTHORIZED = "unauthorized"  # no valid API key
+    FORBIDDEN = "forbidden"  # a valid key, used for what it may not do (its scope)
     BUSY = "busy"  # the queue is full or the model busy: retry shortly
     UNAVAILABLE = "unavailable"  # the backend cannot answer now (out of memory, stopping, a failed batch)
     MALFORMED = "malformed"  # the request's bytes cannot be read (its encoding, a header)

@@ -48,7 +48,7 @@ class LogTap(logging.Handler):
 class RunningServer:
     def __init__(self, registry: Registry, loader: Loader = load_models, api_key: str | None = None):
         self.registry = registry
-        self.api_key = api_key  # sent by metric() (with auth on /metrics needs a key)
+        self.api_key = api_key  # sent by metric(): with auth on, /metrics takes a scope=metrics key only
         self.app = create_app(registry, loader)
         self.loop = asyncio.new_event_loop()
         self._started = threading.Event()

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 from clef_bridge.bridge.server.appstate import KEYS
-from clef_bridge.bridge.server.auth import CHALLENGE, ApiKeys, ApiKeysError, Unauthorized, auth_middleware
+from clef_bridge.bridge.server.auth import (
+    ANONYMOUS,
+    CHALLENGE,
+    ApiKeys,
+    ApiKeysError,
+    Tenant,
+    Unauthorized,
+    auth_middleware,
+)
 from clef_bridge.bridge.server.routes import PUBLIC, ROUTES
 
 from .servertiny import body, call, ok, tiny_app
@@ -24,7 +31,29 @@ def key_file(tmp_path):
 
 def test_the_file_holds_one_key_a_line_comments_and_blanks_skipped(key_file):
     keys = ApiKeys(key_file)
-    assert keys.enabled and keys.keys == (b"key-one", b"key-two")
+    assert keys.enabled and [k for k, _ in keys.keys] == [b"key-one", b"key-two"]
+
+
+def test_a_key_is_a_tenant_by_its_name_never_the_key(tmp_path):
+    """Unnamed keys are named by a digest prefix; name= and scope= after the key; a trailing comment is no field."""
+    path = tmp_path / "keys.txt"
+    path.write_text("s3cr3t-a name=alice\ns3cr3t-b   # bob's, unnamed\ns3cr3t-p name=prom scope=metrics\n")
+    keys = ApiKeys(path)
+    alice, bob, prom = (keys.check(f"Bearer {k}") for k in ("s3cr3t-a", "s3cr3t-b", "s3cr3t-p"))
+    assert (alice, prom) == (Tenant("alice"), Tenant("prom", metrics=True))
+    assert bob.name.startswith("key-") and len(bob.name) == 12 and "s3cr3t" not in bob.name and not bob.metrics
+    assert ApiKeys(None).check(None) == ANONYMOUS
+
+
+@pytest.mark.parametrize("line, message", [("k name=a b\n", "unknown field"), ("k colour=red\n", "unknown field"),
+                                           ("k name=sp@ce\n", "must be 1 to 64"), ("k scope=admin\n", "scope"),
+                                           ("k1 name=a\nk2 name=a\n", "names two keys")])
+def test_a_malformed_key_line_is_refused_naming_it(tmp_path, line, message):
+    path = tmp_path / "keys.txt"
+    path.write_text(line)
+    with pytest.raises(ApiKeysError, match=message) as caught:
+        ApiKeys(path)
+    assert "line " in str(caught.value)
 
 
 @pytest.mark.parametrize("authorization", ["Bearer key-one", "bearer key-two", "BEARER  key-one ", " Bearer key-two"])
@@ -102,12 +131,23 @@ def test_the_401_challenges_for_a_bearer_key(key_file, path):
 
 def test_a_key_that_is_not_utf8_is_unauthorized_not_a_400(key_file):
     # aiohttp decodes header bytes with surrogateescape: a stray byte arrives as a lone surrogate
-    request = SimpleNamespace(app={KEYS: ApiKeys(key_file)}, path="/v1/systemone",
-                              headers={"Authorization": "Bearer k\udcffy"})
+    class Request(dict):  # aiohttp's requests hold the middleware's per-request values by key
+        app, path, headers = {KEYS: ApiKeys(key_file)}, "/v1/systemone", {"Authorization": "Bearer k\udcffy"}
+
+    request = Request()
     with pytest.raises(Unauthorized, match="not valid UTF-8"):
         asyncio.run(auth_middleware(KEYS)(request, ok))
 
 
-def test_with_a_key_every_route_is_reached(key_file):
-    response = call(tiny_app(keys=key_file), "GET", "/metrics", {"Authorization": "Bearer key-two"})
-    assert response.status == 200 and body(response) == {"route": "metrics"}
+def test_metrics_are_read_with_a_metrics_key_and_only_with_one(tmp_path):
+    """/metrics shows every tenant's traffic: a tenant's key gets a 403 naming the fix there, and a scope=metrics key
+    (Prometheus's) reads it and nothing else."""
+    path = tmp_path / "keys.txt"
+    path.write_text("key-one name=alice\nkey-prom name=prometheus scope=metrics\n")
+    app = tiny_app(keys=path)
+    scraped = call(app, "GET", "/metrics", {"Authorization": "Bearer key-prom"})
+    assert scraped.status == 200 and body(scraped) == {"route": "metrics"}
+    tenant = call(app, "GET", "/metrics", {"Authorization": "Bearer key-one"})
+    assert tenant.status == 403 and "scope=metrics" in tenant.text
+    assert call(app, "GET", "/v1/models", {"Authorization": "Bearer key-one"}).status == 200
+    assert call(app, "GET", "/v1/models", {"Authorization": "Bearer key-prom"}).status == 403

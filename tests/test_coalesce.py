@@ -80,7 +80,7 @@ async def client(coalescer: Coalescer, worker: InferenceWorker, state: str, dead
     """What DecisionService.decide does around the coalescer: join, else prepare and submit, wait within the
     deadline, leave."""
     shared = coalescer.join(worker, body(state)) or coalescer.submit(
-        worker, body(state), worker.model.prepare(parse_request(body(state)), NO_MEDIA))
+        worker, body(state), worker.model.prepare(parse_request(body(state)), NO_MEDIA))[0]
     try:
         scored = await asyncio.wait_for(asyncio.shield(shared.future), deadline)
     finally:

@@ -16,7 +16,7 @@ from .test_server_adversarial import http
 
 pytestmark = pytest.mark.slow
 
-KEY = "fuzz-key"
+KEY, METRICS_KEY = "fuzz-key", "fuzz-metrics-key"
 NOUL = {"model": "tiny", "state": "s", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
 HEADERS = [b"x-typesafe-request-id", b"Authorization", b"Content-Type", b"Content-Encoding", b"Expect", b"Accept",
            b"User-Agent"]
@@ -27,10 +27,10 @@ ROUTES = [("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/systemone"),
 @pytest.fixture(scope="module")
 def secured(fx, tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz")
-    (folder / "keys.txt").write_text(f"{KEY}\n")
+    (folder / "keys.txt").write_text(f"{KEY}\n{METRICS_KEY} name=prometheus scope=metrics\n")
     registry = registry_for(tiny_spec(fx, n_ctx=4096, max_length=4096), folder / "m.toml",
                             api_keys_file=folder / "keys.txt")
-    with RunningServer(registry, api_key=KEY) as srv:
+    with RunningServer(registry, api_key=METRICS_KEY) as srv:
         yield srv
 
 

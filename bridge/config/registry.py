@@ -82,11 +82,22 @@ class ServerSpec:
     body_timeout_s: float = 30.0  # a client must deliver its body within this; slower ones get 408
     write_timeout_s: float = 30.0  # a client must take its answer within this; one that does not read is cut off
     cache_size: int = 0  # answers kept for exact repeats (identical in-flight requests always share one run)
+    # requests one key may have queued per model; 0: half of max_queue with api_keys_file (other keys keep the rest),
+    # all of it without (one tenant)
+    max_queue_per_key: int = 0
+    # true: the prefix cache, the answer cache and in-flight coalescing are shared between API keys (one owner's
+    # keys); false: each key's are its own, so no key learns from them what another sent
+    share_caches_across_keys: bool = False
     limits: Limits = Limits()
     images: ImageLimits = ImageLimits()
     audio: AudioLimits = AudioLimits()
     decoders: DecoderLimits = DecoderLimits()  # the processes that decode media (bridge/media/decoders.py)
     videos: VideoLimits = VideoLimits()
+
+    @property
+    def tenant_queue(self) -> int:
+        """The most requests one key (one tenant) may have queued per model."""
+        return self.max_queue_per_key or (max(1, self.max_queue // 2) if self.api_keys_file else self.max_queue)
 
     @property
     def media_limits(self) -> dict[str, Any]:

@@ -175,6 +175,8 @@ SERVER_KEYS: dict[str, Key] = {
     "body_timeout_s": Key("", "body_timeout_s", (int, float), _positive),
     "write_timeout_s": Key("", "write_timeout_s", (int, float), _positive),
     "cache_size": Key("", "cache_size", int, _non_negative),
+    "max_queue_per_key": Key("", "max_queue_per_key", int, _non_negative),
+    "share_caches_across_keys": Key("", "share_caches_across_keys", bool),
     **{f.name: Key("limits", f.name, int, _positive) for f in fields(Limits)},
     "max_images": Key("images", "max_images", int, _positive),
     "max_image_bytes": Key("images", "max_bytes", int, _positive),

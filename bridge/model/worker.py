@@ -50,13 +50,77 @@ class WorkerStopped(ClefError):
     error_type = "unavailable"
 
 
+class TenantOverloaded(ClefError):
+    """One tenant has as much work queued as it may (max_queue_per_key): others keep their share of the queue."""
+
+    category = Category.BUSY
+    error_type = "key_overloaded"
+
+    def __init__(self, model: str, tenant: str, depth: int):
+        super().__init__(f"key {tenant!r} has {depth} requests (a batch's states counted one each) waiting for model "
+                         f"{model!r}, the most one key may queue (max_queue_per_key); retry shortly")
+
+
 @dataclass(frozen=True)
 class RequestOptions:
     """What a request asks beyond its body, ONE immutable value from its front door to the model: the door sets it
-    (Workers AI's rejectIfBusy, OpenAI's prompt_cache_key), the coalescer and the worker read it."""
+    (Workers AI's rejectIfBusy, OpenAI's prompt_cache_key), the server its tenant, the coalescer and the worker
+    read it."""
 
     reject_if_busy: bool = False  # answer 429 at once rather than wait behind other requests
     partition: tuple[str, ...] = ()  # the prefix cache's (PrefillRequest.partition): shares no KV, state or answer
+    tenant: str = ""  # whose request (the key's name; "" for one anonymous tenant): queues are fair between them
+
+
+class FairQueue:
+    """Queued jobs, one first-in-first-out line per tenant, taken round-robin: a tenant with one request waits
+    behind at most one job of each other tenant, not behind their whole backlog. Not thread-safe: the worker holds
+    its condition's lock around every call."""
+
+    def __init__(self) -> None:
+        self._lines: collections.OrderedDict[str, collections.deque[Job]] = collections.OrderedDict()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self):
+        return (job for line in self._lines.values() for job in line)
+
+    def waiting(self, tenant: str) -> int:
+        return len(self._lines.get(tenant, ()))
+
+    def append(self, job: Job) -> None:
+        self._lines.setdefault(job.options.tenant, collections.deque()).append(job)
+        self._size += 1
+
+    def remove(self, job: Job) -> None:
+        """Raises ValueError when job is not queued (taken already)."""
+        line = self._lines.get(job.options.tenant)
+        if line is None:
+            raise ValueError("not queued")
+        line.remove(job)
+        self._size -= 1
+        if not line:
+            del self._lines[job.options.tenant]
+
+    def take(self, n: int) -> list[Job]:
+        """Up to n jobs, one from each tenant's line in turn; a tenant served goes to the end of the turn."""
+        jobs: list[Job] = []
+        while self._lines and len(jobs) < n:
+            tenant, line = next(iter(self._lines.items()))
+            jobs.append(line.popleft())
+            self._size -= 1
+            del self._lines[tenant]
+            if line:
+                self._lines[tenant] = line
+        return jobs
+
+    def clear(self) -> list[Job]:
+        jobs = list(self)
+        self._lines.clear()
+        self._size = 0
+        return jobs
 
 
 @dataclass(eq=False)
@@ -89,14 +153,15 @@ class InferenceWorker:
     """
 
     def __init__(self, model: ClefModel, max_queue: int, on_batch: Callable[[BatchStats], None] = lambda s: None,
-                 overlap: bool | None = None, max_media_jobs: int = MAX_MEDIA_JOBS):
+                 overlap: bool | None = None, max_media_jobs: int = MAX_MEDIA_JOBS, max_per_tenant: int = 0):
         self.model = model
         self.max_media_jobs = max_media_jobs
         self.overlap = model.backbone.on_gpu if overlap is None else overlap
         self.name = model.name
         self.max_queue = max_queue
+        self.max_per_tenant = max_per_tenant or max_queue  # one tenant's share of the queue
         self._on_batch = on_batch
-        self._queue: collections.deque[Job] = collections.deque()
+        self._queue = FairQueue()
         self._cv = threading.Condition()
         self._stopping = False
         self._idle = False  # the prefill thread waits for work: a request submitted now starts at once
@@ -132,7 +197,11 @@ class InferenceWorker:
     def check_media_room(self, has_media: bool) -> None:
         """Refuse (429) a request with media while max_media_jobs of them wait: their pixels and samples are held
         in memory."""
-        if has_media and sum(1 for job in tuple(self._queue) if job.prepared.has_media) >= self.max_media_jobs:
+        if not has_media:
+            return
+        with self._cv:  # reentrant: _admit holds it already
+            waiting = sum(1 for job in self._queue if job.prepared.has_media)
+        if waiting >= self.max_media_jobs:
             raise Overloaded(self.name, self.max_media_jobs, "image or audio requests")
 
     def submit(self, prepared: Prepared, options: RequestOptions = RequestOptions()) -> Job:
@@ -148,19 +217,22 @@ class InferenceWorker:
             self._cv.notify()
         return job
 
-    def admit(self, options: RequestOptions = RequestOptions(), has_media: bool = False) -> None:
-        """Refuse now what submit() would refuse (stopped, busy, a full queue): before the request is encoded."""
+    def admit(self, options: RequestOptions = RequestOptions(), has_media: bool = False, count: int = 1) -> None:
+        """Refuse now what submit() would refuse (stopped, busy, a full queue, the tenant's share full): before the
+        request is encoded; count: the requests about to come together (a batch's states)."""
         with self._cv:
-            self._admit(options, has_media)
+            self._admit(options, has_media, count)
 
-    def _admit(self, options: RequestOptions, has_media: bool) -> None:
+    def _admit(self, options: RequestOptions, has_media: bool, count: int = 1) -> None:
         if self._stopping or not self._thread.is_alive():
             raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
         # it would wait when a batch is in progress, or when a full batch is already queued
         if options.reject_if_busy and (not self._idle or len(self._queue) >= self.model.n_seq_max):
             raise Busy(self.name, len(self._queue))
-        if len(self._queue) >= self.max_queue:
+        if len(self._queue) + count > self.max_queue:
             raise Overloaded(self.name, len(self._queue))
+        if self._queue.waiting(options.tenant) + count > self.max_per_tenant:
+            raise TenantOverloaded(self.name, options.tenant or "anonymous", self._queue.waiting(options.tenant))
         self.check_media_room(has_media)
 
     def withdraw(self, job: Job) -> None:
@@ -178,7 +250,7 @@ class InferenceWorker:
         """Answer every job still queued WorkerStopped and refuse new ones: no future is left pending."""
         with self._cv:
             self._stopping = True
-            jobs, self._queue = list(self._queue), collections.deque()
+            jobs = self._queue.clear()
         for job in jobs:
             self._deliver(job, WorkerStopped(f"model {self.name!r} stopped before deciding the request; retry"))
 
@@ -188,10 +260,7 @@ class InferenceWorker:
             while not self._queue and not self._stopping:
                 self._cv.wait()
             self._idle = False
-            jobs = []
-            while self._queue and len(jobs) < self.model.n_seq_max:
-                jobs.append(self._queue.popleft())
-            return jobs
+            return self._queue.take(self.model.n_seq_max)
 
     def _run(self) -> None:
         try:

@@ -180,7 +180,8 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
 
     for name, item in loaded.items():
         spec = registry.models[name]
-        worker = InferenceWorker(item.model, registry.server.max_queue, on_batch(name))
+        worker = InferenceWorker(item.model, registry.server.max_queue, on_batch(name),
+                                 max_per_tenant=registry.server.tenant_queue)
         worker.start()
         app[SERVICE].workers[name] = worker
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,

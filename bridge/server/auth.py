@@ -1,11 +1,15 @@
-"""Bearer API keys: the key file, constant-time checks, the middleware and SIGHUP reload."""
+"""Bearer API keys: the key file (each key a tenant, by name), constant-time checks, the middleware and SIGHUP
+reload."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
+import re
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -13,7 +17,10 @@ from aiohttp import hdrs, web
 
 from ...head.errors import Category, ClefError
 from .body import BadHeader, header
-from .routes import PUBLIC  # with auth on, only these answer without a key; none names a model
+from .context import INFO
+from .routes import PATHS, PUBLIC  # with auth on, only PUBLIC answer without a key; none names a model
+
+METRICS_PATH = PATHS["metrics"]
 
 log = logging.getLogger("clef_bridge.auth")
 
@@ -32,12 +39,66 @@ class ApiKeysError(ClefError):
     error_type = "api_keys_error"
 
 
+@dataclass(frozen=True)
+class Tenant:
+    """Who a request comes from: the key that authenticated it, by its name (logs and metrics show the name, never
+    the key), or one anonymous tenant when auth is off. Caches, coalescing and queues are kept apart per tenant."""
+
+    name: str
+    metrics: bool = False  # the key reads /metrics, and only that (scope=metrics)
+
+
+ANONYMOUS = Tenant("anonymous")
+NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SCOPES = ("decisions", "metrics")  # what a key may do: decide (every model route), or read /metrics alone
+
+
+class ForbiddenScope(ClefError):
+    """A valid key used for what its scope does not allow."""
+
+    category = Category.FORBIDDEN
+    error_type = "permission_error"
+
+
+def key_name(key: bytes) -> str:
+    """An unnamed key's name: a digest prefix, stable across reloads and never the key."""
+    return "key-" + hashlib.sha256(key).hexdigest()[:8]
+
+
+def parse_keys(text: str, path: Path) -> tuple[tuple[bytes, Tenant], ...]:
+    """api_keys_file's lines: `KEY [name=NAME] [scope=decisions|metrics]`, # comments; every problem at once."""
+    keys, names, problems = [], {}, []
+    for n, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split() if not line.strip().startswith("#") else []
+        if not fields:
+            continue
+        key, options = fields[0].encode(), dict(f.partition("=")[::2] for f in fields[1:])
+        unknown = sorted(set(options) - {"name", "scope"}) + [f for f in fields[1:] if "=" not in f]
+        name = options.get("name") or key_name(key)
+        scope = options.get("scope", "decisions")
+        if unknown:
+            problems.append(f"line {n}: unknown field(s) {unknown}; a line is KEY [name=NAME] [scope=decisions|metrics]")
+        if not NAME.fullmatch(name):
+            problems.append(f"line {n}: name {name[:80]!r} must be 1 to 64 letters, digits, '_', '.' or '-'")
+        if scope not in SCOPES:
+            problems.append(f"line {n}: scope {scope[:40]!r} must be decisions or metrics")
+        if name in names and names[name] != key:
+            problems.append(f"line {n}: name {name!r} names two keys; each key's name must be its own")
+        names[name] = key
+        keys.append((key, Tenant(name, scope == "metrics")))
+    if problems:
+        raise ApiKeysError(f"{path}: " + "; ".join(problems))
+    if not keys:
+        raise ApiKeysError(f"{path}: no API keys in the file; add one per line or remove api_keys_file")
+    return tuple(keys)
+
+
 class ApiKeys:
-    """Bearer keys from a file, one per line (# comments allowed); reloadable."""
+    """Bearer keys from a file, one per line with an optional name and scope (# comments allowed); reloadable."""
 
     def __init__(self, path: Path | None):
         self.path = path
-        self.keys: tuple[bytes, ...] = ()
+        self.keys: tuple[tuple[bytes, Tenant], ...] = ()
         self.reload()
 
     @property
@@ -48,39 +109,52 @@ class ApiKeys:
         if self.path is None:
             return
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
+            text = self.path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ApiKeysError(f"api_keys_file {self.path}: cannot read: {exc}") from None
-        keys = tuple(k.strip().encode() for k in lines if k.strip() and not k.strip().startswith("#"))
-        if not keys:
-            raise ApiKeysError(f"{self.path}: no API keys in the file; add one per line or remove api_keys_file")
-        self.keys = keys
+        self.keys = parse_keys(text, self.path)
 
-    def check(self, authorization: str | None) -> None:
+    def check(self, authorization: str | None) -> Tenant:
+        """The tenant whose key this Authorization carries (ANONYMOUS with auth off); 401 otherwise."""
         if not self.enabled:
-            return
+            return ANONYMOUS
         scheme, _, token = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():  # the scheme is case-insensitive (RFC 9110 11.1)
             raise Unauthorized("missing API key: send Authorization: Bearer YOUR_KEY")
         given = token.strip().encode()
-        ok = False
-        for key in self.keys:  # compare with every key, in constant time each
-            ok |= hmac.compare_digest(given, key)
-        if not ok:
+        found = None
+        for key, tenant in self.keys:  # compare with every key, in constant time each
+            if hmac.compare_digest(given, key):
+                found = tenant
+        if found is None:
             raise Unauthorized("invalid API key")
+        return found
+
+
+TENANT = web.RequestKey("clef_tenant", Tenant)
 
 
 def auth_middleware(keys_key: web.AppKey) -> Callable:
-    """Middleware checking every non-public route against the ApiKeys stored under keys_key."""
+    """Middleware checking every non-public route against the ApiKeys stored under keys_key; the request's Tenant
+    goes in request[TENANT], its name in the access log. A metrics key reads /metrics only; with auth on, a
+    decision key never reads it."""
     @web.middleware
     async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
         keys = request.app[keys_key]
+        request[TENANT] = ANONYMOUS
         if keys.enabled and request.path not in PUBLIC:
             try:
                 authorization = header(request, hdrs.AUTHORIZATION)
             except BadHeader:
                 raise Unauthorized("invalid API key: the Authorization header is not valid UTF-8") from None
-            keys.check(authorization)
+            tenant = keys.check(authorization)
+            if tenant.metrics != (request.path == METRICS_PATH):
+                request[INFO].tenant = tenant.name
+                raise ForbiddenScope(
+                    f"key {tenant.name!r} reads /metrics only (scope=metrics in api_keys_file)" if tenant.metrics else
+                    f"key {tenant.name!r} may not read /metrics: every tenant's traffic is there; give Prometheus a "
+                    "key of its own with scope=metrics in api_keys_file")
+            request[TENANT], request[INFO].tenant = tenant, tenant.name
         return await handler(request)
     return middleware
 

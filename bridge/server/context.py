@@ -31,6 +31,7 @@ class RequestLog:
     batch_size: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     error_type: str | None = None
+    tenant: str = ""  # the name of the key that authenticated it (never the key); "" with auth off
 
 
 INFO = web.RequestKey("clef_info", RequestLog)

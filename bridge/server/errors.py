@@ -21,6 +21,7 @@ ANSWERS: dict[Category, Answer] = {
     Category.TOO_LARGE: Answer(413, EXIT_REFUSED),
     Category.NOT_FOUND: Answer(404, EXIT_USAGE),
     Category.UNAUTHORIZED: Answer(401, EXIT_USAGE),
+    Category.FORBIDDEN: Answer(403, EXIT_USAGE),
     Category.BUSY: Answer(429, EXIT_USAGE),
     Category.UNAVAILABLE: Answer(503, EXIT_USAGE),
     Category.MALFORMED: Answer(400, EXIT_USAGE),

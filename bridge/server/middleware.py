@@ -188,6 +188,8 @@ def finish(request: web.Request, info: RequestLog, start: float) -> None:
     line = {"request_id": info.id, "method": request.method, "route": info.route, "model": info.model,
             "status": info.status, "input_tokens": info.input_tokens, "batch_size": info.batch_size,
             **info.timings}
+    if info.tenant:
+        line["tenant"] = info.tenant
     if info.error_type:
         line["error_type"] = info.error_type
     _access(line)

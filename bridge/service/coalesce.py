@@ -5,10 +5,11 @@ first copy is still queued; it waits on that job instead of queueing another. A 
 for any more (its clients hung up, or their deadlines passed) is withdrawn from the worker and forgotten
 at once, so a retry that comes after computes afresh rather than joining a job that will never answer.
 
-The prefix cache's partition (a client's prompt_cache_key) is part of the key: identical bodies under
-different keys would give the same probabilities, but sharing their computation or a cached answer would
-show one client, through the answer's reused tokens and its latency, that another sent the same request,
-which is what partitioning the cache is for. A client's own retries carry its key, so they still share.
+The prefix cache's partition (the tenant's, then a client's prompt_cache_key) is part of the key: identical bodies
+under different keys would give the same probabilities, but sharing their computation or a cached answer would
+show one client, through its latency, that another sent the same request, which is what partitioning the cache
+is for. A client's own retries carry its key, so they still share. A request that joins gets the answer, never
+the timings of the request that computed it (the decision service gives it its own).
 """
 
 from __future__ import annotations
@@ -89,21 +90,22 @@ class Coalescer:
         return None
 
     def submit(self, worker: InferenceWorker, body: Any, prepared: Prepared,
-               options: RequestOptions = RequestOptions()) -> Shared:
-        """The computation for this body (prepared: it encoded, with its decoded media): one to join (join()), since
-        a copy may have started while this one was prepared, or a new job on the worker (refused while it is busy
-        with options.reject_if_busy: joining an answer that exists or is under way waits behind nothing)."""
+               options: RequestOptions = RequestOptions()) -> tuple[Shared, bool]:
+        """The computation for this body (prepared: it encoded, with its decoded media), and whether this request
+        started it: one to join (join()), since a copy may have started while this one was prepared, or a new job on
+        the worker (refused while it is busy with options.reject_if_busy: joining an answer that exists or is under
+        way waits behind nothing)."""
         key = request_key(worker.name, body, prepared.media, options.partition)
         joined = self._joined(worker, key)
         if joined is not None:
-            return joined
+            return joined, False
         job = worker.submit(prepared, options)
         shared = Shared(job.future, job)
         shared.abandon = functools.partial(self._abandon, key, worker)
         if key is not None:
             self._inflight[key] = shared
             job.future.add_done_callback(lambda future: self._finished(key, future))
-        return self._join(shared)
+        return self._join(shared), True
 
     def _abandon(self, key: Key | None, worker: InferenceWorker, shared: Shared) -> None:
         if key is not None and self._inflight.get(key) is shared:

@@ -79,6 +79,12 @@ class Decision:
     batch_size: int
     logits: tuple[tuple[Question, np.ndarray], ...] = field(default=(), compare=False)  # unrounded, per question
     warnings: tuple[str, ...] = ()  # where the answer knowingly departs from the reference's (x_warnings)
+    # "": computed for this request; CACHED or JOINED: the answer of an identical request of the same tenant (its
+    # timings are this request's own wait, nothing of the request that computed it)
+    shared: str = ""
+
+
+CACHED, JOINED = "cache_hit", "coalesced"
 
 
 def systemone_body(decision: Decision) -> dict[str, Any]:
@@ -140,7 +146,17 @@ class DecisionService:
         self.decoders = DecoderPool(server.decoders)  # its processes fork when started, or for a first job
 
     async def decide(self, call: DecisionInput, resolved: Callable[[str], None] = lambda model: None) -> Decision:
-        """The request's Decision; resolved: told the served model's name as soon as it is known."""
+        """The request's Decision within request_timeout_s from now, every wait counted (decoding, the queue, the
+        model); resolved: told the served model's name as soon as it is known."""
+        if self.timeout_s is None:
+            return await self._decide(call, resolved)
+        try:
+            return await asyncio.wait_for(self._decide(call, resolved), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded(f"no answer within {self.timeout_s:g} s (request_timeout_s), decoding and queue "
+                                   "included; the server is busy, retry later") from None
+
+    async def _decide(self, call: DecisionInput, resolved: Callable[[str], None]) -> Decision:
         call = replace(call, body=chat_images(call.body))  # llama-server's image_url parts, as `images`
         kinds = named_kinds(call.body)
         if not isinstance(call.body, dict) or not isinstance(call.model, str) or not is_unicode(call.model):
@@ -156,25 +172,28 @@ class DecisionService:
         body = found.body
         request = await off_loop(big, validate, body, model.limits, call.contract)
         media, decode_s = await self._decode(found.media, DecodeSettings(model.geometry, self.server.media_limits))
-        shared = self.coalescer.join(worker, body, media, call.options)
+        shared, fresh = self.coalescer.join(worker, body, media, call.options), False
         if shared is None:
             worker.admit(call.options, bool(media))  # busy, a full queue: before the prompt is encoded
             # encoded before the queue, so a clip too short to frame or a prompt over max_length takes no slot; in a
             # thread whatever the size (llama.cpp tokenizes 64 KB of text in about 70 ms)
             prepared = await off_loop(True, model.prepare, request, media)
-            shared = self.coalescer.submit(worker, body, prepared, call.options)
+            shared, fresh = self.coalescer.submit(worker, body, prepared, call.options)
+        t0 = time.perf_counter()
         try:
             self._on_queued(name, worker.depth)
-            scored = await asyncio.wait_for(asyncio.shield(shared.future), self.timeout_s)
-        except asyncio.TimeoutError:
-            raise DeadlineExceeded(f"no answer within {self.timeout_s:g} s (request_timeout_s); the server is busy, "
-                                   "retry later") from None
+            scored = await asyncio.shield(shared.future)
         finally:
             shared.leave()
+        decoding = {TABLE[kind].field: decode_s[kind] for kind in media.kinds}  # here, for this request
+        if not fresh:  # another request's computation: its answer, and this request's own waits
+            return Decision(name, request.model, scored.answers, scored.input_tokens,
+                            {"queue": time.perf_counter() - t0, **decoding}, 0, 0, scored.logits, scored.warnings,
+                            CACHED if shared.job is None else JOINED)
         t = scored.timings
         stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
-        for kind in media.kinds:  # decoding here (Pillow, PyAV), a tower's time in the worker
-            stages[TABLE[kind].field] = decode_s[kind]
+        stages |= decoding  # decoding here (Pillow, PyAV), a tower's time in the worker
+        for kind in media.kinds:
             for stage, timing in TABLE[kind].towers.items():
                 stages[stage] = getattr(t, timing)
         return Decision(name, request.model, scored.answers, scored.input_tokens, stages, t.reused_tokens,

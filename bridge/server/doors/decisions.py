@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any, Collection
 
 from aiohttp import hdrs, web
 
 from ...catalogue.releases import REAL_RELEASES, RELEASES
 from ...media.request import KINDS
+from ...model.worker import RequestOptions
 from ...service.decision import INLINE_BYTES, Decision, DecisionInput
 from ..appstate import METRICS, REGISTRY, SERVED, SERVICE
 from ..assets import body_limit
@@ -26,6 +28,7 @@ from ..body import (
     parse_json,
     read_capped,
 )
+from ..auth import TENANT
 from ..context import INFO, BodyTimeout
 from ..multipart import RequestBody, is_form, parse_body
 
@@ -81,8 +84,19 @@ def decision_input(body: RequestBody, data: Any, model: Any, **options: Any) -> 
     return DecisionInput(data, model, body.parts, body.json_bytes, **options)
 
 
+def tenant_options(request: web.Request, options: RequestOptions) -> RequestOptions:
+    """A request's options with its tenant: its queue, and unless share_caches_across_keys, its own partition of the
+    prefix cache, the answer cache and coalescing, inside which a prompt_cache_key partitions further."""
+    tenant = request[TENANT]
+    shared = request.app[REGISTRY].server.share_caches_across_keys
+    return replace(options, tenant=tenant.name,
+                   partition=options.partition if shared else ("tenant", tenant.name, *options.partition))
+
+
 async def decide(request: web.Request, call: DecisionInput) -> Decision:
-    """The service's Decision, its model, tokens and timings in the request's context and metrics."""
+    """The service's Decision, its model, tokens and timings in the request's context and metrics; the request's
+    tenant decides with whom it shares caches and queues (tenant_options)."""
+    call = replace(call, options=tenant_options(request, call.options))
     info = request[INFO]
 
     def resolved(name: str) -> None:
@@ -92,6 +106,8 @@ async def decide(request: web.Request, call: DecisionInput) -> Decision:
     info.input_tokens, info.batch_size = decision.input_tokens, decision.batch_size
     info.timings = {f"{stage}_ms": round(seconds * 1e3, 3) for stage, seconds in decision.timings.items()}
     info.timings["reused_tokens"] = decision.reused_tokens  # prompt tokens restored from the prefix cache
+    if decision.shared:  # cache_hit or coalesced: 1, the answer of an identical earlier or concurrent request
+        info.timings[decision.shared] = 1
     metrics = request.app[METRICS]
     for stage, seconds in decision.timings.items():
         metrics.latency.labels(decision.model, stage).observe(seconds)

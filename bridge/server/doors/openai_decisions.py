@@ -322,11 +322,17 @@ def _question(raw: Any, i: int, t: Translated, images: _Images, ids: set[str]) -
     return qid, question
 
 
+MAX_CACHE_KEY = 256  # a prompt_cache_key partitions within its tenant: a name, not a payload (1 MB ones came)
+
+
 def _options(body: dict[str, Any], problems: _Problems) -> tuple[str, ...]:
     """The prefix cache's partition from prompt_cache_key; prompt_cache_options and safety_identifier are checked
     and change nothing."""
     key = body.get("prompt_cache_key")
     _text(key, ("prompt_cache_key",), problems, required=False)
+    if isinstance(key, str) and len(key) > MAX_CACHE_KEY:
+        problems.add(("prompt_cache_key",), f"must be at most {MAX_CACHE_KEY} characters, got {len(key)}",
+                     "string_too_long")
     _text(body.get("safety_identifier"), ("safety_identifier",), problems, required=False)
     options = body.get("prompt_cache_options")
     if options is not None and not isinstance(options, dict):

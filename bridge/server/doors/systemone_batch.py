@@ -44,7 +44,8 @@ def batch_problems(data: Any, max_states: int) -> list[Problem]:
         problems.append(Problem(("body", "states"), "states must be a non-empty array of states (strings, objects or "
                                 "arrays)", "missing" if states is None else "type_error"))
     elif len(states) > max_states:
-        problems.append(Problem(("body", "states"), f"at most {max_states} states per batch (max_queue), got "
+        problems.append(Problem(("body", "states"), f"at most {max_states} states per batch (max_queue_per_key: "
+                                "a batch's states are queued one each), got "
                                 f"{len(states)}; split the batch", "too_many_states"))
     problems += [Problem(("body", key), f"the batch route takes no {key}: {why}", "control_not_supported")
                  for key, why in REFUSED.items() if data.get(key) is not None]
@@ -87,7 +88,7 @@ async def batch_handler(request: web.Request) -> web.Response:
         raise UnsupportedMediaType("POST /v1/systemone/batch takes application/json: text states only")
     registry = request.app[REGISTRY]
     data, warnings = body.data, []
-    problems = batch_problems(data, registry.server.max_queue)
+    problems = batch_problems(data, registry.server.tenant_queue)
     if problems:
         raise RequestInvalid(problems)
     model = data.get("model")
@@ -117,7 +118,7 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
         "model": {"type": "string"},
         "states": {"type": "array", "minItems": 1, "items": {"anyOf": [
             {"type": "string"}, {"type": "object"}, {"type": "array"}]},
-                   "description": "at most max_queue states; each is asked every question"},
+                   "description": "at most max_queue_per_key states; each is asked every question"},
         "questions": {"type": "object", "minProperties": 1,
                       "description": "System One's questions, asked of every state",
                       "additionalProperties": {"$ref": "#/components/schemas/Question"}},
