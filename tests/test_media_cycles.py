@@ -105,15 +105,16 @@ def test_videos_refused_from_their_headers_leave_no_cycle():
 
 
 def test_an_error_received_from_a_decoder_leaves_no_cycle():
-    class Pipe:
-        def recv(self):
-            return decoders._REJECTED, pickle.loads(pickle.dumps(AudioRejected(("body", "audio", 0), "bad")))
+    import multiprocessing
 
+    ours, theirs = multiprocessing.Pipe()
+    decoders._send(theirs, (decoders._REJECTED, AudioRejected(("body", "audio", 0), "bad")))
     with no_collector():
         before = live_media_errors()
         with pytest.raises(AudioRejected):
-            decoders._receive(Pipe())
+            decoders._receive(ours)
         assert live_media_errors() == before
+    ours.close(), theirs.close()
 
 
 @pytest.mark.parametrize("cls", [MediaRejected, AudioRejected, AudioTooLarge, ImageRejected, DecodeOverMemory,

@@ -58,6 +58,8 @@ def ray_installed():
 
 
 KEY = "ray-test-key"
+METRICS_KEY = "ray-metrics-key"  # /metrics takes a scope=metrics key only (docs/api.md, tenants and isolation)
+KEYS_FILE = f"{KEY}\n{METRICS_KEY} name=prometheus scope=metrics\n"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 WORKERS_AI = "/accounts/{account_id}/ai/run/@cf/cloudflare/{model}"
 SENT_ROUTES = ("/v1/systemone", WORKERS_AI, "/v1/models")  # not /ready (Serve's health checks) nor /metrics
@@ -102,7 +104,8 @@ def replica_pages(sockets: Path, path: str = "/metrics") -> dict[str, str]:
     for sock in sorted(sockets.glob("*.sock")):
         conn = UnixHTTPConnection(sock)
         try:
-            conn.request("GET", path, headers={"Authorization": f"Bearer {KEY}"})  # /metrics needs a key
+            key = METRICS_KEY if path == "/metrics" else KEY
+            conn.request("GET", path, headers={"Authorization": f"Bearer {key}"})
             resp = conn.getresponse()
             if resp.status == 200:
                 pages[sock.stem] = resp.read().decode()
@@ -290,7 +293,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def two_replicas(cluster, tmp_path_factory):
     folder = tmp_path_factory.mktemp("ray2")
-    (folder / "keys.txt").write_text(KEY + "\n")
+    (folder / "keys.txt").write_text(KEYS_FILE)
     start = time.time()
     ray_spec = RaySpec(min_replicas=2, max_replicas=2, health_check_period_s=2)
     plan = deploy(demo(folder / "keys.txt", ray_spec), folder / "sockets")
@@ -413,7 +416,7 @@ def test_autoscaling_adds_a_replica_under_load(cluster, tmp_path):
     """Deployed as a Serve config file does it (the app builder reads models.toml [ray]); 1 replica, then 2."""
     port = cluster
     serve.delete(ray_serve.APP_NAME)
-    (tmp_path / "keys.txt").write_text(KEY + "\n")
+    (tmp_path / "keys.txt").write_text(KEYS_FILE)
     # look_back_period_s above Serve's deprecated 10 s metrics_interval_s, which it warns about below that
     (tmp_path / "models.toml").write_text('default = "demo"\n[models.demo]\nbuiltin = "demo"\n[server]\n'
                                           'api_keys_file = "keys.txt"\n[ray]\nmin_replicas = 1\nmax_replicas = 2\n'

@@ -22,7 +22,7 @@ from .serverkit import Reply, RunningServer, registry_for, strip_extensions, wai
 pytestmark = pytest.mark.integration
 
 NOUL = {"model": "tiny", "state": "s", "questions": {"q": {"type": "noul", "instructions": "ok?"}}}
-KEY = "key-1"
+KEY, METRICS_KEY = "key-1", "metrics-key-1"
 ALIAS = "secret-alias"  # a name only clients with a key may learn
 WORKERS_AI = "/accounts/{account_id}/ai/run/@cf/cloudflare/{model}"  # the route, as access lines name it
 
@@ -41,9 +41,9 @@ def server(fx, tmp_path_factory):
 @pytest.fixture(scope="module")
 def secured(fx, tmp_path_factory):
     folder = tmp_path_factory.mktemp("auth")
-    (folder / "keys.txt").write_text(f"{KEY}\n")
+    (folder / "keys.txt").write_text(f"{KEY}\n{METRICS_KEY} name=prometheus scope=metrics\n")
     registry = registry_for(tiny_spec(fx, aliases=[ALIAS]), folder / "m.toml", api_keys_file=folder / "keys.txt")
-    with RunningServer(registry, api_key=KEY) as srv:
+    with RunningServer(registry, api_key=METRICS_KEY) as srv:
         yield srv
 
 
@@ -162,9 +162,9 @@ def test_public_routes_under_auth_name_no_model(secured):
         reply = secured.request("GET", path)
         assert reply.status == 200 and reply.headers["server"] == "clef-bridge"
         assert b"tiny" not in reply.body and ALIAS.encode() not in reply.body, path
-    for path in ("/metrics", "/v1/models"):
+    for path, key in (("/metrics", METRICS_KEY), ("/v1/models", KEY)):
         refused(secured, lambda: secured.request("GET", path), 401, "authentication_error", path)
-        with_key = secured.request("GET", path, headers={"Authorization": f"Bearer {KEY}"})
+        with_key = secured.request("GET", path, headers={"Authorization": f"Bearer {key}"})
         assert with_key.status == 200 and b"tiny" in with_key.body
     spec = secured.request("GET", "/openapi.json").json()
     assert spec["paths"]["/metrics"]["get"]["security"] == [{"bearer": []}]

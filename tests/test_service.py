@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.config.registry import ServerSpec, UnknownModel
 from clef_bridge.bridge.media.images import ImageGeometry
-from clef_bridge.bridge.media.request import AUDIO, IMAGE, FormPart, Media
+from clef_bridge.bridge.media.request import AUDIO, IMAGE, VIDEO, FormPart, Media
 from clef_bridge.bridge.model.clef_model import Scored, Timings
 from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded, RequestOptions
 from clef_bridge.bridge.server.doors.decisions import decision_input
@@ -54,7 +54,8 @@ class FakeModel:
         self.limits = Limits()
         self.backbone = SimpleNamespace(on_gpu=False, decode_budget=4096, batch_budget=4096)
         self.n_seq_max = 4
-        self.geometry = ImageGeometry(min_pixels=64 * 64, max_pixels=64 * 64) if IMAGE in media else None
+        # a model that takes images or videos has a projector, whose geometry sizes both
+        self.geometry = ImageGeometry(min_pixels=64 * 64, max_pixels=64 * 64) if {IMAGE, VIDEO} & set(media) else None
         self.prepared: list[tuple[object, Media]] = []
         self.prefilled: list[str] = []  # the states of the requests that reached the backbone
         self.started = threading.Event()

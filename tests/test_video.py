@@ -17,6 +17,8 @@ from clef_bridge.bridge.media.video import (
     FPS,
     MATROSKA,
     MP4,
+    VideoHeader,
+    VideoInput,
     VideoLimits,
     VideoRejected,
     VideoTooLarge,
@@ -112,15 +114,15 @@ def test_garbage_and_truncated_clips_are_422s(clips):
         sniff(data[:len(data) // 2], LOC)
     mkv = clips["mkv_sounded"].read_bytes()
     with pytest.raises(VideoRejected) as caught:
-        decode_kind(VIDEO, [type("V", (), {"data": mkv[:200], "loc": LOC})()], DecodeSettings(ImageGeometry(), {VIDEO: VideoLimits()}))
+        header = VideoHeader("matroska", None, None, None, None, None)
+        decode_kind(VIDEO, [VideoInput(LOC, mkv[:200], header, b"")], DecodeSettings(ImageGeometry(),
+                                                                                    {VIDEO: VideoLimits()}))
     assert caught.value.loc == LOC and not isinstance(caught.value, VideoTooLarge)
 
 
 def test_decode_kind_decodes_videos_to_picklable_values(clips):
     """What an isolated decoder process returns travels by pickle (bridge/media/request.decode_kind)."""
     import pickle
-
-    from clef_bridge.bridge.media.video import VideoInput
 
     data = clips["webm_sounded"].read_bytes()
     item = VideoInput(LOC, data, sniff(data, LOC), b"")

@@ -21,7 +21,7 @@ from ...head.schema import Limits
 from ..catalogue.releases import CLOUDFLARE_NAMES, NAMED_BY_ARCHITECTURE
 from ..llama.options import BackboneOptions, PrefixCacheOptions
 from ..media.audio import AudioLimits
-from ..media.decoders import DecoderLimits
+from ..media.decoders import DecoderLimits, memory_for
 from ..media.images import ImageLimits
 from ..media.video import VideoLimits
 from .registry_keys import MODEL_KEYS, RAY_KEYS, SERVER_KEYS, values_by_group
@@ -93,6 +93,11 @@ class ServerSpec:
     audio: AudioLimits = AudioLimits()
     decoders: DecoderLimits = DecoderLimits()  # the processes that decode media (bridge/media/decoders.py)
     videos: VideoLimits = VideoLimits()
+
+    @property
+    def decoder_limits(self) -> DecoderLimits:
+        """The decoder processes' limits, decode_memory_mb derived from the video limits where it is not set."""
+        return replace(self.decoders, memory_mb=self.decoders.memory_mb or memory_for(self.videos))
 
     @property
     def tenant_queue(self) -> int:

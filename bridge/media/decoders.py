@@ -18,9 +18,11 @@ fields (errors.MediaRejected.__reduce__), without tracebacks.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import multiprocessing
 import os
+import pickle
 import queue
 import resource
 import signal
@@ -29,12 +31,13 @@ import time
 import traceback
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ...head.media import AUDIO, VIDEO
 from .errors import DecodeOverMemory, DecodeOverTime, DecoderStopped, MediaRejected
 from .kinds import TABLE
+from .video import FPS, MAX_FRAME_PIXELS, VideoLimits
 
 log = logging.getLogger("clef_bridge.decoders")
 
@@ -47,10 +50,16 @@ ISOLATED = frozenset(kind for kind, row in TABLE.items() if row.isolated)
 PRELOAD = ("numpy", "av", "PIL.Image", "clef_bridge.bridge.media.request", __name__)
 DECODER_NICE = 10
 MIN_MEMORY_MB = 384  # an idle worker (Python, numpy, PyAV with FFmpeg, Pillow) maps about 260 MB
+# a worker decoding the largest source (MAX_SOURCE_PIXELS): its libraries, two malloc arenas and FFmpeg's buffers
+BASE_MEMORY_MB = 768
+# a kept frame (at most MAX_FRAME_PIXELS) once sized for the tower: smart_resize's rounding to whole 32-pixel tokens
+# grows a frame of extreme shape by under half again, so twice the pixels bound it
+MAX_TOWER_FRAME_BYTES = 3 * 2 * MAX_FRAME_PIXELS
 _OK, _REJECTED, _MEMORY, _FAULT = "ok", "rejected", "memory", "fault"  # a worker's answers
 _TIMEOUT, _STOPPED = "timeout", "stopped"  # what the server finds when none came
 _ABANDONED = "abandoned"  # the request went away (its client hung up): its decoder is stopped, not waited for
 POLL_S = 0.05  # how often a job's thread looks whether its request is still there
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
 
 @dataclass(frozen=True)
@@ -59,8 +68,8 @@ class DecoderLimits:
     job's caps."""
 
     workers: int = 2  # processes decoding at once; more jobs wait for one
-    # one worker's address space, its ~260 MB of libraries included: four 60 s clips peak at 340 MB
-    memory_mb: int = 768
+    # one worker's address space, its ~260 MB of libraries included; 0: what the video limits need (memory_for)
+    memory_mb: int = 0
     # one job's wall clock (a request's clips), sending and answering included: four 60 s MP3s take 0.3 s on one core
     seconds: float = 5.0
     # a request's videos: a 60 s 1080p clip decodes in 10-30 s on one loaded core (docs/media.md)
@@ -79,6 +88,7 @@ class DecoderLimits:
 def _serve(conn: Any, memory_bytes: int) -> None:
     """A worker's main: jobs in, outcomes out, until the pipe closes or a job ran out of memory."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops the pool
+    _few_arenas()
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     while True:
         try:
@@ -87,12 +97,32 @@ def _serve(conn: Any, memory_bytes: int) -> None:
             return
         outcome = _outcome(fn, args)
         try:
-            conn.send(outcome)
+            _send(conn, outcome)
         except MemoryError:  # the result itself did not fit: a fresh worker will
-            conn.send((_MEMORY, None))
+            _send(conn, (_MEMORY, None))
             return
         if outcome[0] == _MEMORY:
             return  # its heap may be fragmented near the cap: a fresh worker takes the next job
+
+
+def memory_for(videos: VideoLimits) -> int:
+    """The address space (MB, rounded up to 64) a worker needs for the largest request the video limits allow: its
+    base, then every video's kept frames at the most a tower-sized frame takes. Measured at the defaults: two 60 s
+    H.264 clips of 7,680 x 4,320 (MAX_SOURCE_PIXELS) peaked at 908 MB of address space, 186 MB of it their frames,
+    two 4K or 1080p ones at 780 MB; four 60 s audio clips at 340 MB."""
+    frames = int(videos.max_seconds * FPS) + 2  # kept at 2 fps, and the padding frame
+    need = BASE_MEMORY_MB + videos.max_videos * frames * MAX_TOWER_FRAME_BYTES / 2**20
+    return -(-int(need) // 64) * 64
+
+
+def _few_arenas() -> None:
+    """glibc gives each thread that allocates a malloc arena of its own, 64 MB of address space each, which
+    RLIMIT_AS counts though little of it is used: FFmpeg's threads took some 300 MB of the cap that way. Two arenas
+    serve a worker's few threads (no effect where the C library is not glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, 2)
+    except (OSError, AttributeError):
+        pass
 
 
 def _outcome(fn: Callable[..., Any], args: tuple) -> tuple[str, Any]:
@@ -129,10 +159,26 @@ def _kill_all(workers: set[_Worker]) -> None:
     workers.clear()
 
 
+def _send(conn: Any, outcome: tuple[str, Any]) -> None:
+    """(status, value) over the pipe with its arrays out of band (pickle protocol 5): the frames go from their own
+    memory to the pipe, never copied into one pickled bytes object first (a 60 s clip's frames are about 90 MB)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(outcome, protocol=5, buffer_callback=buffers.append)
+    conn.send_bytes(len(buffers).to_bytes(4, "little") + head)
+    for buffer in buffers:
+        conn.send_bytes(buffer.raw())
+
+
+def _recv(conn: Any) -> tuple[str, Any]:
+    head = conn.recv_bytes()
+    buffers = [conn.recv_bytes() for _ in range(int.from_bytes(head[:4], "little"))]
+    return pickle.loads(head[4:], buffers=buffers)
+
+
 def _receive(conn: Any) -> tuple[str, Any]:
     """A worker's (status, value), its MediaRejected raised; no frame here keeps the error (the error's traceback
     keeps the frames, so a frame that kept the error would make a cycle that lives until a full collection)."""
-    status, value = conn.recv()
+    status, value = _recv(conn)
     if status != _REJECTED:
         return status, value
     try:
@@ -145,7 +191,8 @@ class DecoderPool:
     """`limits.workers` decoder processes: run(fn, args, loc) awaits fn(*args) in one, within the limits."""
 
     def __init__(self, limits: DecoderLimits = DecoderLimits()):
-        self.limits = limits
+        # unset memory: what the default video limits need (a server passes ServerSpec.decoder_limits, its own)
+        self.limits = limits if limits.memory_mb else replace(limits, memory_mb=memory_for(VideoLimits()))
         self._context = multiprocessing.get_context("forkserver")
         self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()  # None: a slot with no worker yet
         for _ in range(limits.workers):

@@ -149,8 +149,8 @@ def _decode_audio(clips: Sequence[AudioInput], settings: DecodeSettings) -> tupl
 
 def _decode_video(video: VideoInput, limits: Any, factor: int) -> video_files.DecodedVideo:
     """A clip's frames at the vision tower's size (resized here, in the decoder process) and its soundtrack."""
-    decoded = video_files.decode(video.data, video.loc, limits)
-    return replace(decoded, frames=video_files.tower_frames(decoded.frames, video_files.tower_geometry(factor)))
+    return video_files.decode(video.data, video.loc, limits, video_files.tower_geometry(factor),
+                              video.header.duration_s)
 
 
 def _decode_videos(videos: Sequence[VideoInput], settings: DecodeSettings) -> tuple[Any, ...]:

@@ -33,8 +33,11 @@ from .images import ImageGeometry
 FPS = 2.0  # the reference's VIDEO_FPS: frames kept per second, and the processor's fps (seconds per grid = 2 / fps)
 MAX_FRAME_PIXELS = 256 * 32 * 32  # the reference's MAX_VIDEO_FRAME_PIXELS: 262,144
 MAX_SOURCE_FPS = 120  # source frames decoded per second of clip at most (each is decoded, even when not kept)
-MAX_SOURCE_PIXELS = 8192 * 8192  # a source frame larger than this is refused before decoding (FFmpeg's 16384 cap)
+# a source frame larger than 8K UHD is refused before decoding: decode_memory_mb's default is measured to hold two
+# 60 s clips of it (bridge/media/decoders.py memory_for); 8192 x 8192 was allowed before and did not fit
+MAX_SOURCE_PIXELS = 7680 * 4320
 MAX_ASPECT = 200  # the processor's smart_resize refuses a longer side over 200 times the shorter one
+DECODE_THREADS = 2  # FFmpeg's threads per clip (frame threading decodes bit-exactly whatever the count)
 MP4, MATROSKA = "mp4", "matroska"  # PyAV's demuxers (mov,mp4,m4a,... and matroska,webm)
 FORMATS = ("mp4", "mov", "webm", "mkv")  # what an asset's `format` may declare; the bytes decide
 
@@ -330,12 +333,58 @@ def _decode_errors() -> tuple[type[BaseException], ...]:
     return av.FFmpegError, ValueError, OSError, EOFError
 
 
-def _frames(container, loc: tuple[str | int, ...], limits: VideoLimits) -> list[np.ndarray]:
+class _Kept:
+    """The kept frames in ONE array, sized for the frames the headers' duration promises (2 fps plus the padding
+    frame), grown by doubling where they lied: no list of frames and a stacked copy side by side; each frame sized
+    for the tower as it comes when a geometry is given (no second array of resized frames)."""
+
+    def __init__(self, limits: VideoLimits, geometry: ImageGeometry | None, loc: tuple[str | int, ...],
+                 seconds: float | None):
+        self.most = int(limits.max_seconds * FPS) + 2  # a clip over max_seconds is refused before it keeps more
+        self.capacity = min(self.most, int(min(seconds, limits.max_seconds) * FPS) + 2) if seconds else 8
+        self.geometry, self.loc = geometry, loc
+        self.frames: np.ndarray | None = None
+        self.sizes: list[tuple[int, int]] = []  # (width, height) of each kept size, as decoded
+        self.n = 0
+
+    def add(self, image: np.ndarray) -> None:
+        size = (image.shape[1], image.shape[0])
+        if self.sizes and size != self.sizes[0]:  # the reference's load_video stacks its frames and fails there too
+            raise VideoRejected(self.loc, f"changes its frame size mid-stream ({self.sizes[0][0]} x "
+                                          f"{self.sizes[0][1]} then {size[0]} x {size[1]}); the reference reads clips "
+                                          "of one frame size: re-encode it at one size", "value_error.video.frame_size")
+        self.sizes = self.sizes or [size]
+        if self.geometry is not None:
+            image = tower_frame(image, self.geometry)
+        if self.frames is None:
+            self.frames = np.empty((self.capacity, *image.shape), dtype=np.uint8)
+        self._room()
+        self.frames[self.n] = image
+        self.n += 1
+
+    def _room(self) -> None:
+        if self.n == len(self.frames):
+            grown = np.empty((min(self.most, 2 * len(self.frames)), *self.frames.shape[1:]), dtype=np.uint8)
+            grown[:self.n] = self.frames[:self.n]
+            self.frames = grown
+
+    def stacked(self) -> np.ndarray:
+        """uint8 [n, h, w, 3], n even: an odd count padded with its last frame (the reference's)."""
+        if self.n % 2:
+            self._room()
+            self.frames[self.n] = self.frames[self.n - 1]
+            self.n += 1
+        return self.frames[:self.n]
+
+
+def _frames(container, loc: tuple[str | int, ...], limits: VideoLimits, kept: _Kept) -> None:
     stream = next((s for s in container.streams if s.type == "video"), None)
     if stream is None:
         raise VideoRejected(loc, "holds no video stream", "value_error.video.empty")
     stream.thread_type = "AUTO"
-    frames: list[np.ndarray] = []
+    # FFmpeg's default is a thread per core plus one, each with its stack and, in glibc, a malloc arena of up to
+    # 64 MB of address space: on a 16-core host that alone passed the decoder's address-space cap (decode_memory_mb)
+    stream.thread_count = DECODE_THREADS
     for decoded, frame in enumerate(container.decode(stream), 1):
         if decoded > MAX_SOURCE_FPS * limits.max_seconds:
             raise VideoTooLarge(loc, f"decodes to more than {decoded - 1} frames; at most {MAX_SOURCE_FPS} per "
@@ -346,12 +395,11 @@ def _frames(container, loc: tuple[str | int, ...], limits: VideoLimits) -> list[
                                      "pixels per source frame", "value_error.video.pixels")
         if frame.time is not None and frame.time > limits.max_seconds:  # the headers said less, or nothing
             raise too_long(loc, frame.time, limits, at_least=True)
-        if frame.time is None or frame.time + 1e-6 < len(frames) / FPS:
+        if frame.time is None or frame.time + 1e-6 < kept.n / FPS:
             continue
         width, height = kept_size(frame.width, frame.height)
         check_aspect(width, height, loc)
-        frames.append(frame.to_ndarray(format="rgb24", width=width, height=height))
-    return frames
+        kept.add(frame.to_ndarray(format="rgb24", width=width, height=height))
 
 
 def _soundtrack(data: bytes, limits: VideoLimits, loc: tuple[str | int, ...]) -> np.ndarray | None:
@@ -375,14 +423,18 @@ def _soundtrack(data: bytes, limits: VideoLimits, loc: tuple[str | int, ...]) ->
     return samples if samples is not None and samples.size else None
 
 
-def decode(data: bytes, loc: tuple[str | int, ...], limits: VideoLimits = VideoLimits()) -> DecodedVideo:
+def decode(data: bytes, loc: tuple[str | int, ...], limits: VideoLimits = VideoLimits(),
+           geometry: ImageGeometry | None = None, seconds: float | None = None) -> DecodedVideo:
     """The reference's load_video on a clip's bytes, bounded by the limits; call check() first. The container is
-    probed as the reference probes it (no format named), so both read it with the same demuxer."""
+    probed as the reference probes it (no format named), so both read it with the same demuxer. With a geometry
+    (tower_geometry), each kept frame is sized for the vision tower as it is decoded (tower_frames' result);
+    seconds: the length its headers say (VideoHeader.duration_s), which sizes the frames' array."""
     import av
 
+    kept = _Kept(limits, geometry, loc, seconds)
     try:
         with av.open(io.BytesIO(data)) as container:
-            frames = _frames(container, loc, limits)
+            _frames(container, loc, limits, kept)
         audio = _soundtrack(data, limits, loc)
     except MemoryError:  # FFmpeg's ENOMEM too: over the decoder's memory cap (decoders.py), not a corrupt clip
         raise
@@ -390,16 +442,9 @@ def decode(data: bytes, loc: tuple[str | int, ...], limits: VideoLimits = VideoL
         reason = getattr(exc, "strerror", None) or str(exc)
         raise VideoRejected(loc, f"cannot be decoded ({reason}); re-encode it as MP4 (H.264, AAC) or WebM",
                             "value_error.video.corrupt") from None
-    if not frames:
+    if not kept.n:
         raise VideoRejected(loc, "holds no decodable frames", "value_error.video.empty")
-    sizes = list(dict.fromkeys(f.shape[1::-1] for f in frames))
-    if len(sizes) > 1:  # the reference's load_video stacks its frames and fails there too
-        raise VideoRejected(loc, f"changes its frame size mid-stream ({' then '.join(f'{w} x {h}' for w, h in sizes[:3])}"
-                                 "); the reference reads clips of one frame size: re-encode it at one size",
-                            "value_error.video.frame_size")
-    if len(frames) % 2:
-        frames.append(frames[-1])
-    return DecodedVideo(np.stack(frames), audio)
+    return DecodedVideo(kept.stacked(), audio)
 
 
 # --- what the vision tower sees -------------------------------------------------------------------
@@ -423,15 +468,22 @@ def smart_resize(height: int, width: int, geometry: ImageGeometry) -> tuple[int,
     return images.smart_resize(height, width, geometry)
 
 
-def tower_frames(frames: np.ndarray, geometry: ImageGeometry) -> np.ndarray:
-    """uint8 [n, H, W, 3] frames at the processor's size (bicubic with antialiasing, as torchvision's uint8 resize,
-    through Pillow); unchanged when the size already fits."""
+def tower_frame(frame: np.ndarray, geometry: ImageGeometry) -> np.ndarray:
+    """uint8 [H, W, 3] at the processor's size (bicubic with antialiasing, as torchvision's uint8 resize, through
+    Pillow); unchanged when the size already fits."""
     from PIL import Image
 
-    height, width = smart_resize(frames.shape[1], frames.shape[2], geometry)
-    if (height, width) == frames.shape[1:3]:
+    height, width = smart_resize(frame.shape[0], frame.shape[1], geometry)
+    if (height, width) == frame.shape[:2]:
+        return frame
+    return np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.BICUBIC))
+
+
+def tower_frames(frames: np.ndarray, geometry: ImageGeometry) -> np.ndarray:
+    """uint8 [n, H, W, 3] frames at the processor's size (tower_frame's); unchanged when the size already fits."""
+    if smart_resize(frames.shape[1], frames.shape[2], geometry) == frames.shape[1:3]:
         return frames
-    return np.stack([np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.BICUBIC)) for f in frames])
+    return np.stack([tower_frame(f, geometry) for f in frames])
 
 
 def patches(frames: np.ndarray, patch: int = 16, merge: int = 2, temporal: int = 2) -> np.ndarray:

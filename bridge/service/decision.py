@@ -143,7 +143,7 @@ class DecisionService:
         self.workers = {} if workers is None else workers  # the app fills both as its models load
         self.names = {} if names is None else names
         self._on_queued = on_queued
-        self.decoders = DecoderPool(server.decoders)  # its processes fork when started, or for a first job
+        self.decoders = DecoderPool(server.decoder_limits)  # its processes fork when started, or for a first job
 
     async def decide(self, call: DecisionInput, resolved: Callable[[str], None] = lambda model: None) -> Decision:
         """The request's Decision within request_timeout_s from now, every wait counted (decoding, the queue, the
