@@ -28,6 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default: 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("fuzz", help="hostile input against a live server under a memory cap: schemathesis over "
+                                    "every door, then byte-mutated real media; exit 0 when no 5xx came back")
+    p.add_argument("--seconds", type=float, default=120.0, help="time for both phases together (default: 120)")
+    p.add_argument("--memory-gib", type=float, default=8.0,
+                   help="the server's address-space cap, RLIMIT_AS (default: 8)")
+    p.add_argument("--models", type=Path, help="the registry to serve (default: the built-in demos)")
+    p.add_argument("--seed", type=int, default=0, help="seed of schemathesis and of the mutations (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("lora", help="fine-tunes as LoRA adapters over one backbone vs merged GGUFs: prefill time, "
                                     "adapter switching under mixed traffic, memory for base + 3 adapters vs 3 merged")
     p.add_argument("--gguf", type=Path, help="the base GGUF (default: the tiny fixtures, built on first use)")
@@ -185,6 +194,12 @@ def _soak(args: argparse.Namespace) -> int:
     return emit(run(args.requests, args.concurrency, args.models, args.warmup, args.seed), args.json)
 
 
+def _fuzz(args: argparse.Namespace) -> int:
+    from .fuzz import run
+
+    return emit(run(args.seconds, args.memory_gib, args.models, args.seed), args.json)
+
+
 def _bench_head(args: argparse.Namespace) -> int:
     from .bench_head import run
 
@@ -234,7 +249,7 @@ def _llama_server(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
-COMMANDS = {"bench": _bench, "soak": _soak, "lora": _lora, "llama-server": _llama_server,
+COMMANDS = {"bench": _bench, "soak": _soak, "fuzz": _fuzz, "lora": _lora, "llama-server": _llama_server,
             "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni,
             "demo-start": _demo_start}
 

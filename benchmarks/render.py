@@ -9,6 +9,7 @@ from clef_bridge.tools.render import text
 from .agent_loop import AgentLoopResult
 from .bench_head import LOGIT_TOLERANCE, HeadBench
 from .demo_start import DemoStart
+from .fuzz import FuzzReport
 from .gpu_check import GpuCheck
 from .gpu_models import GpuModels
 from .llama_server import SideBySide
@@ -166,3 +167,19 @@ def _(result: SideBySide) -> str:
                  f"throughput: clef-bridge / llama-server = {result.throughput_ratio:.2f}")
     lines += [f"  {name} refused: {why}" for name, whys in result.refused.items() for why in whys]
     return "\n".join(lines)
+
+
+@text.register
+def _(result: FuzzReport) -> str:
+    f = result.figures
+    lines = [f"python -m benchmarks fuzz: {f['seconds']:g} s against `clef-bridge serve` under RLIMIT_AS "
+             f"{f['memory_cap_gib']:g} GiB",
+             f"  requests: {f['requests']} ({f['schemathesis_requests']} from schemathesis over every door, "
+             f"{f['media_requests']} of byte-mutated media)",
+             "  statuses: " + ", ".join(f"{status}: {n}" for status, n in f["statuses"].items()),
+             f"  5xx: {f['server_errors']}" + "".join(f"\n    {case}" for case in f["server_error_cases"]),
+             f"  slowest refusal: {f['slowest_refusal_ms']} ms ({f['slowest_refusal']})",
+             f"  /health: worst {f['health_worst_ms']} ms, {f['health_failures']} failed",
+             f"  server RSS: {f['rss_mib_before']} MiB before, {f['rss_mib_after']} MiB after"
+             f"{'' if f['server_alive'] else ', and it DIED'}"]
+    return "\n".join(lines + [f"fuzz: {f['verdict']}"])

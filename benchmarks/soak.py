@@ -116,6 +116,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_ready(url: str, server: subprocess.Popen, command: list[str], error: type[ClefError]) -> None:
+    """Until the started server's /ready answers (5 minutes at most); error when it dies or never does."""
+    deadline = time.time() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=2):
+                return
+        except OSError:
+            if time.time() > deadline or server.poll() is not None:
+                raise error("the server did not start", fix=f"run `{' '.join(command[2:])}` to see why") from None
+            time.sleep(0.3)
+
+
 class SoakError(ClefError):
     category = Category.HOST
     error_type = "soak_error"
@@ -164,15 +177,7 @@ def run(requests: int, concurrency: int, models: Path | None, warmup: float, see
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ready", timeout=2):
-                    break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise SoakError("the server did not start", fix=f"run `{' '.join(command[2:])}` to see why")
-                time.sleep(0.3)
+        wait_ready(url, server, command, SoakError)
         result = asyncio.run(_drive(url, server.pid, requests, concurrency, seed))
     finally:
         server.send_signal(signal.SIGTERM)
