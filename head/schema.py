@@ -125,6 +125,16 @@ def _text_problem(loc: tuple, what: str) -> Problem:
     return Problem(loc, f"{what} must be a string, an object, an array or null", "type_error")
 
 
+def _named(names: list[Any], loc: tuple, problems: list[Problem]) -> dict[str, None]:
+    """A choice's option names as given in a list: the object {name: null} they mean."""
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            problems.append(Problem(loc + (i,), "an option name must be a string", "type_error"))
+        elif name in names[:i]:
+            problems.append(Problem(loc + (i,), f"option {name!r} is named twice", "value_error"))
+    return {name: None for name in names if isinstance(name, str)}
+
+
 def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list[Problem]):
     loc = ("body", "questions", qid, "criteria")
     if qtype == "noul":
@@ -143,9 +153,11 @@ def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list
         merged = NOUL_DEFAULTS | {k: v for k, v in criteria.items() if k in NOUL_DEFAULTS}
         return tuple((k, merged[k]) for k in option_order(qtype, merged)), ("true", "false")
     if qtype == "choice":
+        if isinstance(criteria, list):  # laya-serve's form: option names, none described
+            criteria = _named(criteria, loc, problems)
         if not isinstance(criteria, dict):
-            problems.append(Problem(loc, "choice criteria must be an object of option name -> description",
-                                    "type_error"))
+            problems.append(Problem(loc, "choice criteria must be an object of option name -> description (or an "
+                                    "array of option names)", "type_error"))
             return None
         if not 2 <= len(criteria) <= limits.max_options:
             problems.append(Problem(loc, f"a choice needs 2 to {limits.max_options} options (max_options), "

@@ -39,8 +39,9 @@ def test_unknown_question_type():
 
 
 @pytest.mark.parametrize("criteria, fragment", [
-    ({}, "2 to 255 options (max_options), got 0"), ({"only": "one"}, "got 1"), ([], "must be an object"),
+    ({}, "2 to 255 options (max_options), got 0"), ({"only": "one"}, "got 1"), ([], "got 0"),
     ("a,b", "must be an object"), ({"a": 1, "b": "x"}, "string, an object, an array or null"),
+    (["a", "b", "a"], "named twice"), (["a", 3], "option name must be a string"),  # laya-serve's list form
 ])
 def test_choice_criteria(criteria, fragment):
     found = problems(body(c={"type": "choice", "criteria": criteria}))

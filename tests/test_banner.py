@@ -35,3 +35,17 @@ def test_serve_without_a_models_toml_prints_it(tmp_path, monkeypatch, capsys):
     banner = capsys.readouterr().err
     assert f"serving the built-in demo models ({cli.demos_read()})" in banner
     assert served and "demo-omni" in served[0]
+
+
+def test_serve_takes_one_gguf_as_llama_server_does(tmp_path, monkeypatch, fx):
+    """`clef-bridge serve FILE.gguf --head HEAD`: one model named after the file, its file name an alias (what a
+    client of llama-server -m FILE sends)."""
+    from clef_bridge.bridge.server import app
+
+    served = []
+    monkeypatch.setattr(app, "serve", lambda registry, host, port: served.append(registry))
+    assert cli.main(["serve", str(fx.gguf_f32), "--head", str(fx.head)]) == 0
+    [registry] = served
+    [(name, spec)] = registry.models.items()
+    assert registry.default == name == fx.gguf_f32.stem and spec.aliases == (fx.gguf_f32.name,)
+    assert spec.gguf == fx.gguf_f32 and spec.head_path == fx.head

@@ -53,6 +53,9 @@ def test_calibrate_with_a_malformed_file(capsys, tmp_path, fx):
     (["join", "{gguf}", "{tmp}/joint_head.safetensors", "-o", "{tmp}/x.gguf"], "joint_head_config.json"),
     (["drift", "{tmp}/a.gguf", "{gguf}"], "a.gguf"),
     (["serve", "--models", "{tmp}/none.toml"], "not found"),
+    (["serve", "--models", "{gguf}"], "clef-bridge serve"),  # a GGUF given as models.toml: the fix, not utf-8
+    (["serve", "{gguf}", "--models", "{tmp}/none.toml"], "not both"),
+    (["serve", "--head", "{gguf}"], "go with a GGUF"),
     (["fit", "--arch", "clef-flash", "--vram", "lots"], "cannot read the size"),
 ])
 def test_commands_explain_their_failures(capsys, tmp_path, fx, argv, fragment):

@@ -13,6 +13,7 @@ from clef_bridge.bridge.server.routes import (
     PUBLIC,
     ROUTES,
     UNMATCHED,
+    WORKERS_AI_BARE,
     WORKERS_AI_PREFIXES,
     WORKERS_AI_ROUTES,
     WORKERS_AI_RUN,
@@ -61,9 +62,10 @@ def test_public_routes_are_reads_that_name_no_model():
 
 
 def test_cloudflares_routes_live_under_its_prefixes_and_nothing_else_does():
-    assert WORKERS_AI_ROUTES == {"workers_ai", "workers_ai_v4"}
+    assert WORKERS_AI_ROUTES == {"workers_ai", "workers_ai_v4", "workers_ai_bare"}
     for route in ROUTES:
         under = route.path.startswith(WORKERS_AI_PREFIXES)
         assert under == (route.shape == "workers_ai"), route
         if route.shape == "workers_ai":
-            assert route.method == "POST" and route.path.endswith(WORKERS_AI_RUN) and not route.public
+            assert route.method == "POST" and not route.public
+            assert route.path.endswith(WORKERS_AI_RUN) or route.path == WORKERS_AI_BARE

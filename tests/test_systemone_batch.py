@@ -154,3 +154,20 @@ def test_the_route_is_in_openapi(server):
 ])
 def test_the_batch_bodys_own_problems(body, types):
     assert [p.type for p in batch_problems(body, 4)] == types
+
+
+def test_list_form_choices_top_level_model_and_each_states_warnings(server):
+    """Issue 54: laya-serve's list of option names answers as the object of undescribed options; the batch's model is
+    the name the body used, as each result says (an alias here, the served name before); each state's warnings stay
+    in its own result (only the first state's survived)."""
+    named = {"team": {"type": "choice", "criteria": ["shipping", "billing"]}}
+    described = {"team": {"type": "choice", "criteria": {"billing": None, "shipping": None}}}
+    png = "data:image/png;base64," + "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAEklEQVR4nGNgYGBgYGBgYGBgYAAA"
+    states = ["Where is my parcel?", f"pasted: {png}"]
+    as_list = laya_serve_post(server.url, {"model": "jev-latest", "questions": named, "states": states})
+    as_object = laya_serve_post(server.url, {"model": "jev-latest", "questions": described, "states": states})
+    assert [r["answers"] for r in as_list["results"]] == [r["answers"] for r in as_object["results"]]
+    assert as_list["model"] == "jev-latest" == as_list["results"][0]["model"]
+    warned = [[w for w in r.get("x_warnings", []) if w.startswith("state.embedded_media")] for r in as_list["results"]]
+    assert [len(w) for w in warned] == [0, 1]
+    assert not [w for w in as_list.get("x_warnings", []) if w.startswith("state.embedded_media")]

@@ -252,14 +252,20 @@ def demos_read() -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..bridge.catalogue.releases import CLEF_FLASH
-    from ..bridge.config.registry import demo_registry, load_registry
+    from ..bridge.config.registry import demo_registry, file_registry, load_registry
     from ..bridge.model.loading import materialize
     from ..bridge.server.app import serve
 
     if (args.ray_address or args.ray_dashboard) and not args.ray:
         raise UsageError("--ray-address and --ray-dashboard are for --ray", fix="add --ray, or drop them")
+    if args.gguf is not None and args.models is not None:
+        raise UsageError("serve takes a GGUF or --models, not both", fix="name the GGUF in models.toml, or drop --models")
+    if args.gguf is None and (args.head or args.mmproj):
+        raise UsageError("--head and --mmproj go with a GGUF", fix="clef-bridge serve MODEL.gguf --head HEAD ...")
     path = args.models or Path("models.toml")
-    if args.models is None and not path.is_file():
+    if args.gguf is not None:
+        registry = file_registry(args.gguf, args.head, args.mmproj)
+    elif args.models is None and not path.is_file():
         registry = demo_registry(path.resolve())
         materialize(registry.models["demo"])  # writes both demos, once
         print(f"clef-bridge: no models.toml in {Path.cwd()}: serving the built-in demo models ({demos_read()}) "

@@ -24,7 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "GGUF backbone with Clef's joint schema head.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("serve", help="serve the System One API for every model in models.toml")
+    p = sub.add_parser("serve", help="serve the System One API for every model in models.toml, or one GGUF")
+    p.add_argument("gguf", nargs="?", type=Path, help="serve this one GGUF, as llama-server -m does (named after the "
+                                                      "file); instead of --models")
+    p.add_argument("--head", type=Path, help="with a GGUF: its joint_head.safetensors (default: the one beside it, "
+                                             "or a clef GGUF's own)")
+    p.add_argument("--mmproj", type=Path, help="with a GGUF: its vision projector, as llama-server's --mmproj "
+                                               "(default: mmproj*.gguf beside it)")
     p.add_argument("--models", type=Path, help="the model registry (default: ./models.toml; without one, the "
                                               "built-in demo model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")

@@ -8,6 +8,7 @@ collects every problem of the file and raises one RegistryError listing them wit
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -299,6 +300,19 @@ def demo_registry(path: Path) -> Registry:
     return parse_registry({"default": DEMO, "models": {n: {"builtin": n} for n in BUILTINS}}, path)
 
 
+def file_registry(gguf: Path, head: Path | None = None, mmproj: Path | None = None) -> Registry:
+    """One GGUF served as llama-server serves `-m FILE`: a model named after the file (its stem, with the file's
+    name as an alias: the names a llama-server client sends), the default [server] keys."""
+    gguf = _absolute(gguf)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", gguf.stem)[:64] or "model"
+    entry: dict[str, Any] = {"gguf": str(gguf), "aliases": [gguf.name]}
+    if head is not None:
+        entry["head"] = str(_absolute(head))
+    if mmproj is not None:
+        entry["mmproj"] = str(_absolute(mmproj))
+    return parse_registry({"default": name, "models": {name: entry}}, gguf.parent / "models.toml")
+
+
 def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
     problems: list[str] = []
     top = ("default", "models", "server", "ray")
@@ -329,6 +343,10 @@ def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
 def load_registry(path: str | Path) -> Registry:
     path = _absolute(Path(path))
     try:
+        if path.read_bytes()[:4] == b"GGUF":
+            raise RegistryError(f"{path}: a GGUF model, not a models.toml",
+                                fix=f"serve it alone with `clef-bridge serve {path}` (add --head or --mmproj where it "
+                                    "needs them), or name it in a models.toml entry's gguf = ...")
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RegistryError(f"{path}: not found; pass --models PATH or create models.toml") from None

@@ -30,9 +30,11 @@ log = logging.getLogger("clef_bridge.server")
 access_log = logging.getLogger("clef_bridge.access")
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
+ECHOED_ID_HEADER = "x-request-id"  # the same id under the name every other client reads, on every route
 # a client's request id is echoed in the answer's header and the access log: 1 to 128 printable ASCII characters,
 # else the request is refused (400) under an id of the server's own; the refusal never quotes it
 MAX_REQUEST_ID_CHARS = 128
+MAX_LOGGED_PATH = 200  # an unmatched path's characters in its access-log line
 REQUEST_ID = re.compile(rf"[\x20-\x7e]{{1,{MAX_REQUEST_ID_CHARS}}}")
 SERVER_NAME = "clef-bridge"  # the Server header: no Python or aiohttp version for scanners to match
 CLIENT_CLOSED = 499  # nginx's status for a client gone before its answer: counted apart from 5xx
@@ -166,6 +168,7 @@ async def context_middleware(request: web.Request, handler: Callable[[web.Reques
             response = _error_response(request, exc, info, shape)
             _forget(exc)  # logged (if it is a bug) by now
         response.headers[REQUEST_ID_HEADER] = info.id
+        response.headers[ECHOED_ID_HEADER] = info.id  # what OpenAI's clients and most others read (clef-compactor)
         response.headers[hdrs.SERVER] = SERVER_NAME
         info.status = response.status
         await _send(request, response, info, request.app[REGISTRY].server.write_timeout_s)
@@ -188,6 +191,8 @@ def finish(request: web.Request, info: RequestLog, start: float) -> None:
     line = {"request_id": info.id, "method": request.method, "route": info.route, "model": info.model,
             "status": info.status, "input_tokens": info.input_tokens, "batch_size": info.batch_size,
             **info.timings}
+    if info.route == UNMATCHED:  # the path tried (its route label stays "unmatched": metrics stay bounded)
+        line["path"] = request.path[:MAX_LOGGED_PATH]  # the whole line is escaped (_access): one line, printable
     if info.tenant:
         line["tenant"] = info.tenant
     if info.error_type:

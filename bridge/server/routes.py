@@ -10,8 +10,9 @@ JEV_SHAPE, WORKERS_AI_SHAPE, OPENAI_SHAPE = "jev", "workers_ai", "openai"  # the
 BATCH_SHAPE, AINODE_SHAPE = "laya_batch", "ainode"  # laya-serve's batch route, AINode's /v1/decide
 # Cloudflare's paths, matched or not, answer in the Workers AI envelope: its clients call either the bare
 # route or the REST API's, whose base is https://api.cloudflare.com/client/v4 (they change only the host)
-WORKERS_AI_PREFIXES = ("/accounts/", "/client/v4/")
+WORKERS_AI_PREFIXES = ("/accounts/", "/client/v4/", "/ai/run/")
 WORKERS_AI_RUN = "accounts/{account_id}/ai/run/@cf/cloudflare/{model}"
+WORKERS_AI_BARE = "/ai/run/@cf/cloudflare/{model}"  # what clients given the server root as their base post to
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ ROUTES = (
     Route("GET", "/v1/models", "models"),
     Route("POST", "/" + WORKERS_AI_RUN, "workers_ai", shape=WORKERS_AI_SHAPE),
     Route("POST", "/client/v4/" + WORKERS_AI_RUN, "workers_ai_v4", shape=WORKERS_AI_SHAPE),
+    Route("POST", WORKERS_AI_BARE, "workers_ai_bare", shape=WORKERS_AI_SHAPE),
     Route("POST", "/v1/decisions", "openai_decisions", shape=OPENAI_SHAPE),
     Route("POST", "/v1/systemone/batch", "systemone_batch", shape=BATCH_SHAPE),
     Route("POST", "/v1/decide", "ainode_decide", shape=AINODE_SHAPE),

@@ -424,7 +424,6 @@ async def decisions_handler(request: web.Request) -> web.Response:
     except RequestInvalid as exc:
         raise translated.relocated(exc) from None
     extra, headers = extensions(request, decision, start, [])
-    headers["x-request-id"] = request[INFO].id
     return json_response(to_openai(translated, decision, extra), headers=headers)
 
 

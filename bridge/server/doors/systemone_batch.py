@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 from aiohttp import web
@@ -81,6 +82,16 @@ async def decide_each(request: web.Request, calls: list[DecisionInput]) -> list[
         raise located(exc, i) from None
 
 
+def result(decision: Decision) -> dict[str, Any]:
+    """One state's System One answer with its own timings and its own warnings (a state's embedded media, say)."""
+    timings = {**{f"{stage}_ms": round(s * 1e3, 3) for stage, s in decision.timings.items()},
+               "reused_tokens": decision.reused_tokens}
+    if decision.shared:
+        timings[decision.shared] = 1
+    warnings = {"x_warnings": list(decision.warnings)} if decision.warnings else {}
+    return {**systemone_body(decision), "x_timings": timings, **warnings}
+
+
 async def batch_handler(request: web.Request) -> web.Response:
     start = time.perf_counter()
     body = await read_body(request, kinds=())  # text only: its body is capped at max_body_bytes
@@ -104,11 +115,11 @@ async def batch_handler(request: web.Request) -> web.Response:
     info.timings = {f"{stage}_ms": round(max(d.timings.get(stage, 0.0) for d in decisions) * 1e3, 3)
                     for stage in decisions[0].timings}
     info.timings["reused_tokens"] = sum(d.reused_tokens for d in decisions)
-    results = [{**systemone_body(d), "x_timings": {**{f"{stage}_ms": round(s * 1e3, 3) for stage, s in d.timings.items()},
-                                            "reused_tokens": d.reused_tokens}} for d in decisions]
-    batch = {"model": decisions[0].model, "results": results,
+    results = [result(d) for d in decisions]
+    batch = {"model": decisions[0].requested, "results": results,  # the name the body used, as each result says
              "total_usage": {"input_tokens": info.input_tokens, "output_tokens": 0}}
-    extra, headers = extensions(request, decisions[0], start, warnings)
+    # the batch's own warnings at the top (no model named, the demo's weights); each state's are in its result
+    extra, headers = extensions(request, replace(decisions[0], warnings=()), start, warnings)
     return json_response({**batch, **extra}, headers=headers)
 
 

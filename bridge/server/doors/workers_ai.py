@@ -88,13 +88,13 @@ async def workers_ai_handler(request: web.Request) -> web.Response:
 
 
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """Cloudflare's routes (the bare one and the REST API's /client/v4 one) in /openapi.json: the model from the
-    path, every answer in the envelope."""
+    """Cloudflare's routes (the account's, the REST API's /client/v4 one, and /ai/run/... alone, where clients given
+    the server root post) in /openapi.json: the model from the path, every answer in the envelope."""
     envelope = "Workers AI envelope {result, success, errors: [{code, message}], messages}"
     return {PATHS[name]: {"post": {
         "operationId": name, "security": security,
-        "parameters": [{"name": "account_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                       {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "parameters": [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                       for p in ("account_id", "model") if "{" + p + "}" in PATHS[name]],
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}},
         "responses": {"200": {"description": envelope},
