@@ -97,9 +97,11 @@ class ContextLengthExceeded(ClefError):
         self.n_tokens = n_tokens
         self.limit = limit
         self.detail, self.at_least = detail, at_least  # a front door restates it (the batch names its state)
+        # "maximum context length" is what harnesses (decision-index among them) match to tell a too-long input
+        # from an error worth retrying
         super().__init__(
             f"the request needs {'at least ' if at_least else ''}{n_tokens} tokens but this model accepts at most "
-            f"{limit}{detail}; "
+            f"{limit}{detail}: over its maximum context length; "
             "shorten the state or the schema, or raise max_length (and n_ctx) in models.toml"
         )
 

@@ -150,3 +150,12 @@ def test_the_cli_exits_with_the_tables_code(cls, capsys):
     assert code == ANSWERS[cls.category].exit_code
     assert code == (1 if any(c.__qualname__ in REFUSALS for c in cls.__mro__) else 2)
     assert capsys.readouterr().err == "clef-bridge x: it failed\n  fix: do this\n"
+
+
+def test_a_too_long_prompt_says_maximum_context_length():
+    """Benchmark harnesses (decision-index) call a refusal "unsupported", not an error to retry on every resume,
+    only when its message says "maximum context length" (or "context window", "too many tokens")."""
+    from clef_bridge.head.errors import ContextLengthExceeded
+
+    message = str(ContextLengthExceeded(9000, 8192, " (states[3])"))
+    assert "maximum context length" in message and "9000 tokens" in message and "8192" in message

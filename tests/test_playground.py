@@ -385,6 +385,7 @@ def test_the_demo_is_called_random_at_once_and_the_example_is_the_api_pages(brow
         page = p.page
         choose_model(page, "Model", "demo")
         playwright_sync.expect(page.locator("#models-status")).to_contain_text("demo model has RANDOM weights")
+        assert "demo: demo:" not in page.locator("#models-status").inner_text()  # issue 54: the code said twice
         assert page.get_by_role("meter").count() == 0  # nothing asked yet
         page.get_by_role("button", name="load an example").click()
         assert request_body(page) == {**router, "model": "demo"}

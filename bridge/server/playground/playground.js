@@ -112,7 +112,8 @@ async function loadModels() {
     const warned = ui.models.filter((m) => Array.isArray(m.x_warnings) && m.x_warnings.length);
     if (warned.length) {
       status.className = 'status-line warn';
-      status.textContent = `⚠ ${warned.map((m) => `${m.name}: ${m.x_warnings.join('; ')}`).join(' · ')}`;
+      // "model — warnings": a warning starts with its own code ("demo: ..."), so "name: " before it read "demo: demo:"
+      status.textContent = `⚠ ${warned.map((m) => `${m.name} — ${m.x_warnings.join('; ')}`).join(' · ')}`;
     }
   } catch (err) {
     status.className = 'status-line bad';
