@@ -88,3 +88,17 @@ def test_the_checkouts_models_toml_serves_what_serve_without_one_serves():
     without = demo_registry(ROOT / "no-models.toml")
     assert checkout.default == without.default
     assert {n: s.builtin for n, s in checkout.models.items()} == {n: s.builtin for n, s in without.models.items()}
+
+
+def test_a_gguf_loaded_twice_with_other_backbone_keys_is_said(tmp_path):
+    """Issue 54: an entry naming an already loaded GGUF with another n_ctx holds a second copy of the backbone: its
+    warning names the keys that differ and the fix; equal keys share one and say nothing."""
+    from clef_bridge.bridge.config.registry import parse_registry
+    from clef_bridge.bridge.service.models import second_copies
+
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    raw = {"models": {n: {"gguf": "m.gguf", "n_ctx": ctx, "max_length": 4096}
+                      for n, ctx in (("a", 4096), ("b", 8192), ("c", 4096))}}
+    copies = second_copies(parse_registry(raw, tmp_path / "models.toml"))
+    assert list(copies) == ["b"]
+    assert "n_ctx 8192 where 'a' has 4096" in copies["b"] and "same backbone keys" in copies["b"]

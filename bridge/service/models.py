@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import fields, replace
 
 from ...head.errors import Category, ClefError
 from ..config.integrity import ModelRefused
@@ -31,10 +32,28 @@ def shared_backbones(registry: Registry) -> dict[str, tuple[str, ...]]:
     return {name: tuple(group) for group in groups.values() for name in group}
 
 
+def second_copies(registry: Registry) -> dict[str, str]:
+    """Each model whose GGUF an earlier entry loads with other backbone keys, and the warning that says so: it holds
+    a second copy of the weights (on a 16 GB card, twice the backbone), where equal keys would share one."""
+    first: dict[object, str] = {}
+    out = {}
+    for name, spec in registry.models.items():
+        other = registry.models[first.setdefault(spec.gguf, name)]
+        if other is spec or other.backbone == spec.backbone:
+            continue
+        differ = [f"{f.name} {getattr(spec.backbone, f.name)!r} where {other.name!r} has "
+                  f"{getattr(other.backbone, f.name)!r}" for f in fields(spec.backbone)
+                  if getattr(spec.backbone, f.name) != getattr(other.backbone, f.name)]
+        out[name] = (f"backbone.second_copy: {spec.gguf.name} is loaded a second time for this model, as its backbone "
+                     f"keys differ from model {other.name!r}'s ({'; '.join(differ)}): give every entry naming this "
+                     "GGUF the same backbone keys (n_ctx, n_ubatch, n_seq_max, kv_type, ...) to share one copy")
+    return out
+
+
 def load_models(registry: Registry) -> dict[str, Loaded]:
     """Every model of the registry, each checked (loading.load_checked), or an error naming the one that failed."""
     models: dict[str, Loaded] = {}
-    pool, sharing = BackbonePool(), shared_backbones(registry)
+    pool, sharing, copies = BackbonePool(), shared_backbones(registry), second_copies(registry)
     try:
         for name, spec in registry.models.items():
             # the head is named once checked (the banner): a clef GGUF embeds it, a qwen35 one has it beside it
@@ -51,6 +70,8 @@ def load_models(registry: Registry) -> dict[str, Loaded]:
                 raise
             except ClefError as exc:
                 raise ModelLoadError(name, exc) from exc
+            if name in copies:
+                models[name] = replace(models[name], warnings=(*models[name].warnings, copies[name]))
             for warning in models[name].warnings:
                 log.warning("model %s is served with a warning: %s", name, warning)
     except BaseException:
