@@ -104,3 +104,22 @@ def test_the_demo_takes_a_64_question_request(tmp_path, monkeypatch):
         assert 16384 < tokens <= model.encode_options.max_length <= model.backbone.decode_budget
     finally:
         model.close()
+
+
+def test_a_gguf_joined_from_the_demo_keeps_its_random_weights_warning(tmp_path, monkeypatch):
+    """Issue 54: `clef-bridge join` of the demo's backbone and head served as a plain entry says, as the demo does,
+    that its weights are random."""
+    from clef_bridge.bridge.config.registry import model_spec
+    from clef_bridge.bridge.demo.builtins import make_demo
+    from clef_bridge.bridge.gguf.clef_split import join
+    from clef_bridge.bridge.model.loading import load_checked
+
+    monkeypatch.setenv("CLEF_BRIDGE_CACHE", str(tmp_path / "cache"))
+    files = make_demo(tmp_path / "demo", omni=False)
+    joined = tmp_path / "joined.clef.gguf"
+    join(files.gguf, files.head, joined)
+    loaded = load_checked(model_spec("mine", joined))
+    try:
+        assert [w for w in loaded.warnings if w.startswith("demo:") and "RANDOM weights" in w]
+    finally:
+        loaded.model.close()

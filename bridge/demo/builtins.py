@@ -116,7 +116,10 @@ def matrix_type(matrices: str, name: str, d: Qwen35Dims) -> GGMLQuantizationType
     return Q.Q4_K
 
 
-def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = "clef-bridge demo",
+DEMO_GGUF_NAMES = ("clef-bridge demo", "clef-bridge Clef-omni demo")  # general.name of the demos' GGUFs
+
+
+def write_qwen35_gguf(path: Path, d: Qwen35Dims, seed: int, name: str = DEMO_GGUF_NAMES[0],
                       matrices: str = "F32", n_vocab: int = 0, vocab: Vocab | None = None) -> None:
     """A random qwen35 GGUF that llama.cpp loads and runs, written one tensor at a time.
 
@@ -298,7 +301,7 @@ def make_demo(folder: str | Path, seed: int = 0, omni: bool = True) -> DemoFiles
         if files.omni is not None:
             files.omni.folder.mkdir(exist_ok=True)
             _replace(files.omni.gguf, lambda p: write_qwen3vlmoe_gguf(p, OMNI_DIMS, seed + 10,
-                                                                       name="clef-bridge Clef-omni demo"))
+                                                                       name=DEMO_GGUF_NAMES[1]))
             _replace(files.omni.mmproj, lambda p: write_projector(p, OMNI_DIMS.hidden, seed + 12, OMNI_VISION,
                                                                   OMNI_AUDIO, name="clef-bridge Clef-omni demo"))
             _write_head(files.omni.head, OMNI_HEAD, seed + 11)

@@ -25,6 +25,7 @@ from ..config.integrity import CheckReport, ModelRefused, check_all, check_canar
 from ..config.memory_plan import placement_for, plan_inputs, projector_sizes
 from ..config.provenance import canary_probabilities, canary_states, image_canary
 from ..config.registry import ModelSpec
+from ..demo.builtins import DEMO_GGUF_NAMES
 from ..gguf.clef_split import ensure_backbone
 from ..gguf.lora import converted_lora, lora_file_bytes
 from ..gguf.projector import ensure_vision_projector, projector_info
@@ -235,4 +236,8 @@ def load_checked(spec: ModelSpec, limits: Limits = Limits(), pool: BackbonePool 
             model.close()
             raise ModelRefused(spec.name, report)
     warnings += [f"{f.code}: {f.message}" for f in report.warnings]
+    if not spec.builtin and report.info is not None and report.info.metadata.get("general.name") in DEMO_GGUF_NAMES:
+        # a file made from the demo (joined, split, copied) keeps what the demo's answers say of themselves
+        warnings.append(f"demo: {spec.gguf.name} is the built-in demo's backbone (general.name "
+                        f"{report.info.metadata['general.name']!r}): RANDOM weights, its answers are meaningless")
     return Loaded(model, report, tuple(warnings))
