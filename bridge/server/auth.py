@@ -25,6 +25,7 @@ METRICS_PATH = PATHS["metrics"]
 log = logging.getLogger("clef_bridge.auth")
 
 CHALLENGE = 'Bearer realm="clef-bridge"'  # the WWW-Authenticate of every 401 (RFC 9110 section 11.6.1)
+AZURE_KEY = "api-key"  # where Azure OpenAI's clients put the key, without Authorization
 
 
 class Unauthorized(ClefError):
@@ -145,8 +146,11 @@ def auth_middleware(keys_key: web.AppKey) -> Callable:
         if keys.enabled and request.path not in PUBLIC:
             try:
                 authorization = header(request, hdrs.AUTHORIZATION)
+                key = header(request, AZURE_KEY) if authorization is None else None
             except BadHeader:
                 raise Unauthorized("invalid API key: the Authorization header is not valid UTF-8") from None
+            if key:  # Azure OpenAI's clients (litellm's azure provider) send the key alone
+                authorization = f"Bearer {key}"
             tenant = keys.check(authorization)
             if tenant.metrics != (request.path == METRICS_PATH):
                 request[INFO].tenant = tenant.name

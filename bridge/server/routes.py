@@ -24,13 +24,23 @@ class Route:
     shape: str = JEV_SHAPE  # its door's shape (bridge/server/doors/): Cloudflare's routes answer in its envelope
 
 
+# System One's route under the paths other providers' clients post it to (issue 54): OpenRouter's alpha decisions
+# (pydecide, fuzzy-jev and litellm's openrouter provider), Azure AI Foundry's (litellm's azure_ai)
+SYSTEMONE_ALIASES = ("/alpha/decisions", "/api/alpha/decisions", "/providers/microsoft/v1/systemone")
+# OpenAI's Decisions route under the paths clients given another base post to: pydecide's openai_decisions with the
+# server root, litellm's azure provider (Azure OpenAI's v1 path; its key in an api-key header)
+OPENAI_ALIASES = ("/decisions", "/openai/v1/decisions")
+
 ROUTES = (
     Route("POST", "/v1/systemone", "systemone"),
+    *(Route("POST", path, f"systemone_at{path.replace('/', '_')}") for path in SYSTEMONE_ALIASES),
     Route("GET", "/v1/models", "models"),
     Route("POST", "/" + WORKERS_AI_RUN, "workers_ai", shape=WORKERS_AI_SHAPE),
     Route("POST", "/client/v4/" + WORKERS_AI_RUN, "workers_ai_v4", shape=WORKERS_AI_SHAPE),
     Route("POST", WORKERS_AI_BARE, "workers_ai_bare", shape=WORKERS_AI_SHAPE),
     Route("POST", "/v1/decisions", "openai_decisions", shape=OPENAI_SHAPE),
+    *(Route("POST", path, f"openai_decisions_at{path.replace('/', '_')}", shape=OPENAI_SHAPE)
+      for path in OPENAI_ALIASES),
     Route("POST", "/v1/systemone/batch", "systemone_batch", shape=BATCH_SHAPE),
     Route("POST", "/v1/decide", "ainode_decide", shape=AINODE_SHAPE),
     Route("GET", "/health", "health", public=True),

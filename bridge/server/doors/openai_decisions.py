@@ -24,6 +24,7 @@ from ..appstate import REGISTRY
 from ..context import INFO, Door, json_response
 from ..routes import OPENAI_SHAPE, PATHS
 from .decisions import decide, decision_input, extensions, read_body
+from .systemone import systemone_answer
 
 Loc = tuple[str | int, ...]
 # What Clef asks for each of OpenAI's question types
@@ -410,11 +411,19 @@ def to_openai(t: Translated, decision: Decision, extra: dict[str, Any]) -> dict[
                       "total_tokens": tokens}, **extra}
 
 
+def is_systemone(data: Any) -> bool:
+    """A System One body (questions an object, a state, no input), as litellm's perplexity and empiriolabs providers
+    post to /v1/decisions: OpenAI's questions are an array and its text is `input`."""
+    return isinstance(data, dict) and isinstance(data.get("questions"), dict) and "input" not in data
+
+
 async def decisions_handler(request: web.Request) -> web.Response:
     start = time.perf_counter()
     body = await read_body(request, kinds=(IMAGE,))  # input_image parts, no audio or video
     if body.parts is not None:
         raise UnsupportedMediaType("POST /v1/decisions takes application/json; send images as input_image data URLs")
+    if is_systemone(body.data):  # answered as System One, in System One's shape
+        return await systemone_answer(request, body, start)
     check_depth(body.data, request.app[REGISTRY].server.limits)  # input_json parts are rendered into text below
     translated = to_systemone(body.data)
     options = RequestOptions(partition=translated.partition)
@@ -437,7 +446,7 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
             "value": {"anyOf": [{"type": "string"}, {"type": "boolean"}]}, "description": {"type": "string"}}}},
         "levels": {"type": "array", "minItems": 2, "items": {"type": "object", "required": ["label"], "properties": {
             "label": {"type": "string"}, "description": {"type": "string"}}}}}}
-    request = {"type": "object", "required": ["model", "input", "questions"], "properties": {
+    openai = {"type": "object", "required": ["model", "input", "questions"], "properties": {
         "model": {"type": "string"},
         "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "object"}}],
                   "description": "a string (the state), or messages, calls and outputs (a JSON state, see "
@@ -451,18 +460,24 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
         "probability": {"type": "number"}, "choice": {"anyOf": [{"type": "string"}, {"type": "boolean"}]},
         "score": {"type": "number"}, "confidence": {"type": "number"},
         "probabilities": {"type": "array", "items": {"type": "object"}}}}
-    ok = {"description": "OpenAI's Decision", "content": {"application/json": {"schema": {
-        "type": "object", "required": ["model", "answers", "usage"], "properties": {
-            "model": {"type": "string"}, "answers": {"type": "array", "items": answer},
-            "usage": {"type": "object"}}}}}}
+    # a System One body (questions an object, no input) is answered as POST /v1/systemone answers it
+    request = {"anyOf": [openai, {"$ref": "#/components/schemas/SystemOneRequest"}]}
+    decision = {"type": "object", "required": ["model", "answers", "usage"], "properties": {
+        "model": {"type": "string"}, "answers": {"type": "array", "items": answer}, "usage": {"type": "object"}}}
+    ok = {"description": "OpenAI's Decision, or System One's answer to a System One body", "content": {
+        "application/json": {"schema": {"anyOf": [decision, {"$ref": "#/components/schemas/SystemOneResponse"}]}}}}
     failed = "OpenAI's error {error: {message, type, param, code}}; an invalid request is a 400"
-    return {PATHS["openai_decisions"]: {"post": {
-        "operationId": "openai_decisions", "security": security,
+    return {PATHS[name]: {"post": {
+        "operationId": name, "security": security,
         "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
         "responses": {"200": ok, **{str(s): {"description": failed}
-                                    for s in (400, 401, 404, 408, 415, 429, 503)}}}}}
+                                    for s in (400, 401, 404, 408, 413, 415, 429, 503)}}}}
+        for name in NAMES}
+
+
+NAMES = ("openai_decisions", *(name for name in PATHS if name.startswith("openai_decisions_at_")))
 
 
 # OpenAI answers an invalid request 400, where the Jev API answers 422, and a request over a limit 400 too (its
 # clients catch BadRequestError, langchain-openai reads code context_length_exceeded there), where Jev answers 413
-DOOR = Door(OPENAI_SHAPE, {"openai_decisions": decisions_handler}, openai_error, openapi_paths, {422: 400, 413: 400})
+DOOR = Door(OPENAI_SHAPE, dict.fromkeys(NAMES, decisions_handler), openai_error, openapi_paths, {422: 400, 413: 400})

@@ -11,6 +11,7 @@ from ...service.decision import systemone_body
 from ..appstate import REGISTRY
 from ..context import Door, jev_error, json_response
 from ..routes import JEV_SHAPE, PATHS
+from ..multipart import RequestBody
 from .decisions import decide, decision_input, extensions, read_body
 
 
@@ -21,7 +22,12 @@ def no_model_warning(default: str) -> str:
 
 async def systemone_handler(request: web.Request) -> web.Response:
     start = time.perf_counter()
-    body = await read_body(request)
+    return await systemone_answer(request, await read_body(request), start)
+
+
+async def systemone_answer(request: web.Request, body: RequestBody, start: float) -> web.Response:
+    """A read System One body's answer (also where another door found one: OpenAI's route given a System One
+    body)."""
     data, warnings = body.data, []
     if isinstance(data, dict) and data.get("model") is None:  # clients that leave it out get the default
         data = {**data, "model": request.app[REGISTRY].default}
@@ -41,8 +47,10 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
             "request": schema}, "additionalProperties": {"type": "string", "format": "binary"}}}}}
     ok = {"description": "the decision", "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/SystemOneResponse"}}}}
-    return {PATHS["systemone"]: {"post": {"operationId": "systemone", "requestBody": body, "security": security,
-                                          "responses": {"200": ok, **errors(400, 401, 404, 413, 415, 422, 429, 503)}}}}
+    return {PATHS[name]: {"post": {"operationId": name, "requestBody": body, "security": security,
+                                   "responses": {"200": ok, **errors(400, 401, 404, 413, 415, 422, 429, 503)}}}
+            for name in NAMES}
 
 
-DOOR = Door(JEV_SHAPE, {"systemone": systemone_handler}, jev_error, openapi_paths)
+NAMES = ("systemone", *(name for name in PATHS if name.startswith("systemone_at_")))
+DOOR = Door(JEV_SHAPE, dict.fromkeys(NAMES, systemone_handler), jev_error, openapi_paths)
