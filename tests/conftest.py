@@ -87,3 +87,13 @@ def omni_oracle(ofx):
     from .omni_reference import Oracle
 
     return Oracle(ofx)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(fx, tmp_path_factory):
+    """ONE `serve` of the tiny model with the default [server] keys, shared by the modules that need nothing else
+    (each of them started its own before: a model load and its canaries every time)."""
+    from .serverkit import RunningServer, registry_for
+
+    with RunningServer(registry_for(tiny_spec(fx), tmp_path_factory.mktemp("tiny-server") / "models.toml")) as srv:
+        yield srv

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import tiny_spec
-from .serverkit import RunningServer, registry_for
 
 pytestmark = pytest.mark.integration
 
@@ -15,9 +13,8 @@ BODY = {"state": "I was charged twice.", "questions": {"refund": {"type": "noul"
 
 
 @pytest.fixture(scope="module")
-def server(fx, tmp_path_factory):
-    with RunningServer(registry_for(tiny_spec(fx), tmp_path_factory.mktemp("routes") / "models.toml")) as srv:
-        yield srv
+def server(tiny_server):
+    return tiny_server
 
 
 def test_the_bare_workers_ai_run_route_answers_in_its_envelope(server):

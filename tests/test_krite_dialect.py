@@ -10,8 +10,6 @@ from __future__ import annotations
 import pytest
 from krite_bench.client import Engine
 
-from .conftest import tiny_spec
-from .serverkit import RunningServer, registry_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +24,8 @@ REQUEST = {  # a Protocol v1 request (krite-bench's request.schema.json: ids of 
 
 
 @pytest.fixture(scope="module")
-def server(fx, tmp_path_factory):
-    with RunningServer(registry_for(tiny_spec(fx), tmp_path_factory.mktemp("krite") / "models.toml")) as srv:
-        yield srv
+def server(tiny_server):
+    return tiny_server
 
 
 def test_krite_benchs_jev_dialect_reads_the_answers_as_they_are(server):

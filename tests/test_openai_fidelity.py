@@ -7,9 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from .conftest import tiny_spec
 from .reference import assert_same_answers
-from .serverkit import RunningServer, registry_for
 from .test_end_to_end import F32_TOLERANCE, oracle  # noqa: F401 - the reference model, a fixture
 from .test_openai_decisions import MESSAGES, MESSAGES_STATE, QUESTIONS, STATE, SYSTEMONE
 
@@ -17,9 +15,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server(fx, tmp_path_factory):
-    with RunningServer(registry_for(tiny_spec(fx), tmp_path_factory.mktemp("oai-ref") / "models.toml")) as srv:
-        yield srv
+def server(tiny_server):
+    return tiny_server
 
 
 def as_systemone(answers: list, questions: dict) -> dict:

@@ -15,8 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
 
-from .conftest import tiny_spec
-from .serverkit import RunningServer, registry_for
 
 pytestmark = pytest.mark.integration
 
@@ -95,9 +93,8 @@ def requests(draw) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def server(fx, tmp_path_factory):
-    with RunningServer(registry_for(tiny_spec(fx), tmp_path_factory.mktemp("property") / "models.toml")) as srv:
-        yield srv
+def server(tiny_server):
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

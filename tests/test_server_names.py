@@ -11,8 +11,6 @@ import time
 import pytest
 from clef_bridge.bridge.config.registry_names import MAX_REQUESTED_CHARS
 
-from .conftest import tiny_spec
-from .serverkit import RunningServer, registry_for
 from .test_server_adversarial import http
 
 pytestmark = pytest.mark.integration
@@ -22,9 +20,8 @@ HUGE = "m" * 4_000_000  # the issue's repro: it got a 404 echoing all 4 MB after
 
 
 @pytest.fixture(scope="module")
-def server(fx, tmp_path_factory):
-    with RunningServer(registry_for(tiny_spec(fx), tmp_path_factory.mktemp("names") / "m.toml")) as srv:
-        yield srv
+def server(tiny_server):
+    return tiny_server
 
 
 def timed(send):
