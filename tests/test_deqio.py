@@ -77,4 +77,8 @@ def test_what_clef_cannot_do_is_refused_by_name(client):
     with pytest.raises(DeqioError) as caught:
         client.noul(STATE, "?", input_policy={"require_complete": True, "overflow": "truncate"})
     assert caught.value.status == 422 and "overflow" in str(caught.value.detail)
+    twice = [{"id": "a", "question": "?", "options": ["x", "y"]}, {"id": "a", "question": "!", "options": ["x", "y"]}]
+    with pytest.raises(DeqioError) as caught:
+        client.shared(STATE, twice)
+    assert caught.value.status == 422 and "used twice" in str(caught.value.detail)
     assert set(DEQIO_ROUTES) >= {"noul", "choice", "decision", "shared", "score", "soam"}

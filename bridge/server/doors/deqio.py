@@ -27,7 +27,7 @@ NAME = "decision"  # the question's name where Deqio's request has one question 
 MODES = ("serial", "direct")  # Deqio's ways of reading one question: with one question, one pass either way
 
 
-def _problems_of_options(raw: Any, loc: tuple) -> tuple[dict[str, Any], list[Problem]]:
+def _criteria(raw: Any, loc: tuple) -> tuple[dict[str, Any], list[Problem]]:
     """Deqio's options [{id, description}] (or ids) as a choice's criteria."""
     if not isinstance(raw, list) or len(raw) < 2:
         return {}, [Problem(loc, "options must be an array of at least 2 {id, description}", "type_error")]
@@ -67,7 +67,7 @@ def to_systemone(route: str, data: Any) -> dict[str, Any]:
     if route == "noul":
         questions[NAME] = {"type": "noul", "instructions": data.get("question")}
     elif route in ("choice", "decision"):
-        criteria, found = _problems_of_options(data.get("options"), ("body", "options"))
+        criteria, found = _criteria(data.get("options"), ("body", "options"))
         problems += found
         questions[NAME] = {"type": "choice", "instructions": data.get("question"), "criteria": criteria}
     elif route == "shared":
@@ -78,10 +78,13 @@ def to_systemone(route: str, data: Any) -> dict[str, Any]:
             if not isinstance(item, dict):
                 problems.append(Problem(("body", "decisions", i), "a decision must be an object", "type_error"))
                 continue
-            criteria, found = _problems_of_options(item.get("options"), ("body", "decisions", i, "options"))
+            criteria, found = _criteria(item.get("options"), ("body", "decisions", i, "options"))
             problems += found
-            questions[str(item.get("id", i))] = {"type": "choice", "instructions": item.get("question"),
-                                                 "criteria": criteria}
+            qid = str(item.get("id", i))
+            if qid in questions:  # one answer per id: a second would be lost
+                problems.append(Problem(("body", "decisions", i, "id"), f"decision id {qid!r} is used twice",
+                                        "value_error"))
+            questions[qid] = {"type": "choice", "instructions": item.get("question"), "criteria": criteria}
     elif route == "score":
         question = data.get("question")
         if not isinstance(question, dict) or question.get("type", "score") != "score":
