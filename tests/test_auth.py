@@ -37,8 +37,12 @@ def test_the_file_holds_one_key_a_line_comments_and_blanks_skipped(key_file):
 def test_a_key_is_a_tenant_by_its_name_never_the_key(tmp_path):
     """Unnamed keys are named by a digest prefix; name= and scope= after the key; a trailing comment is no field."""
     path = tmp_path / "keys.txt"
-    path.write_text("s3cr3t-a name=alice\ns3cr3t-b   # bob's, unnamed\ns3cr3t-p name=prom scope=metrics\n")
+    path.write_text("s3cr3t-a name=alice\ns3cr3t-b   # bob's, unnamed\ns3cr3t-p name=prom scope=metrics\n"
+                    "k#1 name=hash  # a key may hold #\n")
     keys = ApiKeys(path)
+    assert keys.check("Bearer k#1") == Tenant("hash")
+    with pytest.raises(Unauthorized):
+        keys.check("Bearer k")  # never a shorter key than the one in the file
     alice, bob, prom = (keys.check(f"Bearer {k}") for k in ("s3cr3t-a", "s3cr3t-b", "s3cr3t-p"))
     assert (alice, prom) == (Tenant("alice"), Tenant("prom", metrics=True))
     assert bob.name.startswith("key-") and len(bob.name) == 12 and "s3cr3t" not in bob.name and not bob.metrics

@@ -70,7 +70,9 @@ def parse_keys(text: str, path: Path) -> tuple[tuple[bytes, Tenant], ...]:
     """api_keys_file's lines: `KEY [name=NAME] [scope=decisions|metrics]`, # comments; every problem at once."""
     keys, names, problems = [], {}, []
     for n, line in enumerate(text.splitlines(), 1):
-        fields = line.split("#", 1)[0].split() if not line.strip().startswith("#") else []
+        fields = line.split()
+        # a comment starts at a field beginning with #: a key may hold # (key#1 stays whole)
+        fields = fields[:next((i for i, f in enumerate(fields) if f.startswith("#")), len(fields))]
         if not fields:
             continue
         key, options = fields[0].encode(), dict(f.partition("=")[::2] for f in fields[1:])
