@@ -255,3 +255,19 @@ def test_the_copy_through_user_space_writes_the_same_bytes(tmp_path, clef_fx, mo
     monkeypatch.setattr(gguf_write, "CHUNK", 1 << 20)  # many chunks: the loop's offsets are exercised
     user, _ = ensure_backbone(clef_fx.f32, tmp_path / "b", progress=False)
     assert calls and filecmp.cmp(kernel, user, shallow=False)
+
+
+def test_join_counts_the_size_label_with_the_head_as_upstreams_converter_does():
+    """Issue 54: join copied the backbone's general.size_label ('825K' on a small model) where upstream's converter
+    counts the head too ('1.1M'); experts count once per expert (gguf-py's get_total_parameter_count)."""
+    from clef_bridge.bridge.gguf.clef_split import parameter_label
+    from clef_bridge.bridge.gguf.writer import OutTensor
+
+    def tensor(name: str, *ne: int) -> OutTensor:
+        return OutTensor(name, ne, 0, 0, b"")
+
+    backbone = [tensor("token_embd.weight", 64, 10_000), tensor("blk.0.attn_q.weight", 640, 295)]
+    head = [tensor("decision.proj_memory.weight", 64, 4_700)]
+    assert parameter_label(backbone) == "829K" and parameter_label(backbone + head) == "1.1M"
+    moe = [tensor("blk.0.ffn_up_exps.weight", 64, 128, 8), tensor("token_embd.weight", 64, 1000)]
+    assert parameter_label(moe) == "8x72K"  # 64,000 shared + 8,192 per expert

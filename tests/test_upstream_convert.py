@@ -72,6 +72,10 @@ def test_join_writes_the_file_upstreams_converter_writes(tmp_path, up, outtype):
     head_tensors = [t for t in tensors_upstream if t[0].startswith(("dec.", "decision.", "token_types"))]
     assert len(head_tensors) == 20 + 18 * CFG.routing_layers + 26 * CFG.layers
     assert filecmp.cmp(ours, theirs, shallow=False)  # alignment and padding too
+    if outtype != "q8_0":  # join's defaults are upstream's: the head (bf16, as released) as the backbone's outtype
+        assert read_header(up.head).entries and {e.dtype for e in read_header(up.head).entries.values()} == {"BF16"}
+        defaults = join(up.backbone(outtype), up.head, tmp_path / "defaults.gguf").path
+        assert filecmp.cmp(defaults, theirs, shallow=False)
 
 
 def test_check_accepts_upstreams_file_without_a_warning(capsys, up, cache):

@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("head", type=Path, help="joint_head.safetensors (joint_head_config.json beside it)")
     p.add_argument("-o", "--output", type=Path, required=True, help="the clef GGUF to write")
     p.add_argument("--head-dtype", "--head-type", dest="head_dtype", type=dtype_name, choices=list(JOIN_DTYPES),
-                   help="type of the head's matrices (default: the safetensors dtype; norms, biases, scales stay F32; "
-                        "--head-type is the deprecated spelling)")
+                   help="type of the head's matrices (default: what upstream's converter writes, the backbone's own "
+                        "type when it is F32, F16, BF16 or Q8_0, else the safetensors dtype; norms, biases, scales stay "
+                        "F32; --head-type is the deprecated spelling)")
     p.add_argument("--temperature", help="write clef.decision.temperature.* keys: 0.7 for every type, or "
                                          "choice=0.7,score=0.9 (TYPE.BUCKET=T for llama-server's option buckets)")
     p.add_argument("--from-calibration", type=Path, metavar="JSON",

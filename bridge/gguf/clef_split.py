@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
@@ -289,15 +290,17 @@ def join(backbone: str | Path, head: str | Path, out: str | Path, head_dtype: st
          progress: bool | None = None) -> JoinResult:
     """A clef GGUF from a qwen35 backbone and a safetensors head (joint_head_config.json beside it).
 
-    head_dtype: f32, f16, bf16 or q8_0 for the head's 2-D matrices; None: the head file's own dtype.
+    head_dtype: f32, f16, bf16 or q8_0 for the head's 2-D matrices; None: what upstream's converter writes them as,
+    the backbone's own file type (the outtype it was converted with), else the head file's own dtype.
     temperatures: {"<type>" or "<type>.<bucket>": T} written as clef.decision.temperature.* keys.
+    The backbone's general.size_label is counted again with the head's parameters, as the converter counts them.
     """
     backbone, out = Path(backbone), Path(out)
     info = read_gguf(backbone)
     _require_arch(info, cf.BACKBONE_ARCH, "join takes a qwen35 backbone GGUF (split a clef GGUF first)")
     cfg = load_config(config_path_for(head))
     flat = load_state_dict(head, cfg)
-    choice = head_dtype or _safetensors_dtype(Path(head))
+    choice = head_dtype or OUTTYPE_HEADS.get(info.metadata.get("general.file_type")) or _safetensors_dtype(Path(head))
     if choice not in cf.HEAD_TYPES:
         raise ConvertError(f"head type {choice!r}: use one of {', '.join(cf.HEAD_TYPES)}")
     n_embd = info.metadata.get(f"{cf.BACKBONE_ARCH}.embedding_length")
@@ -308,9 +311,33 @@ def join(backbone: str | Path, head: str | Path, out: str | Path, head_dtype: st
     out.parent.mkdir(parents=True, exist_ok=True)  # as split creates its folder
     kvs, names, dropped = _without_mtp(info)
     tensors = copied(info, names) + _head_plan(flat, cfg, cf.HEAD_TYPES[choice], _stored_order(Path(head)))
+    kvs = [(key, encode_value(V.STRING, parameter_label(tensors)) if key == SIZE_LABEL else value)
+           for key, value in kvs]
     result = write_gguf(out, _with_head_keys(kvs, *_head_keys(cfg, temperatures or {})), tensors, info.alignment,
                         progress)
     return JoinResult(out, cf.HEAD_TYPES[choice].name, tuple(dropped), result.bytes, result.seconds)
+
+
+# general.file_type (llama.cpp's LlamaFileType) of a backbone the converter wrote -> the type its head's matrices get
+# with that outtype (ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16); another file type came from llama-quantize
+OUTTYPE_HEADS = {0: "f32", 1: "f16", 7: "q8_0", 32: "bf16"}
+SIZE_LABEL = "general.size_label"
+
+
+def parameter_label(tensors: list[OutTensor]) -> str:
+    """general.size_label as upstream's converter counts it (gguf-py's GGUFWriter.get_total_parameter_count, then
+    size_label): every tensor written, an expert tensor's parameters once per expert. Shapes are GGUF's ne order,
+    the reverse of the converter's numpy shapes."""
+    total = shared = expert = expert_sum = expert_tensors = 0
+    for t in tensors:
+        size = math.prod(t.ne)
+        total += size
+        if "_exps." in t.name and len(t.ne) >= 3:
+            count = t.ne[1 if ".bias" in t.name else 2]
+            expert, expert_sum, expert_tensors = expert + size // count, expert_sum + count, expert_tensors + 1
+        else:
+            shared += size
+    return gguf.size_label(total, shared, expert, expert_sum // expert_tensors if expert_tensors else 0)
 
 
 def _stored_order(head: Path) -> list[str]:
