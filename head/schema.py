@@ -67,10 +67,11 @@ def is_unicode(text: str) -> bool:
     return text.isascii() or SURROGATE.search(text) is None
 
 
-def _unpaired_surrogates(body: dict) -> list[Problem]:
-    """A problem at each key or string of the used fields that is not valid Unicode (the first few)."""
+def unpaired_surrogates(roots: list[tuple[Any, tuple]]) -> list[Problem]:
+    """A problem at each key or string under the (value, location) roots that is not valid Unicode (the first
+    few)."""
     problems: list[Problem] = []
-    stack: list[tuple[Any, tuple]] = [(body[f], ("body", f)) for f in reversed(TEXT_FIELDS) if f in body]
+    stack = list(reversed(roots))
     while stack and len(problems) < MAX_TEXT_PROBLEMS:
         node, loc = stack.pop()
         if isinstance(node, str) and not is_unicode(node):
@@ -241,35 +242,45 @@ def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
     if not isinstance(body, dict):
         raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
     check_depth(body, limits)
-    problems = _unpaired_surrogates(body)  # text no tokenizer can encode, refused before any is tokenized
+    # text no tokenizer can encode, refused before any is tokenized
+    problems = unpaired_surrogates([(body[f], ("body", f)) for f in TEXT_FIELDS if f in body])
     model = body.get("model")
     if not isinstance(model, str) or not model:
         problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
     if "state" not in body:
         problems.append(Problem(("body", "state"), "state is required", "missing"))
-    elif not isinstance(body["state"], (str, dict, list)):
-        problems.append(Problem(("body", "state"), "state must be a string, an object or an array", "type_error"))
-    elif _state_bytes(body["state"]) > limits.max_state_bytes:
-        problems.append(Problem(("body", "state"), f"the state is larger than {limits.max_state_bytes} bytes "
-                                "(max_state_bytes)", "state_too_large"))
+    else:
+        problems += state_problems(body["state"], limits)
     for field, error_type in MEDIA_FIELDS.items():  # the server takes media out of the body before parsing it
         if body.get(field):
             problems.append(Problem(("body", field), "this path reads text only: send media through the server or "
                                     "the decision service (bridge/service), which take them out of the body first",
                                     error_type))
-    raw_questions = body.get("questions")
-    questions: list[Question] = []
+    questions = parse_questions(body.get("questions"), limits, problems)
+    if problems:
+        raise RequestInvalid(problems)
+    return DecisionRequest(model, body["state"], questions)
+
+
+def state_problems(state: Any, limits: Limits, loc: tuple = ("body", "state")) -> list[Problem]:
+    """What a state as sent gets wrong in its type or its size (its text's Unicode: unpaired_surrogates)."""
+    if not isinstance(state, (str, dict, list)):
+        return [Problem(loc, "state must be a string, an object or an array", "type_error")]
+    if _state_bytes(state) > limits.max_state_bytes:
+        return [Problem(loc, f"the state is larger than {limits.max_state_bytes} bytes (max_state_bytes)",
+                        "state_too_large")]
+    return []
+
+
+def parse_questions(raw_questions: Any, limits: Limits, problems: list[Problem]) -> tuple[Question, ...]:
+    """A body's `questions` as typed questions in the request's order, each problem added to problems."""
     if not isinstance(raw_questions, dict) or not raw_questions:
         problems.append(Problem(("body", "questions"), "questions must be a non-empty object of id -> question",
                                 "type_error"))
-    elif len(raw_questions) > limits.max_questions:
+        return ()
+    if len(raw_questions) > limits.max_questions:
         problems.append(Problem(("body", "questions"), f"at most {limits.max_questions} questions per request "
                                 f"(max_questions), got {len(raw_questions)}", "too_many_questions"))
-    else:
-        for qid, raw in raw_questions.items():
-            question = _question(qid, raw, limits, problems)
-            if question is not None:
-                questions.append(question)
-    if problems:
-        raise RequestInvalid(problems)
-    return DecisionRequest(model, body["state"], tuple(questions))
+        return ()
+    typed = (_question(qid, raw, limits, problems) for qid, raw in raw_questions.items())
+    return tuple(q for q in typed if q is not None)

@@ -8,7 +8,7 @@ from typing import Any
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.media.request import NO_MEDIA, Media
 from clef_bridge.bridge.model.clef_model import Prepared, Scored
-from clef_bridge.bridge.service.decision import systemone_body
+from clef_bridge.bridge.server.doors.systemone import systemone_body
 from clef_bridge.bridge.service.local import LocalService
 from clef_bridge.head.answer import systemone_answers
 from clef_bridge.head.schema import parse_request

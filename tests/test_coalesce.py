@@ -13,7 +13,7 @@ import pytest
 from clef_bridge.bridge.media.request import NO_MEDIA
 from clef_bridge.bridge.model.clef_model import Scored, Timings
 from clef_bridge.bridge.model.worker import InferenceWorker, WorkerStopped
-from clef_bridge.bridge.service.coalesce import Coalescer
+from clef_bridge.bridge.service.coalesce import Coalescer, request_key
 from clef_bridge.head.answer import NoulAnswer
 from clef_bridge.head.schema import parse_request
 from hypothesis import HealthCheck, given, settings
@@ -79,8 +79,9 @@ STEPS = st.one_of(
 async def client(coalescer: Coalescer, worker: InferenceWorker, state: str, deadline: float | None) -> dict:
     """What DecisionService.decide does around the coalescer: join, else prepare and submit, wait within the
     deadline, leave."""
-    shared = coalescer.join(worker, body(state)) or coalescer.submit(
-        worker, body(state), worker.model.prepare(parse_request(body(state)), NO_MEDIA))[0]
+    key = request_key(worker.name, body(state))
+    shared = coalescer.join(worker, key) or coalescer.submit(
+        worker, key, worker.model.prepare(parse_request(body(state)), NO_MEDIA))[0]
     try:
         scored = await asyncio.wait_for(asyncio.shield(shared.future), deadline)
     finally:

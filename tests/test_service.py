@@ -23,7 +23,8 @@ from clef_bridge.bridge.server.doors.systemone import no_model_warning
 from clef_bridge.bridge.server.multipart import RequestBody
 from clef_bridge.bridge.service import decision as service_module
 from clef_bridge.bridge.service.coalesce import Coalescer, request_key
-from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService, systemone_body
+from clef_bridge.bridge.server.doors.systemone import systemone_body
+from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService
 from clef_bridge.bridge.service.errors import DeadlineExceeded
 from clef_bridge.bridge.service.local import LocalService
 from clef_bridge.head.answer import NoulAnswer

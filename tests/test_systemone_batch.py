@@ -11,7 +11,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from clef_bridge.bridge.server.doors.systemone_batch import REFUSED, batch_problems
+from clef_bridge.bridge.server.doors.systemone_batch import REFUSED, batch_problems, parse_batch
+from clef_bridge.head.errors import RequestInvalid
+from clef_bridge.head.schema import Limits
 from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
 
 from .conftest import tiny_spec
@@ -171,3 +173,20 @@ def test_list_form_choices_top_level_model_and_each_states_warnings(server):
     warned = [[w for w in r.get("x_warnings", []) if w.startswith("state.embedded_media")] for r in as_list["results"]]
     assert [len(w) for w in warned] == [0, 1]
     assert not [w for w in as_list.get("x_warnings", []) if w.startswith("state.embedded_media")]
+
+
+def test_the_questions_are_parsed_once_and_every_bad_state_is_named():
+    """Issue 51: the door parses the batch once into one typed request per state, the questions' one parse shared;
+    every state's problem comes in the one 422, at its own index."""
+    parsed = parse_batch({"states": ["a", {"b": 1}], "questions": QUESTIONS}, "tiny", Limits(), 4)
+    assert parsed[0].questions is parsed[1].questions and [p.state for p in parsed] == ["a", {"b": 1}]
+    assert {p.model for p in parsed} == {"tiny"} and [q.id for q in parsed[0].questions] == list(QUESTIONS)
+    with pytest.raises(RequestInvalid) as caught:
+        parse_batch({"states": [5, "fine", "x" * 100, "\ud800"], "questions": {"q": {"type": "poll"}}}, "tiny",
+                    Limits(max_state_bytes=10), 4)
+    assert [(p.loc, p.type) for p in caught.value.problems] == [
+        (("body", "states", 3), "value_error.unicode"), (("body", "states", 0), "type_error"),
+        (("body", "states", 2), "state_too_large"), (("body", "questions", "q", "type"), "value_error")]
+    with pytest.raises(RequestInvalid) as caught:
+        parse_batch({"states": ["a"], "questions": QUESTIONS}, 7, Limits(), 4)
+    assert [p.loc for p in caught.value.problems] == [("body", "model")]

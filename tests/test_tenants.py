@@ -162,25 +162,24 @@ def test_metrics_need_the_metrics_key(server):
 
 def test_a_small_request_waits_about_one_take_behind_anothers_batch(server):
     """Alice's batch of 8 states (max_queue_per_key: half of max_queue 16) queues 8 jobs; bob's one request sent just
-    after is taken in the next round (n_seq_max 4), not behind all of them."""
+    after is taken in the next round (n_seq_max 4: alice's 4, then bob and 3 of alice's, then her last), so it is
+    answered before her batch ends; first come, first served it would wait behind all 8 and end after it."""
     states = [secret(700, 60 + i) for i in range(8)]
     done: dict[str, float] = {}
 
     def batch() -> None:
-        t0 = time.perf_counter()
         reply = server.request("POST", "/v1/systemone/batch", {"model": "tiny", "states": states,
                                                                "questions": QUESTIONS}, headers=auth(ALICE))
         assert reply.status == 200, reply.body[:300]
-        done["batch"] = time.perf_counter() - t0
+        done["batch"] = time.perf_counter()
 
     thread = threading.Thread(target=batch)
     thread.start()
     time.sleep(0.3)  # alice's states are queued
-    t0 = time.perf_counter()
     ask(server, BOB, "one short ticket")
-    done["bob"] = time.perf_counter() - t0
+    done["bob"] = time.perf_counter()
     thread.join()
-    assert done["bob"] < 0.75 * done["batch"], done
+    assert done["bob"] < done["batch"], done
 
 
 def test_one_keys_queue_is_capped_and_the_refusal_names_the_limit(server):

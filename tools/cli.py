@@ -85,7 +85,7 @@ def _read_json_file(path: str) -> Any:
 
 
 def _decide(args: argparse.Namespace) -> int:
-    from ..bridge.service.decision import systemone_body
+    from ..bridge.server.doors.systemone import systemone_body
 
     body = _read_json_file(args.request)
     with checked_service(args.models, args.model) as service:
@@ -157,7 +157,7 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ..bridge.service.decision import systemone_body
+    from ..bridge.server.doors.systemone import systemone_body
     from .evaldata import load_examples
     from .evaluate import build_report, run_http, run_local, write_report
 

@@ -54,7 +54,8 @@ class Shared:
 
 def request_key(model: str, body: Any, media: Media = NO_MEDIA, partition: tuple[str, ...] = ()) -> Key | None:
     """(model, the prefix cache's partition, canonical body + the sha256 of each medium, in prompt order:
-    bridge.media.request.Media.digests)."""
+    bridge.media.request.Media.digests); body: what decides the answer (the service gives the validated state and
+    questions, so bodies that differ only in what nothing reads share); None: it is no JSON, never shared."""
     try:
         return model, partition, orjson.dumps(body, option=orjson.OPT_SORT_KEYS) + b"".join(media.digests)
     except (orjson.JSONEncodeError, TypeError):
@@ -70,13 +71,9 @@ class Coalescer:
         self._inflight: dict[Key, Shared] = {}
         self._cache: OrderedDict[Key, Scored] = OrderedDict()
 
-    def join(self, worker: InferenceWorker, body: Any, media: Media = NO_MEDIA,
-             options: RequestOptions = RequestOptions()) -> Shared | None:
-        """A cached answer or a computation in flight for this body and its media (keyed by their bytes' sha256
-        digests) in the prefix cache's partition, joined; None: nothing to join, prepare it and submit()."""
-        return self._joined(worker, request_key(worker.name, body, media, options.partition))
-
-    def _joined(self, worker: InferenceWorker, key: Key | None) -> Shared | None:
+    def join(self, worker: InferenceWorker, key: Key | None) -> Shared | None:
+        """A cached answer or a computation in flight for this request_key, joined; None: nothing to join, prepare it
+        and submit()."""
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)
             self._on_shared(worker.name, "cache")
@@ -89,14 +86,13 @@ class Coalescer:
             return self._join(running)
         return None
 
-    def submit(self, worker: InferenceWorker, body: Any, prepared: Prepared,
+    def submit(self, worker: InferenceWorker, key: Key | None, prepared: Prepared,
                options: RequestOptions = RequestOptions()) -> tuple[Shared, bool]:
-        """The computation for this body (prepared: it encoded, with its decoded media), and whether this request
-        started it: one to join (join()), since a copy may have started while this one was prepared, or a new job on
-        the worker (refused while it is busy with options.reject_if_busy: joining an answer that exists or is under
-        way waits behind nothing)."""
-        key = request_key(worker.name, body, prepared.media, options.partition)
-        joined = self._joined(worker, key)
+        """The computation for this request_key (prepared: its request encoded, with its decoded media), and whether
+        this request started it: one to join (join()), since a copy may have started while this one was prepared, or
+        a new job on the worker (refused while it is busy with options.reject_if_busy: joining an answer that exists
+        or is under way waits behind nothing)."""
+        joined = self.join(worker, key)
         if joined is not None:
             return joined, False
         job = worker.submit(prepared, options)

@@ -19,13 +19,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...head.answer import Answer, systemone_answers
+from ...head.answer import Answer
 from ...head.errors import Problem, RequestInvalid
 from ...head.schema import MEDIA_FIELDS, DecisionRequest, Limits, Question, is_unicode, parse_request
 from ..config.registry import ServerSpec, resolve
 from ..media.decoders import ISOLATED, DecoderPool
 from ..media.kinds import TABLE, DecodeSettings
 from ..media.request import (
+    NO_MEDIA,
     Extracted,
     FormPart,
     Media,
@@ -36,7 +37,7 @@ from ..media.request import (
     refuse_unsupported,
 )
 from ..model.worker import InferenceWorker, RequestOptions
-from .coalesce import Coalescer
+from .coalesce import Coalescer, request_key
 from .errors import BodyTooLarge, DeadlineExceeded
 
 # a JSON body up to this size is decompressed, parsed, searched for media and validated on the event loop; bigger
@@ -54,21 +55,23 @@ class Contract:
 
 @dataclass(frozen=True)
 class DecisionInput:
-    """What a front door hands the service: a body as sent (its media fields in), the model it names, and how to
-    wait."""
+    """What a front door hands the service: a body as sent (its media fields in), or a text request its door parsed
+    already, the model it names, and how to wait."""
 
-    body: Any  # the decoded JSON (a multipart body's `request` part)
+    body: Any  # the decoded JSON (a multipart body's `request` part); None with request
     model: Any  # the model named (the body's `model`, or a route's), as sent: the service checks it
     parts: dict[str, FormPart] | None = None  # a multipart body's media parts
     json_bytes: int = 0  # the JSON text's size, media inlined (max_body_bytes caps it without them); 0: no cap
     options: RequestOptions = RequestOptions()  # how to wait and which cache partition, as the door read them
     contract: Contract | None = None  # a front door's own limits (Workers AI's), in the same 422 as the body's
+    request: DecisionRequest | None = None  # a text-only request its door validated (no media, no contract)
 
 
 @dataclass(frozen=True)
 class Decision:
     """A request decided: its typed answers, and what its front door and the tools report about it. Each door
-    renders its own wire shape from it (systemone_body: Jev's and Workers AI's; OpenAI's door its own)."""
+    renders its own wire shape from it (bridge/server/doors/systemone.py's systemone_body: Jev's, Workers AI's and
+    the CLI's; OpenAI's door its own)."""
 
     model: str  # the served model that answered
     requested: str  # the model as the body named it (an alias, a route's name): Jev's answer echoes it
@@ -85,12 +88,6 @@ class Decision:
 
 
 CACHED, JOINED = "cache_hit", "coalesced"
-
-
-def systemone_body(decision: Decision) -> dict[str, Any]:
-    """The System One response (the reference's shape): Jev's answer, Workers AI's result, the CLI's output."""
-    return {"model": decision.requested, "answers": systemone_answers(decision.answers),
-            "usage": {"input_tokens": decision.input_tokens, "output_tokens": 0}}
 
 
 def validate(body: Any, limits: Limits = Limits(), contract: Contract | None = None) -> DecisionRequest:
@@ -157,28 +154,36 @@ class DecisionService:
                                    "included; the server is busy, retry later") from None
 
     async def _decide(self, call: DecisionInput, resolved: Callable[[str], None]) -> Decision:
-        call = replace(call, body=chat_images(call.body))  # llama-server's image_url parts, as `images`
-        kinds = named_kinds(call.body)
-        if not isinstance(call.body, dict) or not isinstance(call.model, str) or not is_unicode(call.model):
-            validate(text_of(call.body))  # every problem of the body at once, the model's among them
+        if call.request is None:
+            call = replace(call, body=chat_images(call.body))  # llama-server's image_url parts, as `images`
+            kinds = named_kinds(call.body)
+            if not isinstance(call.body, dict) or not isinstance(call.model, str) or not is_unicode(call.model):
+                validate(text_of(call.body))  # every problem of the body at once, the model's among them
+        else:
+            kinds = ()
         name = resolve(self.names, call.model, lambda served: self._takes(served, kinds))
         worker = self.workers[name]
         resolved(name)
         model = worker.model
         refuse_unsupported(kinds, model.media, name)  # media the model cannot take: before any base64 is decoded
         worker.check_media_room(bool(kinds))  # a full media queue: before any is decoded
-        big = call.parts is not None or call.json_bytes > INLINE_BYTES
-        found = await off_loop(big, find_media, call, self.server)
-        body = found.body
-        request = await off_loop(big, validate, body, model.limits, call.contract)
-        media, decode_s = await self._decode(found.media, DecodeSettings(model.geometry, self.server.media_limits))
-        shared, fresh = self.coalescer.join(worker, body, media, call.options), False
+        if call.request is None:
+            big = call.parts is not None or call.json_bytes > INLINE_BYTES
+            found = await off_loop(big, find_media, call, self.server)
+            request = await off_loop(big, validate, found.body, model.limits, call.contract)
+            found_media = found.media
+        else:
+            request, found_media = call.request, NO_MEDIA
+        media, decode_s = await self._decode(found_media, DecodeSettings(model.geometry, self.server.media_limits))
+        # what decides the answer, serialised once: the validated state and questions, each medium's digest
+        key = request_key(name, (request.state, request.questions), media, call.options.partition)
+        shared, fresh = self.coalescer.join(worker, key), False
         if shared is None:
             worker.admit(call.options, bool(media))  # busy, a full queue: before the prompt is encoded
             # encoded before the queue, so a clip too short to frame or a prompt over max_length takes no slot; in a
             # thread whatever the size (llama.cpp tokenizes 64 KB of text in about 70 ms)
             prepared = await off_loop(True, model.prepare, request, media)
-            shared, fresh = self.coalescer.submit(worker, body, prepared, call.options)
+            shared, fresh = self.coalescer.submit(worker, key, prepared, call.options)
         t0 = time.perf_counter()
         try:
             self._on_queued(name, worker.depth)

@@ -18,12 +18,12 @@ from ....head.answer import softmax64
 from ....head.errors import Problem, RequestInvalid
 from ....head.schema import Question
 from ...media.request import UnsupportedMediaType
-from ...service.decision import Decision, systemone_body
+from ...service.decision import Decision
 from ..appstate import REGISTRY
 from ..context import Door, json_response
 from ..routes import AINODE_SHAPE, PATHS
 from .decisions import decide, decision_input, extensions, read_body
-from .systemone import no_model_warning
+from .systemone import no_model_warning, systemone_body
 
 Loc = tuple[str | int, ...]
 YES_NO = ("yes", "no")  # a boolean question's options, AINode's BOOLEAN_OPTIONS

@@ -15,12 +15,12 @@ from aiohttp import web
 
 from ....head.answer import NoulAnswer
 from ....head.errors import Problem, RequestInvalid
-from ...service.decision import Decision, systemone_body
+from ...service.decision import Decision
 from ..appstate import REGISTRY
 from ..context import INFO, Door, jev_error, json_response
 from ..routes import DEQIO_SHAPE, PATHS
 from .decisions import decide, decision_input, extensions, read_body
-from .systemone import no_model_warning
+from .systemone import no_model_warning, systemone_body
 
 DEQIO_ROUTES = ("noul", "choice", "decision", "shared", "score", "soam")
 NAME = "decision"  # the question's name where Deqio's request has one question and names it not

@@ -7,12 +7,19 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ...service.decision import systemone_body
+from ....head.answer import systemone_answers
+from ...service.decision import Decision
 from ..appstate import REGISTRY
 from ..context import Door, jev_error, json_response
 from ..routes import JEV_SHAPE, PATHS
 from ..multipart import RequestBody
 from .decisions import decide, decision_input, extensions, read_body
+
+
+def systemone_body(decision: Decision) -> dict[str, Any]:
+    """The System One response (the reference's shape): Jev's answer, Workers AI's result, the CLI's output."""
+    return {"model": decision.requested, "answers": systemone_answers(decision.answers),
+            "usage": {"input_tokens": decision.input_tokens, "output_tokens": 0}}
 
 
 def no_model_warning(default: str) -> str:

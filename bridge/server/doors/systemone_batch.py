@@ -13,14 +13,23 @@ from typing import Any, Callable
 from aiohttp import web
 
 from ....head.errors import ContextLengthExceeded, Problem, RequestInvalid
-from ....head.schema import MEDIA_FIELDS
+from ....head.schema import (
+    MEDIA_FIELDS,
+    DecisionRequest,
+    Limits,
+    check_depth,
+    is_unicode,
+    parse_questions,
+    state_problems,
+    unpaired_surrogates,
+)
 from ...media.request import UnsupportedMediaType
-from ...service.decision import Decision, DecisionInput, systemone_body
+from ...service.decision import Decision, DecisionInput
 from ..appstate import REGISTRY
 from ..context import INFO, Door, jev_error, json_response
 from ..routes import BATCH_SHAPE, PATHS
-from .decisions import decide, decision_input, extensions, read_body
-from .systemone import no_model_warning
+from .decisions import decide, extensions, read_body
+from .systemone import no_model_warning, systemone_body
 
 # laya's controls that change its answers and that Clef has nothing like: refused by name rather than ignored
 REFUSED = {
@@ -36,7 +45,7 @@ PASSES = ("batch_size", "sort_by_length")
 
 
 def batch_problems(data: Any, max_states: int) -> list[Problem]:
-    """What the batch body itself gets wrong; each state's body is validated by the service."""
+    """What the batch body itself gets wrong (its shape, laya's refused controls, media)."""
     if not isinstance(data, dict):
         return [Problem(("body",), "the body must be a JSON object with states and questions", "type_error")]
     problems = []
@@ -55,11 +64,28 @@ def batch_problems(data: Any, max_states: int) -> list[Problem]:
     return problems
 
 
+def parse_batch(data: Any, model: str, limits: Limits, max_states: int) -> list[DecisionRequest]:
+    """The batch as one typed request per state, its questions validated once; every problem of the body (each
+    state's at states[i]) in one RequestInvalid."""
+    problems = batch_problems(data, max_states)
+    if problems:
+        raise RequestInvalid(problems)
+    check_depth(data, limits)
+    states = data["states"]
+    problems = unpaired_surrogates([(data["questions"], ("body", "questions"))] if "questions" in data else [])
+    problems += unpaired_surrogates([(state, ("body", "states", i)) for i, state in enumerate(states)])
+    if not isinstance(model, str) or not model or not is_unicode(model):
+        problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
+    for i, state in enumerate(states):
+        problems += state_problems(state, limits, ("body", "states", i))
+    questions = parse_questions(data.get("questions"), limits, problems)
+    if problems:
+        raise RequestInvalid(problems)
+    return [DecisionRequest(model, state, questions) for state in states]
+
+
 def located(exc: BaseException, i: int) -> BaseException:
-    """State i's refusal naming it: its state's problems under states[i], a too-long prompt's message with it."""
-    if type(exc) is RequestInvalid:  # a text state: no media, so no MediaRejected
-        return RequestInvalid([Problem(("body", "states", i) + p.loc[2:] if p.loc[:2] == ("body", "state") else p.loc,
-                                       p.msg, p.type) for p in exc.problems])
+    """State i's refusal naming it where the model refused it (a prompt over max_length)."""
     if isinstance(exc, ContextLengthExceeded):
         return ContextLengthExceeded(exc.n_tokens, exc.limit, f"{exc.detail} (states[{i}])", exc.at_least)
     return exc
@@ -99,16 +125,12 @@ async def batch_handler(request: web.Request) -> web.Response:
         raise UnsupportedMediaType("POST /v1/systemone/batch takes application/json: text states only")
     registry = request.app[REGISTRY]
     data, warnings = body.data, []
-    problems = batch_problems(data, registry.server.tenant_queue)
-    if problems:
-        raise RequestInvalid(problems)
-    model = data.get("model")
+    model = data.get("model") if isinstance(data, dict) else None
     if model is None:  # as POST /v1/systemone: the default model, and a warning that says so
         model = registry.default
         warnings.append(no_model_warning(model))
-    calls = [decision_input(body, {"model": model, "state": state, "questions": data.get("questions")}, model)
-             for state in data["states"]]
-    decisions = await decide_each(request, calls)
+    parsed = parse_batch(data, model, registry.server.limits, registry.server.tenant_queue)
+    decisions = await decide_each(request, [DecisionInput(None, model, request=each) for each in parsed])
     info = request[INFO]  # each decide() wrote its own: the batch's are the sums, and each stage's longest
     info.input_tokens = sum(d.input_tokens for d in decisions)
     info.batch_size = max(d.batch_size for d in decisions)

@@ -14,10 +14,11 @@ from aiohttp import web
 from ....head.errors import Problem, RequestInvalid
 from ....head.schema import MAX_TEXT_PROBLEMS, Limits
 from ...model.worker import RequestOptions
-from ...service.decision import Contract, systemone_body
+from ...service.decision import Contract
 from ..context import Door, json_response
 from ..routes import PATHS, WORKERS_AI_ROUTES, WORKERS_AI_SHAPE
 from .decisions import decide, decision_input, extensions, read_body
+from .systemone import systemone_body
 
 MAX_QUESTIONS = 64
 MAX_BODY_BYTES = 13 * 2**20
