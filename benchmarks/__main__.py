@@ -127,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="throughput runs per server, alternated; the median is reported (default: 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("architecture", help="docs/architecture.md's figures: files past changes touched (git history), "
+                                            "modules raising request problems or writing System One's keys, and "
+                                            "the calls of three traced requests on the built-in demos")
+    p.add_argument("--no-trace", action="store_true", help="the source and history figures only (no server)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("parsers", help="pydantic v2, msgspec and own code (orjson + head.schema.parse_request) on "
+                                       "System One bodies: a 4 MB body, 10,000 small ones, a body of planted "
+                                       "problems, strict JSON, import cost, JSON Schema")
+    p.add_argument("--bodies", type=int, default=10000, help="small distinct bodies (default: 10000)")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs of each 4 MB body; medians (default: 7)")
+    p.add_argument("--rounds", type=int, default=3, help="timed passes over the small bodies; medians (default: 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bodies (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     return parser
 
 
@@ -231,6 +246,20 @@ def _gpu_check(args: argparse.Namespace) -> int:
     return emit(run(folder, args.smoke, args.vocab, args.out, args.repeats, args.build_seconds), args.json)
 
 
+def _architecture(args: argparse.Namespace) -> int:
+    from .architecture import run
+
+    return emit(run(trace=not args.no_trace), args.json)
+
+
+def _parsers(args: argparse.Namespace) -> int:
+    from .parsers import run
+
+    if min(args.bodies, args.repeats, args.rounds) < 1:
+        raise UsageError("--bodies, --repeats and --rounds take 1 or more")
+    return emit(run(args.bodies, args.repeats, args.rounds, args.seed), args.json)
+
+
 def _omni(args: argparse.Namespace) -> int:
     from .omni import run
 
@@ -251,7 +280,7 @@ def _llama_server(args: argparse.Namespace) -> int:
 
 COMMANDS = {"bench": _bench, "soak": _soak, "fuzz": _fuzz, "lora": _lora, "llama-server": _llama_server,
             "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni,
-            "demo-start": _demo_start}
+            "demo-start": _demo_start, "parsers": _parsers, "architecture": _architecture}
 
 
 def main(argv: list[str] | None = None) -> int:

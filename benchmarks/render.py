@@ -7,6 +7,7 @@ import statistics
 from clef_bridge.tools.render import text
 
 from .agent_loop import AgentLoopResult
+from .architecture import SYSTEMONE_KEYS, Architecture
 from .bench_head import LOGIT_TOLERANCE, HeadBench
 from .demo_start import DemoStart
 from .fuzz import FuzzReport
@@ -15,6 +16,7 @@ from .gpu_models import GpuModels
 from .llama_server import SideBySide
 from .lora import LoraBench
 from .omni import OmniBench
+from .parsers import OWN, SERVER, ParsersBench
 from .soak import SoakVerdict
 
 
@@ -183,3 +185,96 @@ def _(result: FuzzReport) -> str:
              f"  server RSS: {f['rss_mib_before']} MiB before, {f['rss_mib_after']} MiB after"
              f"{'' if f['server_alive'] else ', and it DIED'}"]
     return "\n".join(lines + [f"fuzz: {f['verdict']}"])
+
+
+def _short_loc(loc: str) -> str:
+    """pydantic names each union branch in its loc (`dict[str,nullable[union[...]]]`): one word is enough here."""
+    return ".".join("<branch>" if "[" in part and part != "[key]" else part for part in loc.split("."))
+
+
+@text.register
+def _(result: ParsersBench) -> str:
+    names = list(result.small)
+    width = 19
+    head = f"  {'':44s}" + "".join(f"{n:>{width}s}" for n in names)
+
+    def cells(values: dict[str, float], unit: str = "ms") -> str:
+        base = values.get(OWN) or 0  # own code's ready_ms is 0: nothing to declare
+        out = []
+        for n in names:
+            v = values.get(n)
+            ratio = f" {v / base:5.2f}x" if v is not None and base and n != OWN else ""
+            out.append(f"{'-' if v is None else f'{v:.1f} {unit}'}{ratio}".rjust(width))
+        return "".join(out)
+
+    s = result.setup
+    lines = [f"python -m benchmarks parsers: System One bodies from bytes to a checked DecisionRequest (Python "
+             f"{s['python']}, {s['cpus']} CPUs, load {s['load']}; ratios against {OWN})",
+             "  " + "; ".join(f"{n}: {result.versions[n]}" for n in names) + "; own = + head.schema.parse_request",
+             head]
+    small = f"{result.bodies['small bodies']:,} small bodies (mean {result.bodies['small mean bytes']} B), total"
+    timed = [(f"{label} ({result.bodies[label] / 1e6:.2f} MB)", per, s["repeats"]) for label, per in result.big.items()]
+    for label, per, runs in timed + [(small, result.small, s["rounds"])]:
+        lines.append(f"  {label:44s}" + cells({n: v["request_ms"] for n, v in per.items()}))
+        lines.append(f"  {'  validated only (own: the same step)':44s}"
+                     + cells({n: v["validated_ms"] for n, v in per.items()}))
+        lines.append(f"  {f'  its JSON reader alone; medians of {runs}':44s}"
+                     + cells({n: v["json_ms"] for n, v in per.items()}))
+    bad = result.bad
+    lines.append(f"  {'planted problems found, of ' + str(len(result.planted)):44s}"
+                 + "".join(f"{bad[n]['found']:>{width}d}" for n in names))
+    lines.append(f"  {'errors reported / with a full location':44s}"
+                 + "".join(f"{str(bad[n]['errors']) + ' / ' + str(bad[n]['located']):>{width}s}" for n in names))
+    imports = result.imports
+    lines.append(f"  {'import (fresh interpreter, median of 5)':44s}"
+                 + cells({n: v["import_ms"] for n, v in imports.items()}))
+    lines.append(f"  {'import + declare, over own code loaded':44s}"
+                 + cells({n: v["ready_ms"] for n, v in imports.items()}))
+    lines.append(f"  {'JSON Schema from the declaration':44s}"
+                 + "".join((f"yes, {result.schema[n]['bytes']:,} B" if result.schema[n]["emits"] else "no")
+                           .rjust(width) for n in names))
+    lines.append("  planted problems, one body, and where each parser puts them (the server's path as own code):")
+    for row in result.planted:
+        found = " | ".join(f"{'own' if n == OWN else n}: "
+                           f"{', '.join(map(_short_loc, row['found'][n])) or 'NOT REPORTED'}"
+                           for n in names if n != SERVER)  # the server's path reports as own code does
+        lines.append(f"    {row['problem']}: {found}")
+    for n in names:
+        for err in bad[n]["unplaced"]:
+            lines.append(f"    {n}: an error placed at no planted problem: {_short_loc(err)}")
+    lines.append("  strict JSON (own server path's reader refuses each):")
+    for row in result.strict:
+        lines.append(f"    {row['case']:24s} " + " | ".join(f"{n}: {row['verdict'][n]}" for n in names))
+    a = result.agreement
+    lines.append(f"  agreement on the {a['bodies']:,} small bodies ({a['valid_by_generator']:,} valid as generated): "
+                 f"{a['agree']:,} the same (accepted into equal DecisionRequests or refused by all); accepted: "
+                 + ", ".join(f"{n} {v:,}" for n, v in a["accepted"].items()))
+    for what, count in a["disagreeing"].items():
+        lines.append(f"    disagree: {what}: {count}")
+    for ex in a["examples"]:
+        lines.append(f"      e.g. {ex['defect']}: own {ex['own']}, {ex['differ']}: {ex['body'][:100]}")
+    for n, sch in result.schema.items():
+        if sch["emits"]:
+            lines.append(f"  {n}'s JSON Schema: discriminator {'yes' if sch['discriminator'] else 'no'}, limit "
+                         f"keywords {', '.join(sch['keywords']) or 'none'}")
+    lines += [f"  {why}" for why in result.missing.values()]
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: Architecture) -> str:
+    lines = ["python -m benchmarks architecture: what a change touches and what a request runs through"]
+    for c in result.changes:
+        lines.append(f"  {c.what}: its first commit {c.commit} touched {c.files} files ({c.product_modules} product "
+                     f"modules); its {c.commits} commits together {c.files_all} ({c.product_modules_all})")
+    lines.append(f"  a new question type: {len(result.question_type_files)} product modules name one as a string: "
+                 + ", ".join(result.question_type_files))
+    lines.append(f"  modules raising request problems (a Problem or an INVALID error): {len(result.problem_modules)} "
+                 f"in {len({m.rsplit('/', 1)[0] for m in result.problem_modules})} folders: "
+                 + ", ".join(result.problem_modules))
+    lines.append(f"  modules writing System One's keys ({', '.join(SYSTEMONE_KEYS)}): "
+                 + ", ".join(result.systemone_shape_modules))
+    for t in result.traces:
+        lines.append(f"  {t.request}: {t.functions} project functions ran ({t.entered} entered from another module, "
+                     f"{t.calls} calls) in {t.modules} modules, {t.threads} threads, {t.hand_offs} thread hand-offs")
+    return "\n".join(lines)
