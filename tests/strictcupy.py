@@ -277,6 +277,10 @@ for _name, _op in {"neg": operator.neg, "pos": operator.pos, "abs": operator.abs
     setattr(ndarray, f"__{_name}__", lambda self, _op=_op: self._xp._wrap(_op(self._a)))
 
 
+class CUDARuntimeError(RuntimeError):
+    """cupy.cuda.runtime's: what getDeviceCount raises without a driver."""
+
+
 class StrictCuPy(types.ModuleType):
     """The module: the subset of cupy's API clef-bridge uses, over strict device arrays."""
 
@@ -302,7 +306,7 @@ class StrictCuPy(types.ModuleType):
         self.cuda = types.SimpleNamespace(
             memory=memory, Device=lambda device=0: Device(self, device),
             alloc_pinned_memory=self._alloc_pinned,
-            runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
+            runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, CUDARuntimeError=CUDARuntimeError))
 
     def _wrap(self, x: Any) -> Any:
         """numpy results to device arrays (numpy scalars become 0-d arrays, as CuPy returns them)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -156,3 +157,19 @@ def test_gpu_check_names_what_it_needs(args, message, capsys):
     with pytest.raises(SystemExit):
         main(["gpu-check", *args])
     assert message in capsys.readouterr().err
+
+
+def test_gpu_check_script_without_nvidia_smi_stops_with_what_to_run_instead(tmp_path):
+    """Issue 52: on a machine without an NVIDIA driver the script says so and exits 2, before it writes anything."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dirname", "realpath", "mkdir", "ln"):  # what the script's first lines may call, no nvidia-smi
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    work = tmp_path / "work"
+    done = subprocess.run(["/bin/sh", os.path.join(SCRIPTS, "gpu_check.sh"), str(tmp_path / "r.json")],
+                          capture_output=True, text=True, env={"PATH": str(bin_dir), "GPU_WORK": str(work)})
+    assert done.returncode == 2, done
+    assert "no nvidia-smi (no NVIDIA driver)" in done.stderr and "gpu-check --smoke" in done.stderr
+    assert "not found" not in done.stderr and not work.exists()

@@ -17,6 +17,7 @@ from clef_bridge.bridge.config.registry import RegistryError
 from clef_bridge.bridge.host.gpu import host_rows_for, read_gpu, visible_device
 from clef_bridge.bridge.llama import backbone as backbone_module
 from clef_bridge.head.config import config_path_for, load_config
+from clef_bridge.head.errors import HeadConfigError
 from clef_bridge.head.weights import stored_bytes
 from clef_bridge.tools.cli import main
 
@@ -263,8 +264,12 @@ def test_serve_counts_the_head_once_and_plans_as_fit_does(fx, monkeypatch, capsy
 
 def test_head_dtype_f16_needs_the_gpu(fx):
     with pytest.raises(RegistryError, match='head_dtype: "f16" needs head_device = "cuda"') as info:
-        tiny_spec(fx, head_dtype="f16")
+        tiny_spec(fx, head_device="cpu", head_dtype="f16")
     assert "2x slower" in str(info.value)
+    with pytest.MonkeyPatch.context() as mp:  # "auto" takes f16 and refuses it at load where it finds no GPU
+        mp.setitem(sys.modules, "cupy", None)
+        with pytest.raises(HeadConfigError, match="head_device \"auto\" found no CuPy with a CUDA device"):
+            open_spec(tiny_spec(fx, head_dtype="f16"))
     with pytest.raises(RegistryError, match="must be one of"):
         tiny_spec(fx, head_device="cuda", head_dtype="bf16")
     assert tiny_spec(fx, head_device="cuda", head_dtype="f16").head_dtype == "f16"
@@ -277,3 +282,30 @@ def test_host_rows_are_pinned_only_for_a_device_head():
     rows = host_rows_for(xp)(3, 8)
     assert rows.shape == (3, 8) and rows.dtype == np.float32 and xp.is_pinned(rows)
     assert not xp.is_pinned(host_rows_for(np)(3, 8))
+
+
+def test_head_device_auto_runs_the_head_where_cupy_finds_a_cuda_device(fx):
+    """Issue 52: the default puts the head on the GPU when CuPy and a CUDA device are there, else on the CPU."""
+    assert tiny_spec(fx).head_device == "auto"
+    xp = StrictCuPy()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "cupy", xp)
+        model = open_spec(tiny_spec(fx, prefix_cache_mb=0))
+    try:
+        assert model.head.xp is xp and xp.uploads > 0
+    finally:
+        model.close()
+    no_driver = StrictCuPy()
+
+    def fails() -> int:
+        raise no_driver.cuda.runtime.CUDARuntimeError("cudaErrorNoDevice")
+
+    no_driver.cuda.runtime.getDeviceCount = fails
+    for stand_in in (None, no_driver):  # no CuPy; CuPy without a device
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(sys.modules, "cupy", stand_in)
+            model = open_spec(tiny_spec(fx, prefix_cache_mb=0))
+        try:
+            assert model.head.xp is np
+        finally:
+            model.close()

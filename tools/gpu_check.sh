@@ -13,6 +13,11 @@
 # GPU_CHECK_ARGS: more gpu-check flags (--smoke rehearses the steps at small shapes).
 set -eu
 cd "$(dirname "$0")/.."
+if ! command -v nvidia-smi > /dev/null; then
+  echo "tools/gpu_check.sh measures an NVIDIA GPU, and this machine has no nvidia-smi (no NVIDIA driver)." >&2
+  echo "Run it on a CUDA machine; here, gpu-check --smoke (python -m benchmarks) rehearses every step on the CPU." >&2
+  exit 2
+fi
 REPORT=$(realpath -m "${1:-gpu_check.json}")
 PY=${PYTHON:-python3}
 BUNDLE=${GPU_BUNDLE:-.gpu}

@@ -54,7 +54,7 @@ class ModelSpec:
     backbone: BackboneOptions = BackboneOptions()
     encode: EncodeOptions = EncodeOptions()
     answer: AnswerOptions = AnswerOptions()
-    head_device: str = "cpu"  # "cuda": the head runs on CuPy
+    head_device: str = "auto"  # "cuda": the head runs on CuPy; "auto": there where CuPy finds a CUDA device
     head_dtype: str = "f32"  # "f16": the head's matrices stored in half the GPU memory (head_device cuda)
     aliases: tuple[str, ...] = ()
     description: str = ""
@@ -71,6 +71,19 @@ class ModelSpec:
     # the models.toml keys the entry sets: where a default depends on the model (Clef-omni's context length, see
     # bridge/model/loading.py), only a key left unset takes it
     keys: frozenset[str] = frozenset()
+
+
+DECISION_LOG_NAME = "decisions.jsonl"  # the file a decision_log folder holds
+
+
+@dataclass(frozen=True)
+class DecisionLogSpec:
+    """[server] decision_log*: the opt-in log of answered decisions, one JSON line each (bridge/server/decision_log.py)."""
+
+    path: Path | None = None  # the file (a folder: decisions.jsonl in it); None: no log
+    max_mb: float = 64.0  # the file is rotated (path.1, path.2, ...) before a line would take it beyond this
+    keep: int = 5  # rotated files kept; 0: the file starts over
+    states: bool = False  # true: each line holds the state's text too (its sha256 and size always)
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,7 @@ class ServerSpec:
     audio: AudioLimits = AudioLimits()
     decoders: DecoderLimits = DecoderLimits()  # the processes that decode media (bridge/media/decoders.py)
     videos: VideoLimits = VideoLimits()
+    decision_log: DecisionLogSpec = DecisionLogSpec()
 
     @property
     def decoder_limits(self) -> DecoderLimits:
@@ -194,7 +208,7 @@ def _absolute(path: Path) -> Path:
 def _combinations(spec: ModelSpec, where: str) -> list[str]:
     """Problems of keys that are valid alone but not together."""
     problems = []
-    if spec.head_dtype != "f32" and spec.head_device != "cuda":
+    if spec.head_dtype != "f32" and spec.head_device == "cpu":
         problems.append(f"{where}.head_dtype: \"{spec.head_dtype}\" needs head_device = \"cuda\": on the CPU numpy "
                         "converts every matrix back to float32 on each request (the head runs up to 2x slower); "
                         "drop head_dtype or set head_device = \"cuda\"")
@@ -245,10 +259,14 @@ def _server(raw: Any, base: Path, where: str, problems: list[str]) -> ServerSpec
     top = groups.get("", {})
     if "api_keys_file" in top:
         top["api_keys_file"] = _absolute(base / top["api_keys_file"])
+    log = groups.get("decision_log", {})
+    if "path" in log:  # a path ending in / names a folder, whether or not it exists yet
+        folder = log["path"].endswith(("/", os.sep))
+        log["path"] = _absolute(base / log["path"]) / (DECISION_LOG_NAME if folder else "")
     return ServerSpec(**top, limits=Limits(**groups.get("limits", {})),
                       images=ImageLimits(**groups.get("images", {})), audio=AudioLimits(**groups.get("audio", {})),
                       decoders=DecoderLimits(**groups.get("decoders", {})),
-                      videos=VideoLimits(**groups.get("videos", {})))
+                      videos=VideoLimits(**groups.get("videos", {})), decision_log=DecisionLogSpec(**log))
 
 
 def _ray(raw: Any, where: str, problems: list[str]) -> RaySpec:

@@ -140,7 +140,7 @@ class Key:
 MODEL_KEYS: dict[str, Key] = {
     "gguf": Key("", "gguf", str), "head": Key("", "head_path", str), "pair": Key("", "pair", str),
     "builtin": Key("", "builtin", str, _one_of(*REAL_RELEASES)),
-    "head_device": Key("", "head_device", str, _one_of("cpu", "cuda")),
+    "head_device": Key("", "head_device", str, _one_of("auto", "cpu", "cuda")),
     "head_dtype": Key("", "head_dtype", str, _dtype(*HEAD_DTYPES)),
     "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
     "mmproj": Key("", "mmproj", str),
@@ -193,6 +193,10 @@ SERVER_KEYS: dict[str, Key] = {
     "max_video_bytes": Key("videos", "max_bytes", int, _positive),
     "max_video_seconds": Key("videos", "max_seconds", (int, float), _above_zero),
     "max_media_bytes": Key("videos", "max_media_bytes", int, _positive),
+    "decision_log": Key("decision_log", "path", str),
+    "decision_log_max_mb": Key("decision_log", "max_mb", (int, float), _above_zero),
+    "decision_log_keep": Key("decision_log", "keep", int, _non_negative),
+    "decision_log_states": Key("decision_log", "states", bool),
 }
 
 RAY_KEYS: dict[str, Key] = {

@@ -151,3 +151,18 @@ def why_no_gpu(env: Mapping[str, str] = os.environ) -> str | None:
     if read_gpu(env) is None:
         return "NVML finds no NVIDIA GPU (no driver, or no device)"
     return None
+
+
+def head_device(setting: str) -> str:
+    """models.toml's head_device as the device the head runs on: "auto" is "cuda" where CuPy imports and finds a CUDA
+    device (the head's time off the CPU on every request), else "cpu"."""
+    if setting != "auto":
+        return setting
+    try:
+        import cupy
+    except ImportError:
+        return "cpu"
+    try:
+        return "cuda" if cupy.cuda.runtime.getDeviceCount() > 0 else "cpu"
+    except cupy.cuda.runtime.CUDARuntimeError:  # no driver, or CUDA_VISIBLE_DEVICES hides every device
+        return "cpu"

@@ -30,7 +30,7 @@ from ..gguf.clef_split import ensure_backbone
 from ..gguf.lora import converted_lora, lora_file_bytes
 from ..gguf.projector import ensure_vision_projector, projector_info
 from ..gguf.reader import read_gguf
-from ..host.gpu import host_rows_for, release_cached
+from ..host.gpu import head_device, host_rows_for, release_cached
 from ..host.paths import cache_dir
 from ..llama.adapters import BackbonePool
 from ..llama.backbone import Backbone
@@ -181,7 +181,15 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits(), 
     backbone (itself included), whose heads and adapters the memory plan counts.
     """
     config, flat, temperatures = _head_weights(report)
-    xp = array_module_for(spec.head_device)
+    device = head_device(spec.head_device)
+    if spec.head_device == "auto":
+        log.info("model %s: its head runs on the %s (head_device \"auto\")", spec.name,
+                 "GPU through CuPy" if device == "cuda" else "CPU: no CuPy or no CUDA device")
+    if spec.head_dtype != "f32" and device != "cuda":
+        raise HeadConfigError(f"model {spec.name}: head_dtype = \"{spec.head_dtype}\" needs the head on a GPU, and "
+                              "head_device \"auto\" found no CuPy with a CUDA device",
+                              fix="pip install 'clef-bridge[cuda]' on a machine with an NVIDIA GPU, or drop head_dtype")
+    xp = array_module_for(device)
     path = backbone_file(spec.gguf, report.facts.architecture)
     arch = architecture(report.facts.architecture)
     if arch is not None and arch.reference != EncodeOptions.media_layout:  # the default is the dense reference's
@@ -191,8 +199,8 @@ def open_model(spec: ModelSpec, report: CheckReport, limits: Limits = Limits(), 
     info = projector_info(mmproj) if mmproj is not None else None  # its header, read once for the plan and tower
     sizes = projector_sizes(info, report.facts.architecture) if info is not None else None
     group = group or (spec,)
-    inputs = plan_inputs(config, spec.head_device, spec.head_dtype, sizes,
-                         heads=sum(s.head_device == spec.head_device for s in group) or 1,
+    inputs = plan_inputs(config, device, spec.head_dtype, sizes,
+                         heads=sum(head_device(s.head_device) == device for s in group) or 1,
                          adapter_bytes=sum(lora_file_bytes(s.lora) for s in group if s.lora is not None))
     placed, warnings = placement_for(path, spec.backbone, inputs.beside_bytes, vision_bytes=inputs.media_bytes)
     head = Head(config, params_from(flat, xp, spec.head_dtype), xp)
