@@ -64,3 +64,20 @@ def test_a_head_is_paired_with_its_adapter(lfx, tmp_path):
     assert "pair.lora_changed" in codes(other)
     bare = check_files(fx.gguf_f32, lfx.head("claims"), record).reports[0][1]
     assert "pair.lora_missing" in codes(bare)
+
+
+def test_checks_fix_for_a_missing_record_pairs_with_the_adapter(lfx, tmp_path):
+    """The pair.no_record fix of a check with --lora names the adapter: the record it writes is the fine-tune's (beside
+    the adapter), which the same check then finds; without --lora it would be the base's, and the warning would stay."""
+    import shlex
+    import shutil
+
+    folder = tmp_path / "claims"
+    shutil.copytree(lfx.checkpoints["claims"], folder)
+    report = check_files(lfx.base.gguf_f32, folder / "joint_head.safetensors", None, lora=folder).reports[0][1]
+    fix = next(f.fix for f in report.findings if f.code == "pair.no_record")
+    command = shlex.split(fix.split("`")[1])
+    assert command[:2] == ["clef-bridge", "pair"] and command[-2:] == ["--lora", str(folder)]
+    assert main(command[1:]) == 0
+    again = check_files(lfx.base.gguf_f32, folder / "joint_head.safetensors", None, lora=folder).reports[0][1]
+    assert "pair.no_record" not in {f.code for f in again.findings}

@@ -472,7 +472,8 @@ def check_all(gguf: Path, head: Path | None, pair: Path | None = None, gguf_sha2
         report.add("warning", "pair.no_record", "no pairing record: nothing proves this backbone is the one the "
                    "head was trained with (a same-shape backbone of another model would answer nonsense)",
                    f"write one with `clef-bridge pair {shell_path(gguf)}"
-                   f"{'' if report.embedded else ' ' + shell_path(head)}` once you trust the pair, or fetch it with "
+                   f"{'' if report.embedded else ' ' + shell_path(head)}"
+                   f"{'' if lora is None else ' --lora ' + shell_path(lora)}` once you trust the pair, or fetch it with "
                    "`clef-bridge pull`")
     if pair is None:
         return report
