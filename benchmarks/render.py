@@ -18,6 +18,7 @@ from .lora import LoraBench
 from .omni import OmniBench
 from .parsers import OWN, SERVER, ParsersBench
 from .soak import SoakVerdict
+from .workloads import WorkloadsBench
 
 
 @text.register
@@ -277,4 +278,35 @@ def _(result: Architecture) -> str:
     for t in result.traces:
         lines.append(f"  {t.request}: {t.functions} project functions ran ({t.entered} entered from another module, "
                      f"{t.calls} calls) in {t.modules} modules, {t.threads} threads, {t.hand_offs} thread hand-offs")
+    return "\n".join(lines)
+
+
+@text.register
+def _(result: WorkloadsBench) -> str:
+    built = f", built in {result.build_seconds:.0f} s" if result.build_seconds else ""
+    lines = [f"python -m benchmarks workloads: llama-server ({result.llama_server}{built}) and clef-bridge on "
+             f"{result.gguf}, {result.threads} threads each, alternated",
+             f"  {'workload':10} {'c':>3}  {'server':12} {'decisions/s':>11} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8}"]
+    for r in result.rows:
+        lines.append(f"  {r.workload:10} {r.concurrency:>3}  {r.server:12} {r.decisions_per_s:11.2f} "
+                     f"{r.requests_per_s:7.2f} {r.p50_ms:8.0f} {r.p95_ms:8.0f}")
+    lines.append("  clef-bridge / llama-server, decisions per second (goal: 1.5 at c=8) and single p50 (goal: <= 1):")
+    for workload in dict.fromkeys(r.workload for r in result.rows):
+        rates = "  ".join(f"c={c} {result.rate(workload, c, 'clef-bridge') / result.rate(workload, c, 'llama-server'):.2f}"
+                          for c in result.concurrency)
+        p50 = (f", p50 {result.p50(workload, 'clef-bridge') / result.p50(workload, 'llama-server'):.2f}"
+               if 1 in result.concurrency else "")
+        limit = result.limit.get(workload)
+        c8 = 8 if 8 in result.concurrency else max(result.concurrency)
+        share = (f"; bare prefill {limit:.2f} decisions/s, clef-bridge at c={c8} reaches "
+                 f"{result.rate(workload, c8, 'clef-bridge') / limit:.2f} of it" if limit else "")
+        lines.append(f"    {workload:10} {rates}{p50}{share}")
+    b = result.batch
+    lines.append(f"  clef-bridge /v1/systemone/batch, triage, {b['states']} states in batches of {b['batch_states']}: "
+                 f"{b['decisions_per_s']:.2f} decisions/s")
+    for workload, fid in result.fidelity.items():
+        parts = [f"{name} worst |dp| {fid['worst'][name]:.1e}, {fid['token_mismatches'][name]}/{fid['compared'][name]} "
+                 f"prompts' token counts differ (by up to {fid['worst_token_gap'][name]})" for name in fid["worst"]]
+        lines.append(f"  vs the reference, {workload}: " + "; ".join(parts))
+    lines.append(f"  chart: {result.chart}")
     return "\n".join(lines)
