@@ -122,13 +122,13 @@ class Server:
     process: subprocess.Popen
     log: Path
 
-    def post(self, body: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
-        """(milliseconds, status, JSON body) of one POST /v1/systemone."""
+    def post(self, body: dict[str, Any], path: str = "/v1/systemone") -> tuple[float, int, dict[str, Any]]:
+        """(milliseconds, status, JSON body) of one POST."""
         data = json.dumps(body).encode()
-        request = urllib.request.Request(self.url + "/v1/systemone", data, {"Content-Type": "application/json"})
+        request = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
         t0 = time.perf_counter()
         try:
-            with urllib.request.urlopen(request, timeout=600) as r:
+            with urllib.request.urlopen(request, timeout=900) as r:
                 status, payload = r.status, r.read()
         except urllib.error.HTTPError as exc:
             status, payload = exc.code, exc.read()
@@ -237,9 +237,25 @@ class Fidelity:
     refused: dict[str, list[str]] = field(default_factory=dict)  # server -> "status: message" of each refusal
 
 
-def fidelity(servers: list[Server], hf: Path, head: Path, requests: list[dict[str, Any]], model: str) -> Fidelity:
-    """Each server's worst probability difference from Cloudflare's reference (same weights, float32, torch)."""
-    import numpy as np
+@dataclass(frozen=True)
+class Oracle:
+    """Cloudflare's reference model over the benchmark's weights (float32, torch)."""
+
+    ref: Any  # the reference module
+    tokenizer: Any
+    model: Any
+
+    def answer(self, request: dict[str, Any]) -> tuple[Any, list[Any]]:
+        """(the reference's encoded record, each question's probabilities in the reference's option order)."""
+        import torch
+
+        encoded = self.ref.encode_record(self.tokenizer, request, max_length=8192)
+        with torch.inference_mode():
+            batch = self.ref.collate_records([encoded], self.tokenizer.pad_token_id, torch.device("cpu"))
+            return encoded, [q.float().softmax(-1).numpy() for q in self.model(batch)[0]]
+
+
+def oracle(hf: Path, head: Path) -> Oracle:
     import torch
     from clef_bridge.head.config import config_path_for, load_config
     from safetensors.torch import load_file
@@ -248,17 +264,20 @@ def fidelity(servers: list[Server], hf: Path, head: Path, requests: list[dict[st
     from tests.reference import reference
 
     ref = reference()
-    tokenizer = AutoTokenizer.from_pretrained(hf)
     backbone = Qwen3_5ForConditionalGeneration.from_pretrained(hf, dtype=torch.float32).eval()
     joint = ref.JointSchemaHead(**vars(load_config(config_path_for(head))))
     joint.load_state_dict(load_file(str(head)), strict=True)
-    oracle = ref.ClefModel(backbone, joint.float()).eval()
+    return Oracle(ref, AutoTokenizer.from_pretrained(hf), ref.ClefModel(backbone, joint.float()).eval())
+
+
+def fidelity(servers: list[Server], hf: Path, head: Path, requests: list[dict[str, Any]], model: str) -> Fidelity:
+    """Each server's worst probability difference from Cloudflare's reference (same weights, float32, torch)."""
+    import numpy as np
+
+    reference = oracle(hf, head)
     out = Fidelity({s.name: 0.0 for s in servers}, {s.name: 0 for s in servers}, {s.name: [] for s in servers})
     for request in requests:
-        encoded = ref.encode_record(tokenizer, request, max_length=8192)
-        with torch.inference_mode():
-            batch = ref.collate_records([encoded], tokenizer.pad_token_id, torch.device("cpu"))
-            expected = [q.float().softmax(-1).numpy() for q in oracle(batch)[0]]
+        _, expected = reference.answer(request)
         for server in servers:
             _, status, body = server.post({**request, "model": model})
             if status != 200:

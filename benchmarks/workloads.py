@@ -26,8 +26,6 @@ import random
 import statistics
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +36,7 @@ from .llama_server import (
     answer_probabilities,
     build_llama_server,
     default_cache,
+    oracle,
     start_clef_bridge,
     start_llama_server,
     upstream_clef_gguf,
@@ -205,22 +204,6 @@ def decisions(body: dict[str, Any]) -> int:
     return len(body["questions"]) * len(body.get("states") or [None])
 
 
-def _post(url: str, path: str, body: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
-    data = json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
-    t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(request, timeout=900) as r:
-            status, payload = r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        status, payload = exc.code, exc.read()
-    ms = (time.perf_counter() - t0) * 1e3
-    try:
-        return ms, status, json.loads(payload)
-    except ValueError:
-        return ms, status, {"raw": payload[:200].decode(errors="replace")}
-
-
 @dataclass(frozen=True)
 class Row:
     workload: str
@@ -242,7 +225,7 @@ def measure(server: Server, workload: str, bodies: list[dict[str, Any]], concurr
             tick: Callable[[int], None] = lambda n: None) -> Row:
     """The bodies posted with `concurrency` in flight: decisions and requests per second, latency percentiles."""
     def one(body: dict[str, Any]) -> float:
-        ms, status, answer = _post(server.url, path, body)
+        ms, status, answer = server.post(body, path)
         if status != 200:
             raise BenchError(f"{server.name} answered {status} on {workload}: {json.dumps(answer)[:300]}")
         tick(1)
@@ -268,30 +251,16 @@ def fidelity(servers: list[Server], hf: Path, head: Path, sample: dict[str, list
              ) -> dict[str, Fidelity]:
     """Per workload: each server against Cloudflare's reference (same weights, float32, torch) on the sample."""
     import numpy as np
-    import torch
-    from clef_bridge.head.config import config_path_for, load_config
-    from safetensors.torch import load_file
-    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
 
-    from tests.reference import reference
-
-    ref = reference()
-    tokenizer = AutoTokenizer.from_pretrained(hf)
-    backbone = Qwen3_5ForConditionalGeneration.from_pretrained(hf, dtype=torch.float32).eval()
-    joint = ref.JointSchemaHead(**vars(load_config(config_path_for(head))))
-    joint.load_state_dict(load_file(str(head)), strict=True)
-    oracle = ref.ClefModel(backbone, joint.float()).eval()
+    reference = oracle(hf, head)
     out = {}
     for workload, requests in sample.items():
         fid = Fidelity({s.name: 0.0 for s in servers}, {s.name: 0 for s in servers},
                        {s.name: 0 for s in servers}, {s.name: 0 for s in servers})
         for request in requests:
-            encoded = ref.encode_record(tokenizer, request, max_length=8192)
-            with torch.inference_mode():
-                batch = ref.collate_records([encoded], tokenizer.pad_token_id, torch.device("cpu"))
-                expected = [q.float().softmax(-1).numpy() for q in oracle(batch)[0]]
+            encoded, expected = reference.answer(request)
             for server in servers:
-                _, status, body = _post(server.url, "/v1/systemone", request)
+                _, status, body = server.post(request)
                 if status != 200:
                     raise BenchError(f"{server.name} answered {status}: {json.dumps(body)[:300]}")
                 got = answer_probabilities(request, body["answers"])
@@ -419,7 +388,7 @@ def run(binary: Path | None, requests: int = 16, concurrency: tuple[int, ...] = 
         servers.append(start_llama_server(binary, gguf, folder, parallel, threads))
         servers.append(start_clef_bridge(gguf, folder, parallel, threads))
         for server in servers:  # warm both: the first request of each pays for allocations
-            _post(server.url, "/v1/systemone", {**load["triage"][0], "state": "warm-up"})
+            server.post({**load["triage"][0], "state": "warm-up"})
         step = 0
         for (name, c), bodies in slices.items():
             for server in servers if step % 2 else servers[::-1]:
@@ -428,7 +397,7 @@ def run(binary: Path | None, requests: int = 16, concurrency: tuple[int, ...] = 
         t0 = time.perf_counter()
         for i in range(0, len(triage_states), BATCH_STATES):
             body = {"model": MODEL, "states": triage_states[i:i + BATCH_STATES], "questions": TRIAGE_QUESTIONS}
-            _, status, answer = _post(servers[1].url, "/v1/systemone/batch", body)
+            _, status, answer = servers[1].post(body, "/v1/systemone/batch")
             if status != 200:
                 raise BenchError(f"clef-bridge's batch route answered {status}: {json.dumps(answer)[:300]}")
             progress.update(len(body["states"]))

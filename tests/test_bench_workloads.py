@@ -7,12 +7,13 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
 from clef_bridge.head.schema import parse_request
 
 from benchmarks.__main__ import build_parser
+from benchmarks.llama_server import Server
 from benchmarks.workloads import (
     INTENTS,
     ROUTES,
@@ -59,7 +60,7 @@ def test_its_flags_parse():
 @pytest.mark.integration
 def test_a_measurement_counts_every_decision_of_a_live_server(tiny_server):
     bodies = [{**b, "model": "tiny"} for b in triage(random.Random(5), 6)]
-    server = SimpleNamespace(name="clef-bridge", url=tiny_server.url)
+    server = Server("clef-bridge", tiny_server.url, None, Path("unused.log"))  # not started here: no process
     ticks = []
     row = measure(server, "triage", bodies, 3, tick=ticks.append)
     assert row.requests == 6 == len(ticks) and row.concurrency == 3
