@@ -78,7 +78,7 @@ DECISION_LOG_NAME = "decisions.jsonl"  # the file a decision_log folder holds
 
 @dataclass(frozen=True)
 class DecisionLogSpec:
-    """[server] decision_log*: the opt-in log of answered decisions, one JSON line each (bridge/server/decision_log.py)."""
+    """[server] decision_log*: the opt-in log of answered decisions, a JSON line each (server/decision_log.py)."""
 
     path: Path | None = None  # the file (a folder: decisions.jsonl in it); None: no log
     max_mb: float = 64.0  # the file is rotated (path.1, path.2, ...) before a line would take it beyond this

@@ -23,9 +23,22 @@ from ..model.worker import BatchStats, InferenceWorker
 from ..service.coalesce import Coalescer
 from ..service.decision import DecisionService
 from ..service.models import load_models
-from .appstate import KEYS, LOADER, METRICS, NAMES, PLAYGROUND, REGISTRY, SERVED, SERVICE, Loader, Served
+from .appstate import (
+    DECISION_LOG,
+    KEYS,
+    LOADER,
+    METRICS,
+    NAMES,
+    PLAYGROUND,
+    REGISTRY,
+    SERVED,
+    SERVICE,
+    Loader,
+    Served,
+)
 from .auth import ApiKeys, auth_middleware, install_sighup
 from .context import EscapedArgs, escaped, json_response
+from .decision_log import DecisionLog
 from .doors import HANDLERS as DOOR_HANDLERS
 from .doors.decisions import demo_warning
 from .middleware import ProtocolLog, context_middleware
@@ -210,6 +223,18 @@ async def decoders_ctx(app: web.Application) -> AsyncIterator[None]:
     decoders.close()
 
 
+async def decision_log_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The decision log's writer thread, where models.toml names one; at shutdown, once the requests in flight are
+    answered, it writes the lines still queued and closes the file."""
+    writer = app.get(DECISION_LOG)
+    if writer is None:
+        yield
+        return
+    writer.start()
+    yield
+    await asyncio.get_running_loop().run_in_executor(None, writer.close)
+
+
 RUNNER_OPTIONS = {"handler_cancellation": True}  # a client that hangs up cancels its request (499)
 
 
@@ -229,6 +254,10 @@ def banner(app: web.Application, url: str) -> list[str]:
     """What is running, said once at start: every model, its files, its names, its warnings; auth. One line each,
     whatever a path or warning holds."""
     lines = [f"clef-bridge serving on {url} (auth {'on' if app[KEYS].enabled else 'off'})"]
+    log_spec = app[REGISTRY].server.decision_log
+    if log_spec.path is not None:  # where each decision goes, and whether the states' text with it
+        lines.append(f"  decision log {log_spec.path} (rotated at {log_spec.max_mb:g} MB, {log_spec.keep} kept; "
+                     f"states {'written' if log_spec.states else 'by sha256 only'})")
     for name, served in app[SERVED].items():
         spec, facts = served.spec, served.facts
         others = [n for n, m in app[NAMES].items() if m == name and n != name]
@@ -282,6 +311,10 @@ def create_app(registry: Registry, loader: Loader = load_models) -> web.Applicat
                           lambda model, source: metrics.coalesced.labels(model, source).inc())
     app[SERVICE] = DecisionService(registry.server, coalescer, registry.server.request_timeout_s, names=app[NAMES],
                                    on_queued=lambda model, depth: metrics.queue_depth.labels(model).set(depth))
+    log_spec = registry.server.decision_log
+    if log_spec.path is not None:
+        app[DECISION_LOG] = DecisionLog(log_spec, log_spec.path, metrics)
+    app.cleanup_ctx.append(decision_log_ctx)  # first, so closed last: every answered decision is in it by then
     app.cleanup_ctx.append(models_ctx)
     app.cleanup_ctx.append(decoders_ctx)  # after the models: the forkserver's imports do not slow their loading
     setup_routes(app)

@@ -13,6 +13,7 @@ from ..model.loading import Loaded
 from ..model.worker import InferenceWorker
 from ..service.decision import DecisionService
 from .auth import ApiKeys
+from .decision_log import DecisionLog
 from .pages import Page
 from .prometheus import Metrics
 
@@ -40,3 +41,4 @@ SERVED = web.AppKey("served", dict[str, Served])
 NAMES = web.AppKey("names", dict[str, str])  # every accepted model name -> the served model it means
 SERVICE = web.AppKey("service", DecisionService)  # the one path from a request to its Decision
 PLAYGROUND = web.AppKey("playground", dict[str, Page])  # the playground's files by route name
+DECISION_LOG = web.AppKey("decision_log", DecisionLog)  # set only where models.toml names a decision_log

@@ -23,6 +23,9 @@ class Metrics:
     backbone_runs: Counter
     coalesced: Counter
     queue_depth: Gauge
+    log_lines: Counter  # the decision log's (bridge/server/decision_log.py), counted from its writer thread
+    log_dropped: Counter
+    log_errors: Counter
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -43,6 +46,11 @@ def create_metrics() -> Metrics:
         coalesced=Counter("clef_coalesced", "Requests answered by another identical request's computation",
                           ["model", "source"], registry=reg),
         queue_depth=Gauge("clef_queue_depth", "Requests waiting for a worker", ["model"], registry=reg),
+        log_lines=Counter("clef_decision_log_lines", "Decisions written to the decision log", registry=reg),
+        log_dropped=Counter("clef_decision_log_dropped", "Decisions left out of the decision log: its queue was full",
+                            registry=reg),
+        log_errors=Counter("clef_decision_log_errors", "Decisions the decision log failed to write, by the error "
+                           "(ENOSPC, EACCES, ...)", ["reason"], registry=reg),
     )
 
 

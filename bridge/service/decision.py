@@ -85,9 +85,21 @@ class Decision:
     # "": computed for this request; CACHED or JOINED: the answer of an identical request of the same tenant (its
     # timings are this request's own wait, nothing of the request that computed it)
     shared: str = ""
+    # what the decision log says of the input (bridge/server/decision_log.py, which hashes the state in its own
+    # thread): the state as validated (its media as markers), and each medium as (kind, sha256 hex, bytes), never
+    # the medium itself
+    state: Any = field(default=None, compare=False, repr=False)
+    media: tuple[tuple[str, str, int], ...] = ()
 
 
 CACHED, JOINED = "cache_hit", "coalesced"
+
+
+def media_digests(media: Media) -> tuple[tuple[str, str, int], ...]:
+    """Each medium as found in the body (kind, its digest in hex, its size in bytes): a frame array's size is its
+    frames'."""
+    return tuple((kind, item.digest.hex(), len(item.data) if getattr(item, "frames", None) is None
+                  else item.frames.nbytes) for kind in media.kinds for item in media.of(kind))
 
 
 def validate(body: Any, limits: Limits = Limits(), contract: Contract | None = None) -> DecisionRequest:
@@ -194,7 +206,8 @@ class DecisionService:
         if not fresh:  # another request's computation: its answer, and this request's own waits
             return Decision(name, request.model, scored.answers, scored.input_tokens,
                             {"queue": time.perf_counter() - t0, **decoding}, 0, 0, scored.logits, scored.warnings,
-                            CACHED if shared.job is None else JOINED)
+                            CACHED if shared.job is None else JOINED, state=request.state,
+                            media=media_digests(found_media))
         t = scored.timings
         stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
         stages |= decoding  # decoding here (Pillow, PyAV), a tower's time in the worker
@@ -202,7 +215,8 @@ class DecisionService:
             for stage, timing in TABLE[kind].towers.items():
                 stages[stage] = getattr(t, timing)
         return Decision(name, request.model, scored.answers, scored.input_tokens, stages, t.reused_tokens,
-                        t.batch_size, scored.logits, scored.warnings)
+                        t.batch_size, scored.logits, scored.warnings, state=request.state,
+                        media=media_digests(found_media))
 
     def _takes(self, name: str, kinds: tuple[str, ...]) -> bool:
         """Whether the served model takes every kind of the request's media."""

@@ -15,7 +15,7 @@ from ...catalogue.releases import REAL_RELEASES, RELEASES
 from ...media.request import KINDS
 from ...model.worker import RequestOptions
 from ...service.decision import INLINE_BYTES, Decision, DecisionInput
-from ..appstate import METRICS, REGISTRY, SERVED, SERVICE
+from ..appstate import DECISION_LOG, METRICS, REGISTRY, SERVED, SERVICE
 from ..assets import body_limit
 from ..body import (
     TEXT_CAP,
@@ -30,6 +30,7 @@ from ..body import (
 )
 from ..auth import TENANT
 from ..context import INFO, BodyTimeout
+from ..decision_log import Entry
 from ..multipart import RequestBody, is_form, parse_body
 
 # every answer of the built-in demo says what the banner says: its weights are random
@@ -94,8 +95,8 @@ def tenant_options(request: web.Request, options: RequestOptions) -> RequestOpti
 
 
 async def decide(request: web.Request, call: DecisionInput) -> Decision:
-    """The service's Decision, its model, tokens and timings in the request's context and metrics; the request's
-    tenant decides with whom it shares caches and queues (tenant_options)."""
+    """The service's Decision, its model, tokens and timings in the request's context and metrics, its line queued
+    for the decision log; the request's tenant decides with whom it shares caches and queues (tenant_options)."""
     call = replace(call, options=tenant_options(request, call.options))
     info = request[INFO]
 
@@ -112,6 +113,9 @@ async def decide(request: web.Request, call: DecisionInput) -> Decision:
     for stage, seconds in decision.timings.items():
         metrics.latency.labels(decision.model, stage).observe(seconds)
     metrics.tokens.labels(decision.model).inc(decision.input_tokens)
+    writer = request.app.get(DECISION_LOG)
+    if writer is not None:  # queued for the log's thread: nothing here waits for the disk or fails with it
+        writer.submit(Entry(time.time(), info.id, info.route, request[TENANT].name, decision))
     return decision
 
 
