@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadStatusLine
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.server.app import banner
-from clef_bridge.bridge.server.appstate import KEYS, METRICS, NAMES, SERVED
+from clef_bridge.bridge.server.appstate import KEYS, METRICS, NAMES, REGISTRY, SERVED
 from clef_bridge.bridge.server.auth import ApiKeys
 from clef_bridge.bridge.server.context import INFO, EscapedArgs
 from clef_bridge.bridge.server.doors.workers_ai import WORKERS_AI_CODES
@@ -270,12 +270,15 @@ def test_the_banner_keeps_each_line_one_line_whatever_a_path_or_warning_holds():
                              facts=SimpleNamespace(head_source="embedded", architecture="qwen35", embedding_length=8,
                                                    block_count=2), warnings=("line one\u2028line two",),
                              worker=SimpleNamespace(model=SimpleNamespace(backbone=None)))  # a backbone of its own
-    app = {KEYS: ApiKeys(None), SERVED: {"m": served}, NAMES: {"m": "m", "alias": "m"}}
+    decision_log = SimpleNamespace(path="/logs/a\nb.jsonl", max_mb=64, keep=5, states=False)
+    app = {KEYS: ApiKeys(None), SERVED: {"m": served}, NAMES: {"m": "m", "alias": "m"},
+           REGISTRY: SimpleNamespace(server=SimpleNamespace(decision_log=decision_log))}
     lines = banner(app, "http://127.0.0.1:8792")
-    assert all(line.isprintable() for line in lines) and len(lines) == 5
-    assert lines[1] == "  model m (also answers to alias)"
-    assert lines[2].startswith("    gguf  /models/x\\u000a$(id)\\u202e.gguf (qwen35")
-    assert lines[4] == "    warning: line one\\u2028line two"
+    assert all(line.isprintable() for line in lines) and len(lines) == 6
+    assert lines[1].startswith("  decision log /logs/a\\u000ab.jsonl (rotated at 64 MB")
+    assert lines[2] == "  model m (also answers to alias)"
+    assert lines[3].startswith("    gguf  /models/x\\u000a$(id)\\u202e.gguf (qwen35")
+    assert lines[5] == "    warning: line one\\u2028line two"
 
 
 def test_the_servers_log_escapes_what_a_record_interpolates():
