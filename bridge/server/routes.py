@@ -9,6 +9,7 @@ UNMATCHED = "unmatched"
 JEV_SHAPE, WORKERS_AI_SHAPE, OPENAI_SHAPE = "jev", "workers_ai", "openai"  # the shape of a route's answers, errors
 BATCH_SHAPE, AINODE_SHAPE = "laya_batch", "ainode"  # laya-serve's batch route, AINode's /v1/decide
 DEQIO_SHAPE = "deqio"  # Deqio's routes: its errors are Jev's (deqio-client reads `detail`)
+VERCEL_SHAPE = "vercel"  # Vercel AI Gateway's evaluation-model route: {answers, usage, providerMetadata}, {error}
 # Cloudflare's paths, matched or not, answer in the Workers AI envelope: its clients call either the bare
 # route or the REST API's, whose base is https://api.cloudflare.com/client/v4 (they change only the host)
 WORKERS_AI_PREFIXES = ("/accounts/", "/client/v4/", "/ai/run/")
@@ -47,6 +48,7 @@ ROUTES = (
     # Deqio's routes (deqio-client): one question, several decided jointly, System One without a model
     *(Route("POST", f"/v1/{route}", f"deqio_{route}", shape=DEQIO_SHAPE)
       for route in ("noul", "choice", "decision", "shared", "score", "soam")),
+    Route("POST", "/v4/ai/evaluation-model", "vercel_evaluation", shape=VERCEL_SHAPE),
     Route("GET", "/health", "health", public=True),
     Route("GET", "/ready", "ready", public=True),
     Route("GET", "/metrics", "metrics"),  # labels carry model names, so it needs a key like /v1/models

@@ -1,5 +1,6 @@
 """The API shapes this server speaks, each a front door over the one decision service: Jev's System One,
-Cloudflare's Workers AI, OpenAI's Decisions, laya-serve's batch, AINode's decide and Deqio's, one module a door in this
+Cloudflare's Workers AI, OpenAI's Decisions, laya-serve's batch, AINode's decide, Deqio's and Vercel AI Gateway's
+evaluation model, one module a door in this
 folder, and what they share (decisions.py: the body read, the service called, the reply timed). A new shape is a
 module here holding its Door (its handlers, the shape of its errors, its paths in /openapi.json), its rows in
 ../routes.py, and its line below: three files."""
@@ -10,10 +11,10 @@ from typing import Any, Callable
 
 from ..context import Door, ErrorShape, Handler, jev_error
 from ..routes import JEV_SHAPE
-from . import ainode, deqio, openai_decisions, systemone, systemone_batch, workers_ai
+from . import ainode, deqio, openai_decisions, systemone, systemone_batch, vercel, workers_ai
 
 DOORS: tuple[Door, ...] = (systemone.DOOR, workers_ai.DOOR, openai_decisions.DOOR, systemone_batch.DOOR, ainode.DOOR,
-                           deqio.DOOR)
+                           deqio.DOOR, vercel.DOOR)
 
 HANDLERS: dict[str, Handler] = {name: handler for door in DOORS for name, handler in door.handlers.items()}
 # every route's errors take their door's shape; the routes of no door (models, health, ...) Jev's
