@@ -6,6 +6,8 @@ specification's shape, and refusals come in the gateway's `{error: {message, typ
 from __future__ import annotations
 
 import pytest
+from clef_bridge.bridge.server.doors.vercel import MODEL_HEADER, to_systemone
+from clef_bridge.head.errors import RequestInvalid
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +28,7 @@ def server(tiny_server):
 
 def evaluate(server, model: str | None = "tiny", questions: dict | None = None, body: dict | None = None):
     questions = questions or {qid: {"type": "boolean", **q} if qid == "refund" else q for qid, q in QUESTIONS.items()}
-    headers = HEADERS | ({"ai-model-id": model} if model is not None else {})
+    headers = HEADERS | ({MODEL_HEADER: model} if model is not None else {})
     return server.request("POST", PATH, {"state": STATE, "questions": questions, **(body or {})}, headers=headers)
 
 
@@ -73,3 +75,11 @@ def test_the_route_is_in_openapi(server):
     post = server.request("GET", "/openapi.json").json()["paths"][PATH]["post"]
     assert post["operationId"] == "vercel_evaluation"
     assert {p["name"] for p in post["parameters"]} == {"ai-model-id", "ai-evaluation-model-specification-version"}
+
+
+def test_boolean_is_noul_and_other_types_are_named_in_the_specifications_words():
+    body = to_systemone({"state": "s", "questions": {"a": {"type": "boolean"}, "b": {"type": "noul"}}}, "m")
+    assert body == {"state": "s", "model": "m", "questions": {"a": {"type": "noul"}, "b": {"type": "noul"}}}
+    with pytest.raises(RequestInvalid) as refused:
+        to_systemone({"state": "s", "questions": {"a": {"type": "box"}}}, "m")
+    assert [p.loc for p in refused.value.problems] == [("body", "questions", "a", "type")]
