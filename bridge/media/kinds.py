@@ -16,6 +16,8 @@ from ...head import media as media_kinds
 from ...head.errors import Problem, RequestInvalid
 from ..gguf.projector import PROJECTOR_HOME
 from . import audio as audio_files
+from . import frames as frame_arrays
+from . import media_kwargs
 from . import video as video_files
 from .audio import AudioInput, AudioRejected, AudioTooLarge
 from .errors import MediaRejected, MediaTooLarge, detached
@@ -68,6 +70,9 @@ class Kind:
     towers: Mapping[str, str]  # x_timings stage -> the Timings field of a tower it runs through in the worker
     refusal: Callable[[str], RequestInvalid]  # its 422 for a model (named) that cannot take it
     limits: Callable[[], Any]  # its limits dataclass: the defaults where a server names none
+    # (a JSON array in its body field, loc, its limits) -> the array checked and the characters its JSON takes: how
+    # it takes a medium given as values (a video's frames); None: such an entry is refused as no medium
+    array: Callable[[Any, Loc, Any], tuple[np.ndarray, int]] | None = None
 
     @property
     def example(self) -> str:
@@ -97,7 +102,9 @@ def _clip(loc: Loc, data: bytes, limits: Any) -> AudioInput:
     return AudioInput(loc, data, header, hashlib.sha256(data).digest())
 
 
-def _video(loc: Loc, data: bytes, limits: Any) -> VideoInput:
+def _video(loc: Loc, data: bytes | np.ndarray, limits: Any) -> VideoInput:
+    if isinstance(data, np.ndarray):  # a frame array, checked as it was converted (frames.array)
+        return frame_arrays.inspect(loc, data)
     header = video_files.sniff(data, loc)
     video_files.check(header, len(data), limits, loc)
     return VideoInput(loc, data, header, hashlib.sha256(data).digest())
@@ -148,14 +155,20 @@ def _decode_audio(clips: Sequence[AudioInput], settings: DecodeSettings) -> tupl
 
 
 def _decode_video(video: VideoInput, limits: Any, factor: int) -> video_files.DecodedVideo:
-    """A clip's frames at the vision tower's size (resized here, in the decoder process) and its soundtrack."""
-    return video_files.decode(video.data, video.loc, limits, video_files.tower_geometry(factor),
-                              video.header.duration_s)
+    """A clip's frames at the vision tower's size (resized here, in the decoder process) and its soundtrack; a frame
+    array's frames, sized the same way."""
+    if video.frames is not None:
+        return frame_arrays.decode(video, video_files.tower_geometry(factor))
+    decoded = video_files.decode(video.data, video.loc, limits, video_files.tower_geometry(factor),
+                                 video.header.duration_s)
+    return replace(decoded, fps=video.fps)
 
 
 def _decode_videos(videos: Sequence[VideoInput], settings: DecodeSettings) -> tuple[Any, ...]:
     limits, factor = settings.limits[VIDEO], settings.geometry.factor  # a model taking videos has a projector
-    return _each(videos, lambda video: _decode_video(video, limits, factor))
+    decoded = _each(videos, lambda video: _decode_video(video, limits, factor))
+    media_kwargs.check_audio_in_video(videos, decoded)  # whether each has a soundtrack is known only now
+    return decoded
 
 
 def no_projector(model: str) -> RequestInvalid:
@@ -191,9 +204,10 @@ TABLE: dict[str, Kind] = {kind.name: kind for kind in (
          audio_files.AudioLimits),
     # a video's soundtrack goes through the audio tower (0 ms for a silent one)
     Kind(VIDEO, media_kinds.VIDEO.field, "video", "video/mp4", video_files.FORMATS, "max_videos", "max_video_bytes",
-         "MP4, WebM or Matroska videos as data: URLs, base64 or {content_type, base64}, seen after the audio clips: "
-         "frames at 2 fps and, when every video has one, the soundtrack; needs a model with video (x_media lists "
-         "\"video\"); max_videos counts the assets' videos too",
+         "MP4, WebM or Matroska videos as data: URLs, base64 or {content_type, base64}, or frame arrays "
+         "([frames][height][width][3] integers 0 to 255, at 2 fps, silent), seen after the audio clips: frames at 2 "
+         "fps and, when every video has one, the soundtrack; needs a model with video (x_media lists \"video\"); "
+         "max_videos counts the assets' videos too; media_kwargs.videos_kwargs as the reference's (fps ...)",
          VideoRejected, VideoTooLarge, _video, _videos_total, _decode_videos, True,
-         {"vision": "vision", "audio_tower": "audio"}, no_video, video_files.VideoLimits),
+         {"vision": "vision", "audio_tower": "audio"}, no_video, video_files.VideoLimits, frame_arrays.array),
 )}

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ...head.schema import MEDIA_FIELDS, Limits, json_depth, option_order
+from . import frames, media_kwargs
 from .errors import MediaRejected, detached
 from .kinds import AUDIO, IMAGE, TABLE, VIDEO, DecodeSettings, Kind, combined
 
@@ -228,8 +229,9 @@ def _inline(entry: Any, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
                                   f"value_error.{medium.kind}.content_type")
         return _b64(data, loc, medium)
     if not isinstance(entry, str):
-        raise medium.rejected(loc, "must be a data: URL, base64, or an object {\"content_type\", \"base64\"}",
-                              "type_error")
+        arrays = f", a frame array {frames.SHAPE}" if medium.row.array is not None else ""
+        raise medium.rejected(loc, f"must be a data: URL, base64{arrays}, or an object {{\"content_type\", "
+                              "\"base64\"}", "type_error")
     if entry.startswith(("http://", "https://")):
         raise medium.rejected(loc, f"is a URL; clef-bridge fetches nothing: inline the {medium.noun} as a data: URL "
                                    "or base64", f"value_error.{medium.kind}.url")
@@ -372,8 +374,9 @@ def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
         problems.add(("body",), f"send media in {_FIELDS_TEXT} or in `assets`, not both")
     for kind, value in lists.items():
         if value is not None and not isinstance(value, list):
+            arrays = f", frame arrays {frames.SHAPE}" if media[kind].row.array is not None else ""
             problems.add(("body", media[kind].field), f"{media[kind].field} must be an array of data: URLs, base64 "
-                         "strings or {\"content_type\", \"base64\"} objects", "type_error")
+                         f"strings{arrays} or {{\"content_type\", \"base64\"}} objects", "type_error")
     if assets is not None and not isinstance(assets, dict):
         problems.add(("body", "assets"), "assets must be an object of placeholder -> asset", "type_error")
     if problems:
@@ -387,6 +390,14 @@ def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
     return problems
 
 
+Sources = list[tuple[tuple[str | int, ...], Any]]  # each medium's bytes, or a frame array (numpy)
+
+
+def _nbytes(data: Any) -> int:
+    """A medium's size: a file's bytes, or a frame array's (uint8, one byte a value)."""
+    return data.nbytes if hasattr(data, "nbytes") else len(data)
+
+
 def extract(body: Any, parts: dict[str, FormPart] | None = None, limits: Mapping[str, Any] = MappingProxyType({}),
             text_limits: Limits = Limits()) -> Extracted:
     """The body's media, each kind in prompt order, checked from their headers; parts: a multipart body's media
@@ -395,13 +406,14 @@ def extract(body: Any, parts: dict[str, FormPart] | None = None, limits: Mapping
         return Extracted(body, NO_MEDIA)
     media = {kind: _Medium(row, limits[kind] if kind in limits else row.limits()) for kind, row in TABLE.items()}
     problems = _shape(body, media)
+    options = media_kwargs.parse(body.get(media_kwargs.FIELD), problems)
     if problems:
         raise RequestInvalid(problems)
     assets = body.get("assets")
     lists = [body.get(m.field) for m in media.values()]
     text = {k: v for k, v in body.items() if k not in MEDIA_FIELDS}
     inline = sum(len(v) for v in _inline_strings(lists, assets))
-    sources: dict[str, list[tuple[tuple[str | int, ...], bytes]]] = {kind: [] for kind in media}
+    sources: dict[str, Sources] = {kind: [] for kind in media}
     errors: list[MediaRejected] = []
     if isinstance(assets, dict) and assets:
         claimed: set[str] = set()
@@ -424,25 +436,28 @@ def extract(body: Any, parts: dict[str, FormPart] | None = None, limits: Mapping
             for i, entry in enumerate(value or []):
                 loc = ("body", medium.field, i)
                 try:
-                    sources[medium.kind].append((loc, _inline(entry, loc, medium)))
+                    if isinstance(entry, list) and medium.row.array is not None:  # values, not a file: a video's frames
+                        data, chars = medium.row.array(entry, loc, medium.limits)
+                        inline += chars  # media, as base64 is: not the body's text that max_body_bytes caps
+                    else:
+                        data = _inline(entry, loc, medium)
+                    sources[medium.kind].append((loc, data))
                 except MediaRejected as exc:
                     errors.append(detached(exc))
         for name in sorted(parts or {}):
             problems.add(("body", name), f"the part {name!r} is claimed by no asset (this request has no assets)")
     if problems:
         raise RequestInvalid(problems + [p for e in errors for p in e.problems])
-    media_bytes = sum(len(d) for s in sources.values() for _, d in s)
+    media_bytes = sum(_nbytes(d) for s in sources.values() for _, d in s)
     found = {kind: _checked(sources[kind], medium, media_bytes, "assets" if assets else medium.field, errors)
              for kind, medium in media.items()}
     if errors:
         raise combined(errors)
+    found[VIDEO] = media_kwargs.applied(found[VIDEO], options)
     if parts is not None and not any(found.values()):
         raise UnsupportedMediaType(f"a {FORM} body carries {_or(list(FIELDS.values()))}; send a request without "
                                    "them as application/json")
     return Extracted(text, found_media(found), inline)
-
-
-Sources = list[tuple[tuple[str | int, ...], bytes]]
 
 
 def _checked(sources: Sources, medium: _Medium, media_bytes: int, field: str,
@@ -452,7 +467,7 @@ def _checked(sources: Sources, medium: _Medium, media_bytes: int, field: str,
     traceback would hold the request's bytes)."""
     if not sources:
         return ()
-    too_much = medium.row.total(sum(len(d) for _, d in sources), media_bytes, medium.limits, field)
+    too_much = medium.row.total(sum(_nbytes(d) for _, d in sources), media_bytes, medium.limits, field)
     if too_much is not None:
         errors.append(too_much)
     checked = []

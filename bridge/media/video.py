@@ -20,7 +20,7 @@ import io
 import itertools
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -92,12 +92,15 @@ class VideoHeader:
 
 @dataclass(frozen=True)
 class VideoInput:
-    """One video of a request, checked from its headers, not decoded yet."""
+    """One video of a request, checked from its headers (or a frame array, checked: frames.py), not decoded yet."""
 
     loc: tuple[str | int, ...]
-    data: bytes
+    data: bytes  # the file's bytes; b"" for a frame array
     header: VideoHeader
-    digest: bytes  # sha256 of the bytes: the answer cache's key
+    digest: bytes  # sha256 of the bytes (with media_kwargs' fps where it is not 2.0): the answer cache's key
+    frames: np.ndarray | None = field(default=None, compare=False)  # a frame array: uint8 [n, h, w, 3], as given
+    fps: float = FPS  # the processor's fps (media_kwargs' videos_kwargs): each frame pair spans 2 / fps seconds
+    audio_in_video: bool | None = None  # what media_kwargs asks; None: the reference's rule (every video sounded)
 
 
 @dataclass(frozen=True)
@@ -107,11 +110,12 @@ class DecodedVideo:
 
     frames: np.ndarray
     audio: np.ndarray | None
+    fps: float = FPS  # the processor's (media_kwargs' videos_kwargs), not the source's: frames are at 2 fps
 
     @property
     def seconds_per_grid(self) -> float:
         """Seconds one temporal patch (two frames) spans: the processor's temporal_patch_size / fps."""
-        return 2 / FPS
+        return 2 / self.fps
 
 
 # --- MP4 / QuickTime ------------------------------------------------------------------------------
