@@ -80,6 +80,28 @@ class ScoreAnswer:
 Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer  # one question's, rounded: what every front door renders
 
 
+def option_probabilities(a: Answer) -> dict[str, float]:
+    """An answer's probability of each option (a noul's of true and false)."""
+    if isinstance(a, NoulAnswer):
+        return {"true": a.probability, "false": round(1 - a.probability, 4)}
+    return dict(a.probabilities)
+
+
+def top(a: Answer) -> str:
+    """The option an answer leans to: a noul's true from 0.5 on, a choice's choice, a score's most probable level."""
+    if isinstance(a, NoulAnswer):
+        return "true" if a.probability >= 0.5 else "false"
+    if isinstance(a, ChoiceAnswer):
+        return a.choice
+    return max(a.probabilities, key=lambda level: level[1])[0]
+
+
+def agreement(a: Answer, b: Answer) -> tuple[bool, float]:
+    """Whether two answers to one question lean to the same option, and the largest |p_a - p_b| over its options."""
+    pa, pb = option_probabilities(a), option_probabilities(b)
+    return top(a) == top(b), round(max(abs(pa[k] - pb.get(k, 0.0)) for k in pa), 4)
+
+
 def answer(question: Question, probabilities: np.ndarray, confidence: str) -> Answer:
     """probabilities: [n_options] in prompt order (question.options)."""
     by_id = {oid: float(p) for (oid, _), p in zip(question.options, probabilities)}

@@ -68,6 +68,9 @@ class ModelSpec:
     # checkpoint folder) or a GGUF LoRA file; lora_scale multiplies it (1.0: as trained, PEFT's alpha / r included)
     lora: Path | None = None
     lora_scale: float = 1.0
+    # served models that also score each answered request, after its answer is sent and at the lowest priority,
+    # for the decision log and /metrics (fine-tunes compared on live traffic before a switch)
+    shadow: tuple[str, ...] = ()
     # the models.toml keys the entry sets: where a default depends on the model (Clef-omni's context length, see
     # bridge/model/loading.py), only a key left unset takes it
     keys: frozenset[str] = frozenset()
@@ -351,6 +354,12 @@ def parse_registry(raw: dict[str, Any], path: Path) -> Registry:
             if n in seen or n in DEFAULT_NAMES:
                 problems.append(f"the name {n!r} is used twice (models.{shown(seen.get(n, spec.name))})")
             seen[n] = spec.name
+    for spec in filter(None, specs.values()):
+        for name in spec.shadow:
+            if name == spec.name or name not in models_raw:
+                problems.append(f"models.{shown(spec.name)}.shadow: {shown(name)} is "
+                                f"{'the model itself' if name == spec.name else 'not one of the models'}; a shadow "
+                                f"is another served model: {', '.join(sorted(map(shown, set(models_raw) - {spec.name})))}")
     server = _server(raw.get("server", {}), path.parent, "server", problems)
     ray = _ray(raw.get("ray", {}), "ray", problems)
     if problems:

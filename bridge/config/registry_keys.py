@@ -109,6 +109,12 @@ def _aliases(value: list) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _shadows(value: list) -> tuple[str, ...]:
+    if not all(isinstance(a, str) and a for a in value) or len(set(value)) != len(value):
+        raise _Bad("must be a list of distinct model names")
+    return tuple(value)
+
+
 TEMPERATURE_KEYS = tuple(QUESTION_TYPES) + tuple(f"{t}.{b}" for t in QUESTION_TYPES for b, _ in BUCKETS)
 
 
@@ -143,6 +149,7 @@ MODEL_KEYS: dict[str, Key] = {
     "head_device": Key("", "head_device", str, _one_of("auto", "cpu", "cuda")),
     "head_dtype": Key("", "head_dtype", str, _dtype(*HEAD_DTYPES)),
     "aliases": Key("", "aliases", list, _aliases), "description": Key("", "description", str),
+    "shadow": Key("", "shadow", list, _shadows),
     "mmproj": Key("", "mmproj", str),
     "lora": Key("", "lora", str), "lora_scale": Key("", "lora_scale", (int, float), lambda v: float(_non_negative(v))),
     "release_date": Key("", "release_date", str, _date),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import queue
 import threading
@@ -61,6 +62,14 @@ class TenantOverloaded(ClefError):
                          f"{model!r}, the most one key may queue (max_queue_per_key); retry shortly")
 
 
+class ShadowDropped(ClefError):
+    """A shadow's scoring was not queued or left the queue: the model has primary work (shadows go first under
+    load)."""
+
+    category = Category.BUSY
+    error_type = "shadow_dropped"
+
+
 @dataclass(frozen=True)
 class RequestOptions:
     """What a request asks beyond its body, ONE immutable value from its front door to the model: the door sets it
@@ -70,6 +79,7 @@ class RequestOptions:
     reject_if_busy: bool = False  # answer 429 at once rather than wait behind other requests
     partition: tuple[str, ...] = ()  # the prefix cache's (PrefillRequest.partition): shares no KV, state or answer
     tenant: str = ""  # whose request (the key's name; "" for one anonymous tenant): queues are fair between them
+    shadow: bool = False  # a shadow model's scoring of an answered request: taken only when nothing else waits
 
 
 class FairQueue:
@@ -80,22 +90,30 @@ class FairQueue:
     def __init__(self) -> None:
         self._lines: collections.OrderedDict[str, collections.deque[Job]] = collections.OrderedDict()
         self._size = 0
+        self.shadows: collections.deque[Job] = collections.deque()  # shadow jobs: a lane of their own, taken last
 
     def __len__(self) -> int:
+        """The jobs waiting that are not shadows' (what admission, fairness and the queue's depth count)."""
         return self._size
 
     def __iter__(self):
-        return (job for line in self._lines.values() for job in line)
+        return itertools.chain((job for line in self._lines.values() for job in line), self.shadows)
 
     def waiting(self, tenant: str) -> int:
         return len(self._lines.get(tenant, ()))
 
     def append(self, job: Job) -> None:
+        if job.options.shadow:
+            self.shadows.append(job)
+            return
         self._lines.setdefault(job.options.tenant, collections.deque()).append(job)
         self._size += 1
 
     def remove(self, job: Job) -> None:
         """Raises ValueError when job is not queued (taken already)."""
+        if job.options.shadow:
+            self.shadows.remove(job)
+            return
         line = self._lines.get(job.options.tenant)
         if line is None:
             raise ValueError("not queued")
@@ -105,7 +123,8 @@ class FairQueue:
             del self._lines[job.options.tenant]
 
     def take(self, n: int) -> list[Job]:
-        """Up to n jobs, one from each tenant's line in turn; a tenant served goes to the end of the turn."""
+        """Up to n jobs, one from each tenant's line in turn (a tenant served goes to the end of the turn); shadow
+        jobs only when no other job waits, never beside one."""
         jobs: list[Job] = []
         while self._lines and len(jobs) < n:
             tenant, line = next(iter(self._lines.items()))
@@ -114,12 +133,15 @@ class FairQueue:
             del self._lines[tenant]
             if line:
                 self._lines[tenant] = line
+        if not jobs:  # nothing else waits: the shadows' turn
+            jobs = [self.shadows.popleft() for _ in range(min(n, len(self.shadows)))]
         return jobs
 
     def clear(self) -> list[Job]:
         jobs = list(self)
         self._lines.clear()
         self._size = 0
+        self.shadows.clear()
         return jobs
 
 
@@ -162,6 +184,8 @@ class InferenceWorker:
         self.max_per_tenant = max_per_tenant or max_queue  # one tenant's share of the queue
         self._on_batch = on_batch
         self._queue = FairQueue()
+        # whether other workers of the server have requests waiting: shadow jobs then give way (the app sets it)
+        self.busy_elsewhere: Callable[[], bool] = lambda: False
         self._cv = threading.Condition()
         self._stopping = False
         self._idle = False  # the prefill thread waits for work: a request submitted now starts at once
@@ -214,7 +238,14 @@ class InferenceWorker:
         with self._cv:
             self._admit(options, prepared.has_media)
             self._queue.append(job)
+            # under load (a take's worth of requests waiting) the shadows waiting go first: they would only wait
+            dropped = list(self._queue.shadows) if len(self._queue) >= self.model.n_seq_max else []
+            if dropped:
+                self._queue.shadows.clear()
             self._cv.notify()
+        for shadow in dropped:
+            self._deliver(shadow, ShadowDropped(f"model {self.name!r} has requests waiting: its shadow scoring was "
+                                                "dropped"))
         return job
 
     def admit(self, options: RequestOptions = RequestOptions(), has_media: bool = False, count: int = 1) -> None:
@@ -226,6 +257,12 @@ class InferenceWorker:
     def _admit(self, options: RequestOptions, has_media: bool, count: int = 1) -> None:
         if self._stopping or not self._thread.is_alive():
             raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
+        if options.shadow:  # never counted against the queue or a tenant: dropped rather than waiting behind load
+            if (self._queue or self.busy_elsewhere()
+                    or len(self._queue.shadows) + count > self.model.n_seq_max):
+                raise ShadowDropped(f"model {self.name!r} has {len(self._queue)} requests and "
+                                    f"{len(self._queue.shadows)} shadow scorings waiting: this one was dropped")
+            return
         # it would wait when a batch is in progress, or when a full batch is already queued
         if options.reject_if_busy and (not self._idle or len(self._queue) >= self.model.n_seq_max):
             raise Busy(self.name, len(self._queue))
@@ -255,12 +292,18 @@ class InferenceWorker:
             self._deliver(job, WorkerStopped(f"model {self.name!r} stopped before deciding the request; retry"))
 
     def _take(self) -> list[Job]:
-        with self._cv:
-            self._idle = not self._queue
-            while not self._queue and not self._stopping:
-                self._cv.wait()
-            self._idle = False
-            return self._queue.take(self.model.n_seq_max)
+        while True:
+            with self._cv:
+                self._idle = not self._queue and not self._queue.shadows
+                while not self._queue and not self._queue.shadows and not self._stopping:
+                    self._cv.wait()
+                self._idle = False
+                jobs = self._queue.take(self.model.n_seq_max)
+            if not jobs or not jobs[0].options.shadow or not self.busy_elsewhere():
+                return jobs
+            for job in jobs:  # requests wait for another model: shadow scorings give way, dropped
+                self._deliver(job, ShadowDropped(f"other models of the server have requests waiting: model "
+                                                 f"{self.name!r}'s shadow scoring was dropped"))
 
     def _run(self) -> None:
         try:

@@ -9,6 +9,7 @@ are checked by auth.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from datetime import date, datetime, time, timezone
 from typing import Any, AsyncIterator
@@ -33,6 +34,7 @@ from .appstate import (
     REGISTRY,
     SERVED,
     SERVICE,
+    SHADOW_TASKS,
     Loader,
     Served,
 )
@@ -199,6 +201,9 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SERVICE].workers[name] = worker
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
                                    _release_date(spec), item.report.facts, item.report.head_path)
+    workers = list(app[SERVICE].workers.values())
+    for worker in workers:  # shadow scorings run on idle capacity: no model of this server has requests waiting
+        worker.busy_elsewhere = functools.partial(_others_busy, worker, workers)
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()},
                                  {n: s.facts.architecture or "" for n, s in app[SERVED].items()}))
     caches: dict[str, Any] = {}
@@ -233,6 +238,22 @@ async def decision_log_ctx(app: web.Application) -> AsyncIterator[None]:
     writer.start()
     yield
     await asyncio.get_running_loop().run_in_executor(None, writer.close)
+
+
+def _others_busy(worker: InferenceWorker, workers: list[InferenceWorker]) -> bool:
+    """Whether another model of the server has requests waiting (they share the CPU, or the backbone itself)."""
+    return any(other.depth for other in workers if other is not worker)
+
+
+async def shadows_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Shadow models' scorings still running at shutdown are cancelled before the models stop (nobody waits for
+    them: the answers they shadow are sent)."""
+    app[SHADOW_TASKS] = set()
+    yield
+    tasks = list(app[SHADOW_TASKS])
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 RUNNER_OPTIONS = {"handler_cancellation": True}  # a client that hangs up cancels its request (499)
@@ -317,5 +338,6 @@ def create_app(registry: Registry, loader: Loader = load_models) -> web.Applicat
     app.cleanup_ctx.append(decision_log_ctx)  # first, so closed last: every answered decision is in it by then
     app.cleanup_ctx.append(models_ctx)
     app.cleanup_ctx.append(decoders_ctx)  # after the models: the forkserver's imports do not slow their loading
+    app.cleanup_ctx.append(shadows_ctx)  # last, so cleaned first: shadow scorings end before the models stop
     setup_routes(app)
     return app

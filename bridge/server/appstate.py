@@ -42,3 +42,5 @@ NAMES = web.AppKey("names", dict[str, str])  # every accepted model name -> the 
 SERVICE = web.AppKey("service", DecisionService)  # the one path from a request to its Decision
 PLAYGROUND = web.AppKey("playground", dict[str, Page])  # the playground's files by route name
 DECISION_LOG = web.AppKey("decision_log", DecisionLog)  # set only where models.toml names a decision_log
+# shadow models' scorings under way (held here so none is garbage-collected mid-run; cancelled at shutdown)
+SHADOW_TASKS = web.AppKey("shadow_tasks", set)

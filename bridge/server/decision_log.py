@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import orjson
 
-from ...head.answer import Answer, systemone_answer
+from ...head.answer import Answer, agreement, systemone_answer
 from ...head.schema import Question, render
 from ..config.registry import DECISION_LOG_NAME, DecisionLogSpec
 from ..service.decision import Decision
@@ -44,6 +44,16 @@ class Entry:
     route: str
     tenant: str  # the name of the key that sent it, never the key
     decision: Decision
+    shadows: tuple[Shadow, ...] = ()  # the model's shadows' scorings of the same request
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """A shadow model's scoring of an answered request: its Decision, or why there is none."""
+
+    model: str
+    outcome: str  # "answered", "dropped" (its model had requests waiting) or "failed: <error type>"
+    decision: Decision | None = None
 
 
 def _question(answer: Answer, question: Question | None) -> dict[str, Any]:
@@ -54,6 +64,22 @@ def _question(answer: Answer, question: Question | None) -> dict[str, Any]:
         out["options"] = list(question.answer_keys)
     body.pop("legend", None)  # the levels' descriptions are request text, as instructions are: not logged
     return out | {"answer": body}
+
+
+def _shadow(shadow: Shadow, primary: Decision) -> dict[str, Any]:
+    """A shadow's line part: its outcome and, answered, each question's answer, whether it agrees with the served
+    model's and the largest |dp| between them."""
+    out: dict[str, Any] = {"model": shadow.model, "outcome": shadow.outcome}
+    if shadow.decision is not None:
+        mine = {a.id: a for a in primary.answers}
+        out["questions"] = []
+        for a in shadow.decision.answers:
+            agrees, dp = agreement(mine[a.id], a)
+            body = systemone_answer(a)
+            body.pop("legend", None)
+            out["questions"].append({"id": a.id, "answer": {k: v for k, v in body.items() if k != "type"},
+                                     "agrees": agrees, "max_abs_dp": dp})
+    return out
 
 
 def record(entry: Entry, states: bool) -> dict[str, Any]:
@@ -74,6 +100,8 @@ def record(entry: Entry, states: bool) -> dict[str, Any]:
         "media": [{"kind": kind, "sha256": digest, "bytes": size} for kind, digest, size in d.media]}
     if d.shared:
         line["shared"] = d.shared
+    if entry.shadows:
+        line["shadows"] = [_shadow(s, d) for s in entry.shadows]
     if states:
         line["state"] = text
     return line

@@ -26,6 +26,8 @@ class Metrics:
     log_lines: Counter  # the decision log's (bridge/server/decision_log.py), counted from its writer thread
     log_dropped: Counter
     log_errors: Counter
+    shadows: Counter  # shadow scorings by primary model, shadow and outcome (answered, dropped, failed)
+    shadow_questions: Counter  # questions a shadow answered, by whether its top answer agreed with the primary's
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -51,6 +53,10 @@ def create_metrics() -> Metrics:
                             registry=reg),
         log_errors=Counter("clef_decision_log_errors", "Decisions the decision log failed to write, by the error "
                            "(ENOSPC, EACCES, ...)", ["reason"], registry=reg),
+        shadows=Counter("clef_shadow_scorings", "Shadow models' scorings of answered requests, by outcome (dropped: "
+                        "the shadow's model had requests waiting)", ["model", "shadow", "outcome"], registry=reg),
+        shadow_questions=Counter("clef_shadow_questions", "Questions a shadow model answered, by whether its top "
+                                 "answer agreed with the served model's", ["model", "shadow", "agree"], registry=reg),
     )
 
 

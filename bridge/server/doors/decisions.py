@@ -5,17 +5,20 @@ own shape of the Decision's answers)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import replace
 from typing import Any, Collection
 
 from aiohttp import hdrs, web
 
+from ....head.answer import agreement
+from ....head.errors import ClefError
 from ...catalogue.releases import REAL_RELEASES, RELEASES
 from ...media.request import KINDS
-from ...model.worker import RequestOptions
+from ...model.worker import RequestOptions, ShadowDropped
 from ...service.decision import INLINE_BYTES, Decision, DecisionInput
-from ..appstate import DECISION_LOG, METRICS, REGISTRY, SERVED, SERVICE
+from ..appstate import DECISION_LOG, METRICS, REGISTRY, SERVED, SERVICE, SHADOW_TASKS
 from ..assets import body_limit
 from ..body import (
     TEXT_CAP,
@@ -30,8 +33,10 @@ from ..body import (
 )
 from ..auth import TENANT
 from ..context import INFO, BodyTimeout
-from ..decision_log import Entry
+from ..decision_log import Entry, Shadow
 from ..multipart import RequestBody, is_form, parse_body
+
+log = logging.getLogger("clef_bridge.server")
 
 # every answer of the built-in demo says what the banner says: its weights are random
 DEMO_HEADER, DEMO_HEADER_VALUE = "X-Clef-Demo", "random-weights"
@@ -113,10 +118,49 @@ async def decide(request: web.Request, call: DecisionInput) -> Decision:
     for stage, seconds in decision.timings.items():
         metrics.latency.labels(decision.model, stage).observe(seconds)
     metrics.tokens.labels(decision.model).inc(decision.input_tokens)
-    writer = request.app.get(DECISION_LOG)
-    if writer is not None:  # queued for the log's thread: nothing here waits for the disk or fails with it
-        writer.submit(Entry(time.time(), info.id, info.route, request[TENANT].name, decision))
+    entry = Entry(time.time(), info.id, info.route, request[TENANT].name, decision)
+    spec = request.app[REGISTRY].models.get(decision.model)
+    if spec is not None and spec.shadow:  # scored after this answer is sent; the line is written with them
+        task = asyncio.get_running_loop().create_task(shadow(request.app, call, entry, spec.shadow))
+        request.app[SHADOW_TASKS].add(task)
+        task.add_done_callback(request.app[SHADOW_TASKS].discard)
+    else:
+        log_decision(request.app, entry)
     return decision
+
+
+def log_decision(app: web.Application, entry: Entry) -> None:
+    """Queued for the log's thread, where models.toml names a decision log: nothing here waits for the disk or fails
+    with it."""
+    writer = app.get(DECISION_LOG)
+    if writer is not None:
+        writer.submit(entry)
+
+
+async def shadow(app: web.Application, call: DecisionInput, entry: Entry, names: tuple[str, ...]) -> None:
+    """Each shadow model's scoring of an answered request, at the lowest priority (dropped while its model has
+    requests waiting); agreement per question on /metrics, everything in the request's decision-log line."""
+    metrics, primary = app[METRICS], entry.decision
+    shadows = []
+    for name in names:
+        options = replace(call.options, shadow=True, reject_if_busy=False)
+        try:
+            scored = await app[SERVICE].decide(replace(call, model=name, options=options))
+        except ShadowDropped:
+            shadows.append(Shadow(name, "dropped"))
+        except ClefError as exc:  # its own refusal (a prompt over its max_length, say): the primary's answer stands
+            shadows.append(Shadow(name, f"failed: {exc.error_type}"))
+        except Exception:  # noqa: BLE001 - a bug of ours: logged, never raised into a task nobody awaits
+            log.exception("shadow model %s failed on a request answered by %s", name, primary.model)
+            shadows.append(Shadow(name, "failed: internal_error"))
+        else:
+            shadows.append(Shadow(name, "answered", scored))
+            mine = {a.id: a for a in primary.answers}
+            for a in scored.answers:
+                agrees, _ = agreement(mine[a.id], a)
+                metrics.shadow_questions.labels(primary.model, name, "yes" if agrees else "no").inc()
+        metrics.shadows.labels(primary.model, name, shadows[-1].outcome.split(":")[0]).inc()
+    log_decision(app, replace(entry, shadows=tuple(shadows)))
 
 
 def extensions(request: web.Request, decision: Decision, start: float, warnings: list[str]
