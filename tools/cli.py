@@ -321,9 +321,20 @@ def _bench(args: argparse.Namespace) -> int:
                 args.json)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .report import build_report, write_plots
+
+    result = build_report(args.log, args.labels, args.bucket)
+    if args.plots is not None and result.ok:
+        for note in write_plots(result, args.plots):
+            print(note, file=sys.stderr)
+    return emit(result, args.json)
+
+
 COMMANDS = {"serve": _serve, "fit": _fit, "pull": _pull, "make-demo": _make_demo, "check": _check, "pair": _pair,
             "split": _split, "join": _join, "lora": _lora,
-            "decide": _decide, "bench": _bench, "eval": _eval, "calibrate": _calibrate, "drift": _drift}
+            "decide": _decide, "bench": _bench, "eval": _eval, "calibrate": _calibrate, "drift": _drift,
+            "report": _report}
 
 
 def dispatch(commands: dict[str, Any], args: argparse.Namespace, prog: str = "clef-bridge") -> int:

@@ -18,6 +18,17 @@ def n_cpu_moe(text: str) -> int | str:
     return int(text)
 
 
+def hours(text: str) -> float:
+    """--bucket: a number of hours above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of hours above 0 (e.g. 24 or 0.5), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand with its flags (each flag has help=); dispatch is the caller's."""
     parser = argparse.ArgumentParser(prog="clef-bridge", description="Self-hosted Clef decision models: a llama.cpp "
@@ -199,5 +210,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=8192, help="n_ctx for both backbones (default: 8192)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    return parser
+    p = sub.add_parser("report", help="what a decision log says: agreement of primary and shadow models, answers "
+                                      "over time, and with labels accuracy, Brier, ECE and the temperatures to fit "
+                                      "(exit 1 when it holds no decision)")
+    p.add_argument("log", type=Path, help="the decision log: its file (rotated files beside it are read first) or "
+                                          "the folder holding decisions.jsonl")
+    p.add_argument("--labels", type=Path, metavar="FILE",
+                   help="labels to join on request id and question: JSON lines of {\"request_id\", \"question\", "
+                        "\"label\"} (\"state_sha256\" too for one state of a batch), or a CSV with those columns")
+    p.add_argument("--bucket", type=hours, default=24.0, metavar="HOURS",
+                   help="the drift's time buckets in hours (default: 24)")
+    p.add_argument("--plots", type=Path, metavar="DIR", help="write PNG charts here (needs matplotlib): a "
+                                                             "reliability diagram per model, answers over time per "
+                                                             "question")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    return parser

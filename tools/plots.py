@@ -3,6 +3,7 @@ what it did, or that it skipped for want of matplotlib."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,11 @@ def _pyplot():
     except ImportError:
         return None
     return plt
+
+
+def available() -> bool:
+    """Whether matplotlib imports (one note then stands for every chart a command would have written)."""
+    return _pyplot() is not None
 
 
 def reliability_diagrams(bins: dict[str, list[tuple[float, float, int]]], path: Path) -> str:
@@ -75,6 +81,26 @@ def latency_charts(latencies_ms: dict[int, list[float]], throughput: dict[int, f
     levels = sorted(throughput)
     b.plot(levels, [throughput[c] for c in levels], marker="o")
     b.set(title="throughput vs concurrency", xlabel="concurrent clients", ylabel="requests per second")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def drift_chart(title: str, starts: list[datetime], shares: dict[str, list[float]], means: dict[str, list[float]],
+                path: Path) -> str:
+    """One question's answers over time: the share of each top answer and the mean probability of each option, per
+    time bucket (`clef-bridge report`)."""
+    plt = _pyplot()
+    if plt is None:
+        return MISSING.format(name=path.name)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    for ax, series, what in ((a, shares, "share of each top answer"), (b, means, "mean probability per option")):
+        for option, values in series.items():
+            ax.plot(starts, values, marker="o", label=option)
+        ax.set(title=f"{title}: {what}", xlabel="bucket start (UTC)", ylim=(0, 1.02))
+    a.legend(loc="best", fontsize=7)
+    fig.autofmt_xdate()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

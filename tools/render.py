@@ -17,6 +17,7 @@ from .drift import CONFIDENT, DriftResult
 from .evaluate import EvalReport, markdown
 from .fit import FitReport
 from .pull import Pulled
+from .report import ReportResult
 from .split_join import SplitReport
 
 
@@ -204,4 +205,85 @@ def _(result: Pulled) -> str:
              f"  head {result.head or '(embedded in the clef GGUF)'}", f"  pair {result.pair}"]
     if result.mmproj:
         lines.append(f"  vision projector downloaded: {result.mmproj}")
+    return "\n".join(lines)
+
+
+def _pct(share: float) -> str:
+    return "-" if share != share else f"{100 * share:.1f}%"
+
+
+def _f(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+
+SHOWN_BUCKETS = 8  # per question in the text; --json lists every one
+
+
+@text.register
+def _(result: ReportResult) -> str:
+    files = ", ".join(f.rsplit("/", 1)[-1] for f in result.files)
+    if not result.decisions:
+        return (f"no decisions in the decision log {result.log} (read {files}"
+                + (f"; {result.skipped} JSON lines held no question the report can read" if result.skipped else "")
+                + ")")
+    lines = [f"decision log {result.log}: {result.decisions:,} decisions in {len(result.files)} file(s) ({files}), "
+             f"{result.first} to {result.last}",
+             "  models: " + ", ".join(f"{m} {n:,}" for m, n in result.models.items())
+             + ("; shadows: " + ", ".join(f"{m} {n:,}" for m, n in result.shadow_models.items())
+                if result.shadow_models else "; no shadows logged")]
+    if result.skipped or result.untimed:
+        lines.append(f"  {result.skipped} JSON lines held no question the report can read; {result.untimed} "
+                     "decisions without a readable time (left out of the drift)")
+    if result.agreement:
+        lines += ["", "agreement of primary and shadow (the same top answer; |dp| over the options)"]
+    for pair in result.agreement:
+        o = pair.overall
+        went = ", ".join(f"{outcome} {n:,}" for outcome, n in pair.outcomes.items())
+        lines.append(f"  {pair.model} vs {pair.shadow}: {pair.lines:,} line(s) ({went}), {o.n:,} decisions, agree "
+                     f"{_pct(o.share)}, mean |dp| {_f(o.mean_abs_dp)}, max |dp| {_f(o.max_abs_dp)}"
+                     + (f"; {pair.missing} questions the shadow did not answer" if pair.missing else "")
+                     + (f"; {pair.mismatched} with other options (not compared)" if pair.mismatched else ""))
+        lines.append(f"    {'question':20s} {'type':7s} {'n':>7s} {'agree':>7s} {'mean|dp|':>9s} {'max|dp|':>8s}")
+        lines += [f"    {q.question:20s} {q.type:7s} {q.n:7,d} {_pct(q.share):>7s} {_f(q.mean_abs_dp):>9s} "
+                  f"{_f(q.max_abs_dp):>8s}" for q in pair.questions]
+    if result.drift:
+        lines += ["", f"answers per {result.bucket_hours:g} h bucket (UTC): the share of each top answer; the "
+                      "largest change from the first bucket to the last"]
+    for d in result.drift:
+        change = "one bucket" if d.top_change is None else (
+            f"top answer {d.top_change.option!r} {_pct(d.top_change.first)} -> {_pct(d.top_change.last)} "
+            f"({100 * d.top_change.delta:+.1f} points), mean p of {d.p_change.option!r} {_f(d.p_change.first)} -> "
+            f"{_f(d.p_change.last)} ({d.p_change.delta:+.4f})")
+        lines.append(f"  {d.model} / {d.question} ({d.type}), {d.n:,} decisions in {len(d.buckets)} buckets: {change}")
+        shown = list(d.buckets)
+        if len(shown) > SHOWN_BUCKETS:
+            half = SHOWN_BUCKETS // 2
+            shown = shown[:half] + [None] + shown[-half:]
+        for b in shown:
+            lines.append(f"    ... {len(d.buckets) - SHOWN_BUCKETS} more buckets (--json lists them)" if b is None
+                         else f"    {b.start:%Y-%m-%d %H:%M}  n {b.n:6,d}  "
+                         + "  ".join(f"{o} {_pct(v)}" for o, v in b.top_share.items()))
+    if result.labels is not None:
+        j = result.labels
+        left = [f"{n:,} {what}" for n, what in ((j.unmatched, "without a decision"), (j.ambiguous, "ambiguous "
+                "(several states of a batch: add state_sha256)"), (j.invalid, "not an option")) if n]
+        lines += ["", f"labels {j.path}: {j.rows:,} rows, {j.joined:,} joined" + "".join(f", {x}" for x in left)]
+        lines += [f"  {p}" for p in j.problems]
+    if result.quality:
+        lines += ["", "against the labels (ECE over 15 bins)",
+                  f"  {'model':20s} {'type':7s} {'n':>7s} {'accuracy':>9s} {'Brier':>7s} {'ECE':>7s} {'NLL':>7s}"]
+        lines += [f"  {q.model:20s} {q.type:7s} {q.n:7,d} {_f(q.accuracy):>9s} {_f(q.brier):>7s} {_f(q.ece):>7s} "
+                  f"{_f(q.nll):>7s}" for q in result.quality]
+        lines += ["", "temperatures calibrate would fit, on the logs of the logged probabilities: a factor on the "
+                      "temperature the answers were made at (the model's; 1 where none is configured)"]
+        for q in result.quality:
+            c = q.calibration
+            if c is None:
+                continue
+            verdict = "accepted" if c.accepted else f"declined: {c.reason}"
+            lines.append(f"  {q.model} {c.kind}: {c.n} decisions, T x {c.fitted:.3f} (IQR {c.iqr[0]:.3f}-"
+                         f"{c.iqr[1]:.3f}, {SPLITS} random halves): {verdict}; ECE {_f(c.before['ece'])} -> "
+                         f"{_f(c.after['ece'])}, Brier {_f(c.before['brier'])} -> {_f(c.after['brier'])}")
+    elif result.labels is None:
+        lines += ["", "no labels (--labels FILE): no accuracy, Brier, ECE nor temperatures"]
     return "\n".join(lines)
