@@ -145,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", default="workloads.png", help="the chart's path, or 'none' (default: workloads.png)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("shadows", help="a shadow model's cost to the requests it shadows: the tiny model served with "
+                                       "and without a head-only shadow, p50 and p95 at a concurrency")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight (default: 8)")
+    p.add_argument("--requests", type=int, default=24, help="distinct requests per round and model (default: 24)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per model, alternated (default: 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("architecture", help="docs/architecture.md's figures: files past changes touched (git history), "
                                             "modules raising request problems or writing System One's keys, and "
                                             "the calls of three traced requests on the built-in demos")
@@ -280,6 +287,14 @@ def _workloads(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+def _shadows(args: argparse.Namespace) -> int:
+    from .shadows import run
+
+    if min(args.concurrency, args.requests, args.rounds) < 1:
+        raise UsageError("--concurrency, --requests and --rounds take 1 or more")
+    return emit(run(args.concurrency, args.requests, args.rounds), args.json)
+
+
 def _architecture(args: argparse.Namespace) -> int:
     from .architecture import run
 
@@ -315,7 +330,7 @@ def _llama_server(args: argparse.Namespace) -> int:
 COMMANDS = {"bench": _bench, "soak": _soak, "fuzz": _fuzz, "lora": _lora, "llama-server": _llama_server,
             "bench-head": _bench_head, "gpu-check": _gpu_check, "omni": _omni,
             "demo-start": _demo_start, "parsers": _parsers, "architecture": _architecture,
-            "workloads": _workloads}
+            "workloads": _workloads, "shadows": _shadows}
 
 
 def main(argv: list[str] | None = None) -> int:

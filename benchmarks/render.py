@@ -17,6 +17,7 @@ from .llama_server import SideBySide
 from .lora import LoraBench
 from .omni import OmniBench
 from .parsers import OWN, SERVER, ParsersBench
+from .shadows import ShadowBench
 from .soak import SoakVerdict
 from .workloads import WorkloadsBench
 
@@ -310,3 +311,13 @@ def _(result: WorkloadsBench) -> str:
         lines.append(f"  vs the reference, {workload}: " + "; ".join(parts))
     lines.append(f"  chart: {result.chart}")
     return "\n".join(lines)
+
+
+@text.register
+def _(result: ShadowBench) -> str:
+    return "\n".join([
+        f"python -m benchmarks shadows: the tiny model with and without a head-only shadow, {result.rounds} rounds of "
+        f"{result.requests} requests each at concurrency {result.concurrency}, alternated",
+        *(f"  {model:9} p50 {result.p50_ms[model]:8.1f} ms, p95 {result.p95_ms[model]:8.1f} ms" for model in result.p50_ms),
+        f"  shadowed / plain p50: {result.ratio_p50:.2f}",
+        "  shadow scorings: " + ", ".join(f"{k} {v:.0f}" for k, v in result.scorings.items())])

@@ -155,3 +155,16 @@ def test_shadows_are_dropped_first_under_load(server):
     assert len(outcomes) == 12 and "dropped" in outcomes, outcomes
     assert srv.metric("clef_shadow_scorings_total", model="tiny", outcome="dropped") == outcomes.count("dropped")
     assert json.dumps(lines)  # every line whole
+
+
+@pytest.mark.integration
+def test_the_shadow_benchmark_serves_the_same_model_with_and_without_a_shadow(tmp_path):
+    from benchmarks.__main__ import build_parser
+    from benchmarks.shadows import _registry
+
+    registry = _registry(tmp_path)
+    assert registry.models["shadowed"].shadow == ("candidate",) and registry.models["plain"].shadow == ()
+    assert registry.models["shadowed"].head_path == registry.models["plain"].head_path != \
+        registry.models["candidate"].head_path
+    args = build_parser().parse_args(["shadows", "--concurrency", "4", "--json"])
+    assert (args.concurrency, args.requests, args.rounds, args.json) == (4, 24, 3, True)
