@@ -110,10 +110,17 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
     parameters = [{"name": MODEL_HEADER, "in": "header", "schema": {"type": "string"},
                    "description": "the model (a served name or alias); absent: the default model"},
                   {"name": SPEC_HEADER, "in": "header", "schema": {"type": "string", "enum": [SPEC_VERSION]}}]
+    error = {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type"], "properties": {
+            "message": {"type": "string"}, "type": {"type": "string"},
+            "issues": {"type": "array", "items": {"type": "object"}, "description": "an invalid request's problems, "
+                       "each {path, message, type}"}}}}}
+    failed = {"description": "the gateway's error {error: {message, type}}",
+              "content": {"application/json": {"schema": error}}}
     return {PATHS["vercel_evaluation"]: {"post": {
         "operationId": "vercel_evaluation", "security": security, "parameters": parameters,
         "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-        "responses": {"200": ok, **errors(400, 401, 404, 413, 415, 422, 429, 503)}}}}
+        "responses": {"200": ok, **{str(s): failed for s in (400, 401, 404, 408, 413, 415, 422, 429, 503)}}}}}
 
 
 DOOR = Door(VERCEL_SHAPE, {"vercel_evaluation": evaluation_handler}, vercel_error, openapi_paths)
