@@ -65,4 +65,4 @@ def test_run_sh_says_what_it_skips(tmp_path):
     assert done.returncode == 0 and done.stdout == "", done
     assert f"[1/4] Chromium: {chromium} is there" in done.stderr and "ran: apt-get" not in done.stderr
     assert "[2/4] build: llama-cpp-python 0.3.36 is in .venv already" in done.stderr
-    assert "[4/4] the suite: python -m pytest: about 2,250 tests" in done.stderr
+    assert "[4/4] the suite: python -m pytest: about 2,400 tests" in done.stderr
