@@ -202,8 +202,8 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
                                    _release_date(spec), item.report.facts, item.report.head_path)
     workers = list(app[SERVICE].workers.values())
-    for worker in workers:  # shadow scorings run on idle capacity: no model of this server has requests waiting
-        worker.busy_elsewhere = functools.partial(_others_busy, worker, workers)
+    for worker in workers:  # shadow scorings run on idle capacity: no request of this server under way
+        worker.busy_elsewhere = functools.partial(_others_busy, worker, workers, app[SERVICE])
     app[NAMES].update(name_table(registry, {n: s.hidden_size for n, s in app[SERVED].items()},
                                  {n: s.facts.architecture or "" for n, s in app[SERVED].items()}))
     caches: dict[str, Any] = {}
@@ -240,9 +240,10 @@ async def decision_log_ctx(app: web.Application) -> AsyncIterator[None]:
     await asyncio.get_running_loop().run_in_executor(None, writer.close)
 
 
-def _others_busy(worker: InferenceWorker, workers: list[InferenceWorker]) -> bool:
-    """Whether another model of the server has requests waiting (they share the CPU, or the backbone itself)."""
-    return any(other.depth for other in workers if other is not worker)
+def _others_busy(worker: InferenceWorker, workers: list[InferenceWorker], service: DecisionService) -> bool:
+    """Whether the server has a request under way (decoded, queued or decided: shadows would take the CPU, or the
+    backbone itself, from it), or another model has requests waiting."""
+    return service.active > 0 or any(other.depth for other in workers if other is not worker)
 
 
 async def shadows_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -153,17 +153,22 @@ class DecisionService:
         self.names = {} if names is None else names
         self._on_queued = on_queued
         self.decoders = DecoderPool(server.decoder_limits)  # its processes fork when started, or for a first job
+        self.active = 0  # requests being decided now (shadow scorings not counted): shadows run only at 0
 
     async def decide(self, call: DecisionInput, resolved: Callable[[str], None] = lambda model: None) -> Decision:
         """The request's Decision within request_timeout_s from now, every wait counted (decoding, the queue, the
         model); resolved: told the served model's name as soon as it is known."""
-        if self.timeout_s is None:
-            return await self._decide(call, resolved)
+        counted = not call.options.shadow
+        self.active += counted
         try:
+            if self.timeout_s is None:
+                return await self._decide(call, resolved)
             return await asyncio.wait_for(self._decide(call, resolved), self.timeout_s)
         except asyncio.TimeoutError:
             raise DeadlineExceeded(f"no answer within {self.timeout_s:g} s (request_timeout_s), decoding and queue "
                                    "included; the server is busy, retry later") from None
+        finally:
+            self.active -= counted
 
     async def _decide(self, call: DecisionInput, resolved: Callable[[str], None]) -> Decision:
         if call.request is None:
