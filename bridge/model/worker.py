@@ -184,7 +184,8 @@ class InferenceWorker:
         self.max_per_tenant = max_per_tenant or max_queue  # one tenant's share of the queue
         self._on_batch = on_batch
         self._queue = FairQueue()
-        # whether other workers of the server have requests waiting: shadow jobs then give way (the app sets it)
+        # whether the server has other work under way (a request being decided, another model's queue): shadow jobs
+        # then give way (the app sets it)
         self.busy_elsewhere: Callable[[], bool] = lambda: False
         self._cv = threading.Condition()
         self._stopping = False
