@@ -310,19 +310,24 @@ class SideBySide:
         return dict(vars(self))
 
 
+def llama_server_binary(binary: Path | None, log: Callable[[str], None] = print) -> tuple[Path, float]:
+    """The llama-server to run (binary, or the sdist's build, made once) and the seconds its build took now."""
+    from tests import fixturegen_upstream
+
+    if binary is not None:
+        return binary, 0.0
+    built = build_llama_server(fixturegen_upstream.sdist_archive(), default_cache(), log=log)
+    return built.binary, built.seconds
+
+
 def run(binary: Path | None, pairs: int = 8, requests: int = 16, concurrency: int = 8, threads: int = 0,
         rounds: int = 3, log: Callable[[str], None] = print) -> SideBySide:
     """The whole benchmark: the build (unless binary), the conversion, both servers, the three measurements."""
     import tempfile
 
-    from tests import fixturegen_upstream
     from tests.corpus import varied_requests
 
-    if binary is None:
-        built = build_llama_server(fixturegen_upstream.sdist_archive(), default_cache(), log=log)
-        binary, build_seconds = built.binary, built.seconds
-    else:
-        build_seconds = 0.0
+    binary, build_seconds = llama_server_binary(binary, log)
     threads = threads or os.cpu_count() or 1
     gguf, hf, head = upstream_clef_gguf()
     folder = Path(tempfile.mkdtemp(prefix="clef-bridge-llama-server-"))

@@ -34,8 +34,7 @@ from .llama_server import (
     BenchError,
     Server,
     answer_probabilities,
-    build_llama_server,
-    default_cache,
+    llama_server_binary,
     oracle,
     start_clef_bridge,
     start_llama_server,
@@ -360,13 +359,7 @@ def run(binary: Path | None, requests: int = 16, concurrency: tuple[int, ...] = 
     concurrency), each request distinct; sample: requests per workload compared with the reference."""
     from clef_bridge.bridge.host.progress import Progress
 
-    from tests import fixturegen_upstream
-
-    if binary is None:
-        built = build_llama_server(fixturegen_upstream.sdist_archive(), default_cache(), log=log)
-        binary, build_seconds = built.binary, built.seconds
-    else:
-        build_seconds = 0.0
+    binary, build_seconds = llama_server_binary(binary, log)
     threads = threads or os.cpu_count() or 1
     gguf, hf, head = upstream_clef_gguf()
     load = workloads(seed)
