@@ -73,7 +73,10 @@ def _product(files: set[str]) -> int:
 
 def change_cost(what: str, path: str, word: str) -> Change:
     """The files the commit that added path touched, and those of every commit whose subject names the word."""
-    commit = _git("log", "--diff-filter=A", "--format=%h", "--", path).split()[-1]
+    added = _git("log", "--diff-filter=A", "--format=%h", "--", path).split()
+    if not added:  # a shallow clone holds no such commit
+        return Change(what, "", 0, 0, 0, 0, 0)
+    commit = added[-1]
     first = _files(commit)
     commits = _git("log", "-i", f"--grep={word}", "--format=%h").split()
     touched = set().union(*(_files(c) for c in commits))
