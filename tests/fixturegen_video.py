@@ -311,15 +311,20 @@ def build(root: Path = FIXTURES / "video") -> VideoFixtures:
         out = root / "reference"
         spec = _spec(omni, clips, out)
         fx = VideoFixtures(root, clips, out / "answers.json", out / "arrays.npz")
-        stamp = _stamp(spec)
-        if not (out / "stamp").exists() or (out / "stamp").read_text() != stamp:
-            python = oracle_python(root)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "spec.json").write_text(json.dumps(spec, indent=1))
-            _log(f"running the reference on {len(CASES)} video cases in the oracle environment")
-            subprocess.run([str(python), str(ORACLE_SCRIPT), str(out / "spec.json")], check=True)
-            (out / "stamp").write_text(stamp)
+        run_oracle(root, ORACLE_SCRIPT, spec, out, _stamp(spec), f"{len(CASES)} video cases")
         return fx
+
+
+def run_oracle(root: Path, script: Path, spec: dict[str, Any], out: Path, stamp: str, what: str) -> None:
+    """script on spec in the oracle environment, into out, unless out's stamp says it ran on the same inputs."""
+    if (out / "stamp").exists() and (out / "stamp").read_text() == stamp:
+        return
+    python = oracle_python(root)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.json").write_text(json.dumps(spec, indent=1))
+    _log(f"running the reference on {what} in the oracle environment")
+    subprocess.run([str(python), str(script), str(out / "spec.json")], check=True)
+    (out / "stamp").write_text(stamp)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import fixturegen_omni, fixturegen_video
-from .fixturegen import FIXTURES, ROOT, _lock, _log
+from .fixturegen import FIXTURES, ROOT, _lock
 
 ORACLE_SCRIPT = ROOT / "tests" / "video_frames_oracle.py"
 
@@ -129,14 +128,8 @@ def build(root: Path = FIXTURES / "video" / "frames") -> FrameFixtures:
         out = root / "reference"
         spec = _spec(omni, arrays, vfx.clips, out)
         fx = FrameFixtures(arrays, vfx.clips, out / "answers.json")
-        stamp = _stamp(spec)
-        if not (out / "stamp").exists() or (out / "stamp").read_text() != stamp:
-            python = fixturegen_video.oracle_python(vfx.root)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "spec.json").write_text(json.dumps(spec, indent=1))
-            _log(f"running the reference on {len(CASES)} frame-array and media_kwargs cases")
-            subprocess.run([str(python), str(ORACLE_SCRIPT), str(out / "spec.json")], check=True)
-            (out / "stamp").write_text(stamp)
+        fixturegen_video.run_oracle(vfx.root, ORACLE_SCRIPT, spec, out, _stamp(spec),
+                                    f"{len(CASES)} frame-array and media_kwargs cases")
         return fx
 
 
