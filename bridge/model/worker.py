@@ -302,9 +302,9 @@ class InferenceWorker:
                 jobs = self._queue.take(self.model.n_seq_max)
             if not jobs or not jobs[0].options.shadow or not self.busy_elsewhere():
                 return jobs
-            for job in jobs:  # requests wait for another model: shadow scorings give way, dropped
-                self._deliver(job, ShadowDropped(f"other models of the server have requests waiting: model "
-                                                 f"{self.name!r}'s shadow scoring was dropped"))
+            for job in jobs:  # requests are under way: shadow scorings give way, dropped
+                self._deliver(job, ShadowDropped(f"the server has requests under way: model {self.name!r}'s shadow "
+                                                 "scoring was dropped"))
 
     def _run(self) -> None:
         try:
