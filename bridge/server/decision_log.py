@@ -15,14 +15,14 @@ import queue
 import stat
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 import orjson
 
-from ...head.answer import Answer, agreement, systemone_answer
+from ...head.answer import Answer, systemone_answer
 from ...head.schema import Question, render
 from ..config.registry import DECISION_LOG_NAME, DecisionLogSpec
 from ..service.decision import Decision
@@ -52,8 +52,10 @@ class Shadow:
     """A shadow model's scoring of an answered request: its Decision, or why there is none."""
 
     model: str
-    outcome: str  # "answered", "dropped" (its model had requests waiting) or "failed: <error type>"
+    outcome: str  # "answered", "dropped" (the server had requests under way) or "failed: <error type>"
     decision: Decision | None = None
+    # per question, as head.answer.agreement finds it against the served model's answer: (agrees, largest |dp|)
+    agreement: dict[str, tuple[bool, float]] = field(default_factory=dict)
 
 
 def _question(answer: Answer, question: Question | None) -> dict[str, Any]:
@@ -66,15 +68,14 @@ def _question(answer: Answer, question: Question | None) -> dict[str, Any]:
     return out | {"answer": body}
 
 
-def _shadow(shadow: Shadow, primary: Decision) -> dict[str, Any]:
+def _shadow(shadow: Shadow) -> dict[str, Any]:
     """A shadow's line part: its outcome and, answered, each question's answer, whether it agrees with the served
     model's and the largest |dp| between them."""
     out: dict[str, Any] = {"model": shadow.model, "outcome": shadow.outcome}
     if shadow.decision is not None:
-        mine = {a.id: a for a in primary.answers}
         out["questions"] = []
         for a in shadow.decision.answers:
-            agrees, dp = agreement(mine[a.id], a)
+            agrees, dp = shadow.agreement[a.id]
             body = systemone_answer(a)
             body.pop("legend", None)
             out["questions"].append({"id": a.id, "answer": {k: v for k, v in body.items() if k != "type"},
@@ -101,7 +102,7 @@ def record(entry: Entry, states: bool) -> dict[str, Any]:
     if d.shared:
         line["shared"] = d.shared
     if entry.shadows:
-        line["shadows"] = [_shadow(s, d) for s in entry.shadows]
+        line["shadows"] = [_shadow(s) for s in entry.shadows]
     if states:
         line["state"] = text
     return line

@@ -138,9 +138,10 @@ def log_decision(app: web.Application, entry: Entry) -> None:
 
 
 async def shadow(app: web.Application, call: DecisionInput, entry: Entry, names: tuple[str, ...]) -> None:
-    """Each shadow model's scoring of an answered request, at the lowest priority (dropped while its model has
-    requests waiting); agreement per question on /metrics, everything in the request's decision-log line."""
+    """Each shadow model's scoring of an answered request, at the lowest priority (dropped while the server has
+    requests under way); agreement per question on /metrics, everything in the request's decision-log line."""
     metrics, primary = app[METRICS], entry.decision
+    mine = {a.id: a for a in primary.answers}
     shadows = []
     for name in names:
         options = replace(call.options, shadow=True, reject_if_busy=False)
@@ -154,10 +155,9 @@ async def shadow(app: web.Application, call: DecisionInput, entry: Entry, names:
             log.exception("shadow model %s failed on a request answered by %s", name, primary.model)
             shadows.append(Shadow(name, "failed: internal_error"))
         else:
-            shadows.append(Shadow(name, "answered", scored))
-            mine = {a.id: a for a in primary.answers}
-            for a in scored.answers:
-                agrees, _ = agreement(mine[a.id], a)
+            compared = {a.id: agreement(mine[a.id], a) for a in scored.answers}
+            shadows.append(Shadow(name, "answered", scored, compared))
+            for agrees, _ in compared.values():
                 metrics.shadow_questions.labels(primary.model, name, "yes" if agrees else "no").inc()
         metrics.shadows.labels(primary.model, name, shadows[-1].outcome.split(":")[0]).inc()
     log_decision(app, replace(entry, shadows=tuple(shadows)))
