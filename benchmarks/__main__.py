@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="also write the report here, after every step")
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each head (default: 5)")
     p.add_argument("--build-seconds", type=float, help="how long the CUDA build took, for the report")
+    p.add_argument("--llama-server", type=Path, help="a llama-server binary built with CUDA: the workloads step "
+                                                     "serves the workloads on it too (default: clef-bridge alone; "
+                                                     "gpu_check.sh cannot build one in its device time)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("bench-head", help="time the numpy head against the reference torch head at Clef-flash shape")
@@ -261,6 +264,8 @@ def _gpu_check(args: argparse.Namespace) -> int:
         raise UsageError(f"gpu-check measures a CUDA GPU, and none was found: {missing}",
                          fix=f"run every step on the CPU at small shapes instead: python -m benchmarks gpu-check "
                              f"--smoke --vocab {args.vocab}")
+    if args.llama_server is not None and not args.llama_server.is_file():
+        raise UsageError(f"--llama-server {args.llama_server}: no such file")
     folder = args.folder or Path(tempfile.gettempdir()) / "clef-bridge-gpu-check"
     if args.prepare:
         from .gpu_models import prepare
@@ -268,7 +273,8 @@ def _gpu_check(args: argparse.Namespace) -> int:
         return emit(prepare(folder, args.smoke, args.vocab), args.json)
     from .gpu_check import run
 
-    return emit(run(folder, args.smoke, args.vocab, args.out, args.repeats, args.build_seconds), args.json)
+    return emit(run(folder, args.smoke, args.vocab, args.out, args.repeats, args.build_seconds, args.llama_server),
+                args.json)
 
 
 def _workloads(args: argparse.Namespace) -> int:

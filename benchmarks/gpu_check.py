@@ -8,7 +8,11 @@ Steps, each recorded whatever the others do:
   offload, no flash attention) on the same tokens: an F32 backbone and the Q8_0 one;
 - serve-Q8_0, serve-Q4_K_M: a random backbone of Clef-flash's shape with the published head's
   shape, served over HTTP: p50/p95 of a ~750-token router request (4 questions, 19 options) split
-  into backbone / head / server, throughput at concurrency 1, 4, 16, peak VRAM against fit's plan.
+  into backbone / head / server, throughput at concurrency 1, 4, 16, peak VRAM against fit's plan;
+- workloads: `python -m benchmarks workloads`'s three workloads served by clef-bridge on the Q8_0 model
+  (decisions/s, p50, p95 at concurrency 1, 8, 32; the bare prefill's limit and clef-bridge's share of it), beside a
+  CUDA llama-server only when one is given (benchmarks/gpu_workloads.py). It runs last: a run the device time
+  cuts short still reports every other step.
 
 --smoke runs every step on the CPU at small shapes, each comparison between two different things:
 the head on the module `import cupy` finds (the tests' strict stand-in) against numpy, and the
@@ -38,6 +42,7 @@ from tests.randomhead import random_inputs, random_layout
 from .bench_head import schema_layout, turns_ms
 from .gpu_models import GpuModels, prepare
 from .gpu_serve import serve_step
+from .gpu_workloads import workloads_step
 
 HEAD_TOLERANCE = 1e-5  # logits, CuPy vs numpy: the order of float32 sums only
 # The backbone, GPU vs CPU: max over tokens of |a - b| / |b| for hidden states, and option probabilities
@@ -170,9 +175,9 @@ def backbone_step(models: GpuModels, smoke: bool) -> dict[str, Any]:
 
 
 def run(folder: Path, smoke: bool, vocab: Path, out: Path | None = None, repeats: int = 5,
-        build_seconds: float | None = None) -> GpuCheck:
+        build_seconds: float | None = None, llama_server: Path | None = None) -> GpuCheck:
     """Every step, one after the other; the report is written to `out` after each (a run cut short
-    still leaves what it measured)."""
+    still leaves what it measured). llama_server: a llama-server binary the workloads step runs too."""
     models = prepare(folder, smoke, vocab)
     xp = _cupy()
     head_device = "cuda" if xp is not None else "cpu"
@@ -183,6 +188,7 @@ def run(folder: Path, smoke: bool, vocab: Path, out: Path | None = None, repeats
         ("backbone", lambda: backbone_step(models, smoke)),
         *[(f"serve-{q}", lambda q=q: serve_step(models.ggufs[q], models.head, head_device, models.shape.router_tokens,
                                                  models.shape.requests)) for q in ("Q8_0", "Q4_K_M")],
+        ("workloads", lambda: workloads_step(models, llama_server)),
     ]
     for name, fn in plans:
         if xp is not None:

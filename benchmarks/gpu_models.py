@@ -41,6 +41,8 @@ class Shape:
     router_tokens: int  # length of the timed router request (4 questions, 19 options)
     compare_tokens: int
     requests: tuple[int, ...]  # requests per concurrency level 1, 4, 16
+    workload_levels: tuple[int, ...]  # the workloads step's concurrency levels
+    workload_requests: int  # its distinct requests per workload and level (3 levels of 48 fit the router's 150)
 
 
 FULL = Shape("clef-flash", Qwen35Dims(hidden=4096, layers=32, ff=12288, heads=16, kv_heads=4, head_dim=256,
@@ -49,13 +51,13 @@ FULL = Shape("clef-flash", Qwen35Dims(hidden=4096, layers=32, ff=12288, heads=16
              248320, CLEF_FLASH_HEAD,
              Qwen35Dims(hidden=1024, layers=8, ff=3072, heads=8, kv_heads=2, head_dim=128, linear_k_heads=4,
                         linear_v_heads=8, linear_k_dim=128, linear_v_dim=128),
-             0, 750, 256, (20, 40, 80))
+             0, 750, 256, (20, 40, 80), (1, 8, 32), 48)
 # every matrix's row a multiple of 256, as Q4_K's blocks need
 SMALL = Qwen35Dims(hidden=256, layers=4, ff=512, heads=4, kv_heads=2, head_dim=64, linear_k_heads=2, linear_v_heads=4,
                    linear_k_dim=64, linear_v_dim=64)
 SMOKE = Shape("smoke", SMALL, 1024, HeadConfig(hidden_size=256, width=64, routing_layers=1, layers=1, heads=4,
                                                 feedforward=128),
-              SMALL, 4096, 0, 160, (2, 4, 16))
+              SMALL, 4096, 0, 160, (2, 4, 16), (1, 2), 2)
 SERVED = ("Q8_0", "Q4_K_M")
 
 

@@ -99,6 +99,12 @@ class PeakMemory:
             self._thread.join()
 
 
+def registry_of(spec: ModelSpec) -> Registry:
+    """One model served alone, its queue and timeout wide enough for every request a benchmark sends at once."""
+    return Registry(path=spec.gguf.with_name("models.toml"), default=spec.name, models={spec.name: spec},
+                    server=ServerSpec(max_queue=1024, request_timeout_s=600.0))
+
+
 def router_body(gguf: Path, tokens: int) -> tuple[dict, int]:
     """The router request (4 questions, 19 options) with the state grown to about `tokens` tokens
     in this GGUF's vocabulary (0: the shortest); the body and its token count."""
@@ -132,8 +138,7 @@ def serve_step(gguf: Path, head: Path, head_device: str, tokens: int, requests: 
     """p50/p95 end to end, the split, throughput per concurrency level, and peak GPU memory vs the plan
     (the model loads as `serve` loads it, n_gpu_layers = "auto")."""
     spec: ModelSpec = model_spec(NAME, gguf, head, head_device=head_device, n_gpu_layers="auto")
-    registry = Registry(path=gguf.with_name("models.toml"), default=NAME, models={NAME: spec},
-                        server=ServerSpec(max_queue=1024, request_timeout_s=600.0))
+    registry = registry_of(spec)
     body, n_tokens = router_body(gguf, tokens)
     free = read_gpu()
     head_bytes = head_gpu_bytes(load_config(config_path_for(head)), head_device, spec.head_dtype)

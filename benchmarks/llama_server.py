@@ -160,11 +160,13 @@ def _started(name: str, cmd: list[str], ready: str, port: int, log: Path, timeou
     return server
 
 
-def start_llama_server(binary: Path, gguf: Path, folder: Path, parallel: int, threads: int) -> Server:
-    """llama-server on the clef GGUF: `parallel` slots of 2048 tokens; a clef prompt must fit one batch (-b, -ub)."""
+def start_llama_server(binary: Path, gguf: Path, folder: Path, parallel: int, threads: int,
+                       extra: tuple[str, ...] = ()) -> Server:
+    """llama-server on the clef GGUF: `parallel` slots of 2048 tokens; a clef prompt must fit one batch (-b, -ub).
+    extra: more flags (gpu-check's layers on the GPU)."""
     port = _free_port()
     cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", str(2048 * parallel),
-           "-np", str(parallel), "-b", "2048", "-ub", "2048", "-t", str(threads), "--no-webui"]
+           "-np", str(parallel), "-b", "2048", "-ub", "2048", "-t", str(threads), "--no-webui", *extra]
     return _started("llama-server", cmd, "/health", port, folder / "llama-server.log")
 
 

@@ -19,7 +19,7 @@ from .omni import OmniBench
 from .parsers import OWN, SERVER, ParsersBench
 from .shadows import ShadowBench
 from .soak import SoakVerdict
-from .workloads import WorkloadsBench
+from .workloads import WorkloadsBench, prefill_group
 
 
 @text.register
@@ -298,7 +298,7 @@ def _(result: WorkloadsBench) -> str:
         p50 = (f", p50 {result.p50(workload, 'clef-bridge') / result.p50(workload, 'llama-server'):.2f}"
                if 1 in result.concurrency else "")
         limit = result.limit.get(workload)
-        c8 = 8 if 8 in result.concurrency else max(result.concurrency)
+        c8 = prefill_group(tuple(result.concurrency))
         share = (f"; bare prefill {limit:.2f} decisions/s, clef-bridge at c={c8} reaches "
                  f"{result.rate(workload, c8, 'clef-bridge') / limit:.2f} of it" if limit else "")
         lines.append(f"    {workload:10} {rates}{p50}{share}")
@@ -320,4 +320,6 @@ def _(result: ShadowBench) -> str:
         f"{result.requests} requests each at concurrency {result.concurrency}, alternated",
         *(f"  {model:9} p50 {result.p50_ms[model]:8.1f} ms, p95 {result.p95_ms[model]:8.1f} ms" for model in result.p50_ms),
         f"  shadowed / plain p50: {result.ratio_p50:.2f}",
-        "  shadow scorings: " + ", ".join(f"{k} {v:.0f}" for k, v in result.scorings.items())])
+        "  shadow scorings: " + ", ".join(f"{k} {v:.0f}" for k, v in result.scorings.items()),
+        f"  the shadow's own llama_decode calls: {result.shadow_backbone_runs:.0f} (0: it scored from the requests' "
+        "own hidden states)"])

@@ -1,7 +1,8 @@
 """`python -m benchmarks shadows`: what a shadow model costs the requests it shadows. One server on the tiny test model
 serves it twice over one backbone, `plain` and `shadowed` (the same GGUF and head; `shadowed` has a head-only
-fine-tune, `candidate`, as its shadow), and rounds of distinct requests at a given concurrency go to each in turn;
-the p50 and p95 of each, their ratio, and how many shadow scorings ran or were dropped."""
+fine-tune, `candidate`, as its shadow, scored from each request's own hidden states: one head pass, no prefill), and
+rounds of distinct requests at a given concurrency go to each in turn; the p50 and p95 of each, their ratio, how many
+shadow scorings ran or were dropped, and the shadow's own llama_decode calls (0: it prefilled nothing)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class ShadowBench:
     p95_ms: dict[str, float]
     ratio_p50: float  # shadowed / plain
     scorings: dict[str, float]  # shadow outcome -> count
+    shadow_backbone_runs: float  # the candidate's batched llama_decode calls: 0, its scorings read the primary's states
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -71,6 +73,7 @@ def run(concurrency: int = 8, requests: int = 24, rounds: int = 3) -> ShadowBenc
                 time.sleep(1.0)  # the shadows of this round finish before the next
         scorings = {outcome: server.metric("clef_shadow_scorings_total", outcome=outcome)
                     for outcome in ("answered", "dropped", "failed")}
+        runs = server.metric("clef_backbone_runs_total", model="candidate")
     p50 = {m: statistics.median(v) for m, v in latencies.items()}
     p95 = {m: sorted(v)[int(0.95 * (len(v) - 1))] for m, v in latencies.items()}
-    return ShadowBench(concurrency, requests, rounds, p50, p95, p50["shadowed"] / p50["plain"], scorings)
+    return ShadowBench(concurrency, requests, rounds, p50, p95, p50["shadowed"] / p50["plain"], scorings, runs)

@@ -238,6 +238,37 @@ def measure(server: Server, workload: str, bodies: list[dict[str, Any]], concurr
                len(bodies) / seconds, statistics.median(latencies), _percentile(latencies, 0.95))
 
 
+def distinct_slices(load: dict[str, list[dict[str, Any]]], requests: int, concurrency: tuple[int, ...]
+                    ) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """The bodies of each (workload, concurrency) measurement: `requests` (at least the concurrency) taken in turn
+    from the workload, so that no answer is cached or joined while the workload lasts."""
+    slices, at = {}, {name: 0 for name in load}
+    for name, bodies in load.items():
+        for c in concurrency:
+            n = max(requests, c)
+            slices[name, c] = [bodies[(at[name] + i) % len(bodies)] for i in range(n)]
+            at[name] += n
+    return slices
+
+
+def measure_alternated(servers: list[Server], slices: dict[tuple[str, int], list[dict[str, Any]]],
+                       warm_up: dict[str, Any], tick: Callable[[int], None] = lambda n: None) -> list[Row]:
+    """Each measurement on every server, their order flipping at every step (a shared machine's load drifts); each
+    server answers warm_up first (the first request pays for allocations)."""
+    for server in servers:
+        server.post({**warm_up, "state": "warm-up"})
+    rows = []
+    for step, ((name, c), bodies) in enumerate(slices.items()):
+        for server in servers if step % 2 else servers[::-1]:
+            rows.append(measure(server, name, bodies, c, tick=tick))
+    return rows
+
+
+def prefill_group(concurrency: tuple[int, ...]) -> int:
+    """The bare prefill's sequences per decode: concurrency 8's, where it was measured."""
+    return 8 if 8 in concurrency else max(concurrency)
+
+
 @dataclass
 class Fidelity:
     worst: dict[str, float] = field(default_factory=dict)  # server -> worst |p - reference|
@@ -273,15 +304,17 @@ def fidelity(servers: list[Server], hf: Path, head: Path, sample: dict[str, list
     return out
 
 
-def bare_prefill(gguf: Path, bodies: dict[str, list[dict[str, Any]]], group: int, threads: int) -> dict[str, float]:
+def bare_prefill(gguf: Path, bodies: dict[str, list[dict[str, Any]]], group: int, threads: int,
+                 head: Path | None = None, **keys: Any) -> dict[str, float]:
     """Decisions per second of llama.cpp's batched prefill alone (clef-bridge's token ids, `group` sequences a decode,
-    no prefix cache, no head): per workload."""
+    no prefix cache, no head): per workload. head: a backbone GGUF's head (a clef GGUF holds its own); keys: more
+    models.toml keys (gpu-check's n_gpu_layers)."""
     from clef_bridge.bridge.config.registry import model_spec
     from clef_bridge.bridge.model.loading import load_checked
     from clef_bridge.head.schema import parse_request
 
-    spec = model_spec(MODEL, gguf, n_ctx=8192, n_seq_max=group, max_length=2048, n_threads=threads,
-                      prefix_cache_mb=0)
+    spec = model_spec(MODEL, gguf, head, n_ctx=8192, n_seq_max=group, max_length=2048, n_threads=threads,
+                      prefix_cache_mb=0, **keys)
     loaded = load_checked(spec)
     model = loaded.model
     out = {}
@@ -363,30 +396,18 @@ def run(binary: Path | None, requests: int = 16, concurrency: tuple[int, ...] = 
     threads = threads or os.cpu_count() or 1
     gguf, hf, head = upstream_clef_gguf()
     load = workloads(seed)
-    slices, at = {}, {name: 0 for name in load}
-    for name, bodies in load.items():  # distinct requests for every measurement: no answer is cached or joined
-        for c in concurrency:
-            n = max(requests, c)
-            slices[name, c] = [bodies[(at[name] + i) % len(bodies)] for i in range(n)]
-            at[name] += n
+    slices = distinct_slices(load, requests, concurrency)
     compared = {name: bodies[-sample:] for name, bodies in load.items()} if sample else {}
     triage_states = [b["state"] for b in load["triage"][:batches * BATCH_STATES]]
     folder = Path(tempfile.mkdtemp(prefix="clef-bridge-workloads-"))
     parallel = max(concurrency)
     total = 2 * sum(len(s) for s in slices.values()) + len(triage_states)
     progress = Progress("workloads", total, unit="requests")
-    rows: list[Row] = []
     servers: list[Server] = []
     try:
         servers.append(start_llama_server(binary, gguf, folder, parallel, threads))
         servers.append(start_clef_bridge(gguf, folder, parallel, threads))
-        for server in servers:  # warm both: the first request of each pays for allocations
-            server.post({**load["triage"][0], "state": "warm-up"})
-        step = 0
-        for (name, c), bodies in slices.items():
-            for server in servers if step % 2 else servers[::-1]:
-                rows.append(measure(server, name, bodies, c, tick=progress.update))
-            step += 1
+        rows = measure_alternated(servers, slices, load["triage"][0], progress.update)
         t0 = time.perf_counter()
         for i in range(0, len(triage_states), BATCH_STATES):
             body = {"model": MODEL, "states": triage_states[i:i + BATCH_STATES], "questions": TRIAGE_QUESTIONS}
@@ -401,7 +422,7 @@ def run(binary: Path | None, requests: int = 16, concurrency: tuple[int, ...] = 
         progress.close()
         for server in servers:
             server.stop()
-    group = 8 if 8 in concurrency else max(concurrency)
+    group = prefill_group(concurrency)
     limit = bare_prefill(gguf, {name: slices[name, group] for name in load}, group, threads)
     batch = {"decisions_per_s": len(triage_states) * len(TRIAGE_QUESTIONS) / batch_s, "states": len(triage_states),
              "batch_states": BATCH_STATES}

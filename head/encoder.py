@@ -96,15 +96,15 @@ def _fields(request: DecisionRequest, options: EncodeOptions, min_tokens: MinTok
     fields = []
     for i, q in enumerate(request.questions, start=1):
         shown_id = str(i) if options.blind_ids else q.id
-        loc = ("body", "questions", q.id)
+        at = q.where
         instructions = shown_id if q.instructions in (None, "") else q.instructions
-        pieces = [piece(f"\nFIELD {i}\nID: {shown_id}\nTYPE: {q.type}\nINSTRUCTION: ", loc),
-                  piece(instructions, loc + ("instructions",))]
+        pieces = [piece(f"\nFIELD {i}\nID: {shown_id}\nTYPE: {q.type}\nINSTRUCTION: ", at.question),
+                  piece(instructions, at.instructions)]
         for option_id, description in q.options:
             semantics = {"option_id": option_id}
             if description is not None:
                 semantics["description"] = description
-            pieces.append(piece(semantics, loc + ("criteria", option_id)))
+            pieces.append(piece(semantics, at.option(option_id)))
         fields.append(pieces)
     return fields
 
@@ -153,7 +153,7 @@ def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions 
     prefix = tokenize(PREFIX, True) + media_ids(tokenize, image_tokens, audio_tokens, options.media_layout,
                                                 video_tokens)
     suffix = tokenize(SUFFIX, True)
-    state_text = _text(request.state, ("body", "state"))
+    state_text = _text(request.state, request.state_at)
     fields = _fields(request, options, min_tokens)
     # the least the texts not yet tokenized need; the state counts unless it may be cut to fit
     pending = sum(p.bound for pieces in fields for p in pieces)
@@ -190,7 +190,7 @@ def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions 
         raise ContextLengthExceeded(fixed, options.max_length, " without the state (the schema alone is too long)")
     if not options.truncate_state and fixed + min_tokens(state_text) > options.max_length:
         raise ContextLengthExceeded(fixed + min_tokens(state_text), options.max_length, at_least=True)
-    state = _tokens(tokenize, state_text, user, ("body", "state"))
+    state = _tokens(tokenize, state_text, user, request.state_at)
     dropped = max(0, fixed + len(state) - options.max_length)
     if dropped and not options.truncate_state:
         raise ContextLengthExceeded(fixed + len(state), options.max_length)
@@ -200,10 +200,9 @@ def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions 
     shift = len(prefix) + len(state)
     q_spans = np.asarray(question_spans, dtype=np.int64).reshape(-1, 2) + shift  # [n_q, 2]
     o_spans = np.asarray(option_spans, dtype=np.int64).reshape(-1, 2) + shift  # [n_o, 2]
-    empty = [q.id for q, (s, e) in zip(request.questions, q_spans) if s == e]
+    empty = [q for q, (s, e) in zip(request.questions, q_spans) if s == e]
     if empty:  # a span mean over no tokens is NaN in the reference; refuse instead
-        raise RequestInvalid([Problem(("body", "questions", qid, "instructions"), "renders to no tokens",
-                                      "value_error") for qid in empty])
+        raise RequestInvalid([Problem(q.where.instructions, "renders to no tokens", "value_error") for q in empty])
     layout = Layout(
         question_spans=q_spans,
         option_spans=o_spans,

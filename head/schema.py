@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from .errors import Problem, RequestInvalid
 from .media import ASSETS_FIELD, IMAGE, MEDIA_KINDS
@@ -98,6 +98,30 @@ def _state_bytes(state: Any) -> int:
         return 0  # unrenderable states are refused by the encoder, with their location
 
 
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the request as its front door received it holds a question's parts, so that a problem found after the
+    door (a limit, an option no tokenizer can encode, instructions of no tokens) names the field the client sent."""
+
+    question: Loc
+    instructions: Loc
+    criteria: Loc
+    options: tuple[tuple[str | int, Loc], ...] = ()  # (option id or level index, its location) where the door's
+    # shape is not criteria + that key
+
+    @classmethod
+    def systemone(cls, qid: str) -> "Where":
+        """A System One question's: body.questions[qid], its instructions and criteria by their names."""
+        at = ("body", "questions", qid)
+        return cls(at, at + ("instructions",), at + ("criteria",))
+
+    def option(self, key: str | int) -> Loc:
+        return next((loc for k, loc in self.options if k == key), self.criteria + (key,))
+
+
 @dataclass(frozen=True)
 class Question:
     id: str
@@ -105,10 +129,19 @@ class Question:
     instructions: Any  # str, dict, list or None, as sent
     options: tuple[tuple[str, Any], ...]  # (option id, description or None) in prompt order
     answer_keys: tuple[str, ...]  # option ids in the order the answer lists them
+    at: Where | None = field(default=None, compare=False, repr=False)  # None: body.questions[id] (System One's)
 
     @property
     def type_id(self) -> int:
         return QUESTION_TYPES[self.type]
+
+    @property
+    def where(self) -> Where:
+        return self.at if self.at is not None else Where.systemone(self.id)
+
+    def decides(self) -> tuple[Any, ...]:
+        """What of the question decides its answer (its location in the door's body does not)."""
+        return self.id, self.type, self.instructions, self.options, self.answer_keys
 
 
 @dataclass(frozen=True)
@@ -116,6 +149,7 @@ class DecisionRequest:
     model: str
     state: Any
     questions: tuple[Question, ...]
+    state_at: Loc = ("body", "state")  # where the door's body holds the state
 
 
 def _is_text(value: Any) -> bool:
@@ -136,8 +170,8 @@ def _named(names: list[Any], loc: tuple, problems: list[Problem]) -> dict[str, N
     return {name: None for name in names if isinstance(name, str)}
 
 
-def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list[Problem]):
-    loc = ("body", "questions", qid, "criteria")
+def _options(at: Where, qtype: str, criteria: Any, limits: Limits, problems: list[Problem]):
+    loc = at.criteria
     if qtype == "noul":
         if criteria is None:
             criteria = {}
@@ -150,7 +184,7 @@ def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list
             problems.append(Problem(loc, f"noul criteria take only 'true' and 'false', not {extra}", "value_error"))
         for key, value in criteria.items():
             if not _is_text(value):
-                problems.append(_text_problem(loc + (key,), "a criterion"))
+                problems.append(_text_problem(at.option(key), "a criterion"))
         merged = NOUL_DEFAULTS | {k: v for k, v in criteria.items() if k in NOUL_DEFAULTS}
         return tuple((k, merged[k]) for k in option_order(qtype, merged)), ("true", "false")
     if qtype == "choice":
@@ -165,7 +199,7 @@ def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list
                                     f"got {len(criteria)}", "value_error"))
         for key, value in criteria.items():
             if not _is_text(value):
-                problems.append(_text_problem(loc + (key,), "an option description"))
+                problems.append(_text_problem(at.option(key), "an option description"))
         return tuple((k, criteria[k]) for k in option_order(qtype, criteria)), tuple(criteria)
     if not isinstance(criteria, list):
         problems.append(Problem(loc, "score criteria must be an array of levels, lowest first", "type_error"))
@@ -175,13 +209,13 @@ def _options(qid: str, qtype: str, criteria: Any, limits: Limits, problems: list
                                 f"got {len(criteria)}", "value_error"))
     for i, value in enumerate(criteria):
         if value is None or not _is_text(value):  # a null level would leave a null in the answer's legend
-            problems.append(Problem(loc + (i,), "a level must be a string, an object or an array", "type_error"))
+            problems.append(Problem(at.option(i), "a level must be a string, an object or an array", "type_error"))
     keys = tuple(str(i) for i in range(len(criteria)))
     return tuple(zip(keys, criteria)), keys
 
 
-def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem]) -> Question | None:
-    loc = ("body", "questions", qid)
+def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem], at: Where) -> Question | None:
+    loc = at.question
     if not isinstance(raw, dict):
         problems.append(Problem(loc, "a question must be an object with 'type'", "type_error"))
         return None
@@ -196,18 +230,18 @@ def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem]) -> Qu
         return None
     instructions = raw.get("instructions")
     if not _is_text(instructions):
-        problems.append(_text_problem(loc + ("instructions",), "instructions"))
+        problems.append(_text_problem(at.instructions, "instructions"))
     elif qid == "" and instructions in (None, ""):
         # The prompt falls back to the id as the instruction; an empty one leaves nothing to read.
         problems.append(Problem(loc, "a question with an empty id needs non-empty instructions", "value_error"))
     if qtype != "noul" and "criteria" not in raw:
-        problems.append(Problem(loc + ("criteria",), f"a {qtype} question needs criteria", "missing"))
+        problems.append(Problem(at.criteria, f"a {qtype} question needs criteria", "missing"))
         return None
-    built = _options(qid, qtype, raw.get("criteria"), limits, problems)
+    built = _options(at, qtype, raw.get("criteria"), limits, problems)
     if built is None:
         return None
     options, keys = built
-    return Question(qid, qtype, instructions, options, keys)
+    return Question(qid, qtype, instructions, options, keys, at)
 
 
 # Media left in a state's text: a data URL, or base64 that starts as an image or a clip does (PNG, JPEG, WebP/WAV's
@@ -237,15 +271,17 @@ def check_depth(body: Any, limits: Limits) -> None:
                                       "(max_json_depth)", "json_too_deep")])
 
 
-def parse_request(body: Any, limits: Limits = Limits()) -> DecisionRequest:
-    """Validate a decoded request body; every problem found is reported in one RequestInvalid."""
+def parse_request(body: Any, limits: Limits = Limits(), *, name_resolved: bool = False) -> DecisionRequest:
+    """Validate a decoded request body; every problem found is reported in one RequestInvalid. name_resolved: the
+    caller resolves a string `model` against the names it serves (a server answers an empty one as a model it does not
+    serve), so only a model that is no string is refused here."""
     if not isinstance(body, dict):
         raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
     check_depth(body, limits)
     # text no tokenizer can encode, refused before any is tokenized
     problems = unpaired_surrogates([(body[f], ("body", f)) for f in TEXT_FIELDS if f in body])
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(model, str) or not (model or name_resolved):
         problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
     if "state" not in body:
         problems.append(Problem(("body", "state"), "state is required", "missing"))
@@ -272,8 +308,10 @@ def state_problems(state: Any, limits: Limits, loc: tuple = ("body", "state")) -
     return []
 
 
-def parse_questions(raw_questions: Any, limits: Limits, problems: list[Problem]) -> tuple[Question, ...]:
-    """A body's `questions` as typed questions in the request's order, each problem added to problems."""
+def parse_questions(raw_questions: Any, limits: Limits, problems: list[Problem],
+                    where: Callable[[str], Where] = Where.systemone) -> tuple[Question, ...]:
+    """A body's `questions` as typed questions in the request's order, each problem added to problems; where: each
+    question's place in the door's body (a door whose shape is not System One's gives its own)."""
     if not isinstance(raw_questions, dict) or not raw_questions:
         problems.append(Problem(("body", "questions"), "questions must be a non-empty object of id -> question",
                                 "type_error"))
@@ -282,5 +320,5 @@ def parse_questions(raw_questions: Any, limits: Limits, problems: list[Problem])
         problems.append(Problem(("body", "questions"), f"at most {limits.max_questions} questions per request "
                                 f"(max_questions), got {len(raw_questions)}", "too_many_questions"))
         return ()
-    typed = (_question(qid, raw, limits, problems) for qid, raw in raw_questions.items())
+    typed = (_question(qid, raw, limits, problems, where(qid)) for qid, raw in raw_questions.items())
     return tuple(q for q in typed if q is not None)

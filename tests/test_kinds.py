@@ -10,7 +10,7 @@ import pytest
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.media.decoders import ISOLATED
 from clef_bridge.bridge.media.kinds import TABLE, combined
-from clef_bridge.bridge.media.request import KINDS
+from clef_bridge.bridge.media.request import KINDS, References, refuse_unsupported
 from clef_bridge.bridge.model.clef_model import Timings
 from clef_bridge.head.errors import RequestInvalid
 from clef_bridge.head.media import MEDIA_KINDS
@@ -43,12 +43,16 @@ def test_each_tower_stage_reads_a_timing_the_model_reports():
 
 
 @pytest.mark.parametrize("name", list(TABLE))
-def test_a_refusal_names_the_model_and_the_kinds_field(name):
-    error = TABLE[name].refusal("clef-flash")
-    assert isinstance(error, RequestInvalid)
-    [problem] = error.problems
+def test_a_refusal_names_the_model_at_the_kinds_field_or_where_a_door_found_the_medium(name):
+    with pytest.raises(RequestInvalid) as info:
+        refuse_unsupported((name,), (), "clef-flash")
+    [problem] = info.value.problems
     assert problem.loc == ("body", TABLE[name].field) and problem.type == MEDIA_KINDS[name].error_type
     assert "'clef-flash'" in problem.msg
+    located = References({name: ((("body", "input", 3, "content", 1), "AAAA"),)})
+    with pytest.raises(RequestInvalid) as info:
+        refuse_unsupported((name,), (), "clef-flash", located)
+    assert [p.loc for p in info.value.problems] == [("body", "input", 3, "content", 1)]
 
 
 def test_problems_of_one_kind_combine_into_that_kinds_error_413_only_when_all_are_sizes():

@@ -18,7 +18,8 @@ from clef_bridge.bridge.llama.adapters import BackboneView
 from clef_bridge.bridge.model.worker import InferenceWorker
 from clef_bridge.bridge.server.app import backbone_sharing
 from clef_bridge.bridge.service.coalesce import Coalescer
-from clef_bridge.bridge.service.decision import DecisionInput, DecisionService
+from clef_bridge.bridge.service.decision import DecisionService
+from clef_bridge.bridge.service.systemone import decide_systemone
 from clef_bridge.bridge.service.models import load_models
 from clef_bridge.head.answer import systemone_answers
 
@@ -116,7 +117,7 @@ def test_interleaved_traffic_never_changes_another_models_answer(served):
     async def traffic():
         order = [(name, i) for i in range(len(REQUESTS)) for name in NAMES] * 2
         np.random.default_rng(3).shuffle(order)
-        decisions = await asyncio.gather(*(service.decide(DecisionInput(dict(REQUESTS[i], model=name), name))
+        decisions = await asyncio.gather(*(decide_systemone(service, dict(REQUESTS[i], model=name), name)
                                            for name, i in order))
         return list(zip(order, decisions))
 

@@ -12,7 +12,8 @@ import pytest
 from clef_bridge.bridge.config.registry import Registry, ServerSpec, model_spec
 from clef_bridge.bridge.model.worker import InferenceWorker
 from clef_bridge.bridge.service.coalesce import Coalescer
-from clef_bridge.bridge.service.decision import DecisionInput, DecisionService
+from clef_bridge.bridge.service.decision import DecisionService
+from clef_bridge.bridge.service.systemone import decide_systemone
 from clef_bridge.bridge.service.models import load_models
 
 from . import fixturegen_lora
@@ -49,7 +50,7 @@ def service():
 
 
 def logits(service: DecisionService, model: str, body: dict) -> np.ndarray:
-    decision = asyncio.run(service.decide(DecisionInput(dict(body, model=model), model)))
+    decision = asyncio.run(decide_systemone(service, dict(body, model=model), model))
     return np.concatenate([z for _, z in decision.logits])
 
 

@@ -13,7 +13,7 @@ import pytest
 from clef_bridge.bridge.media.audio import AudioLimits, sniff as sniff_audio
 from clef_bridge.bridge.media.request import AUDIO, VIDEO, extract
 from clef_bridge.bridge.media.video import MAX_SOURCE_FPS, VideoLimits, VideoTooLarge, check, sniff
-from clef_bridge.bridge.service.decision import DecisionInput
+from clef_bridge.bridge.service.systemone import decide_systemone
 
 from .fixturegen_vision import encoded, picture
 from .test_media_headers import data_chunk, fmt_chunk, riff
@@ -154,7 +154,7 @@ def test_the_service_hands_the_pool_each_mediums_kind_for_its_time_limit():
     service, workers = service_for(model)
     service.decoders = pool = RecordingPool()
     body = with_media(DECIDE, audio=CLIP_WAV, videos=ffmpeg_mp4(2000, 2 * 15360))
-    run(workers, lambda: service.decide(DecisionInput(body, "fake")))
+    run(workers, lambda: decide_systemone(service, body, "fake"))
     assert sorted(pool.jobs) == [(AUDIO, AUDIO), (VIDEO, VIDEO)]
     [(_, media)] = model.prepared
     assert media.of(VIDEO) == ("decoded video 0",) and media.of(AUDIO) == ("decoded audio 0",)

@@ -200,7 +200,7 @@ def test_bad_requests_raise_the_sdks_exceptions_with_our_messages(server):
     # the image goes to a model without a vision projector: refused before any work, param the image
     png = data_url(encoded(picture(64, 64), "PNG"))
     image = [{"role": "user", "content": [{"type": "input_image", "image_url": png}]}]
-    bad(server, "no vision projector", "input", input=image)
+    bad(server, "no vision projector", "input[0].content[0].image_url", input=image)
 
 
 def test_a_prompt_over_max_length_is_a_bad_request_langchain_reads_as_a_context_overflow(server):
@@ -287,7 +287,7 @@ def test_a_lone_surrogate_anywhere_is_a_400_naming_its_field(server, vision_serv
     auth = {"Authorization": f"Bearer {KEY}"}
     for where, request, field in (
             (server, {"input": "\ud800"}, "input"), (server, {"prompt_cache_key": "\udfff"}, None),
-            (server, {"questions": [{"type": "predicate", "name": "\ud800", "instructions": "?"}]}, "questions[0]"),
+            (server, {"questions": [{"type": "predicate", "name": "\ud800", "instructions": "?"}]}, "questions[0].name"),
             (vision_server, {"input": [{"role": "user", "content": [{"type": "input_image",
                                                                     "image_url": "data:image/png;base64,\ud800"}]}]},
              "input[0].content[0].image_url")):

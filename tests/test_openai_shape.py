@@ -1,16 +1,18 @@
-"""bridge/server/doors/openai_decisions.py without a server: an OpenAI request's System One equivalent (the message
-list's JSON state, typed choice values, levels, images as assets), the answers back in OpenAI's shape, and its
-errors' param and shape."""
+"""bridge/server/doors/openai_decisions.py without a server: an OpenAI request parsed into the typed request (the
+message list's JSON state, typed choice values, levels, images as located references), each part located in the
+OpenAI body, the answers back in OpenAI's shape, and its errors' param and shape."""
 
 from __future__ import annotations
 
 import pytest
-from clef_bridge.bridge.media.images import ImageTooLarge
-from clef_bridge.bridge.server.doors.openai_decisions import openai_error, param, to_openai, to_systemone
+from clef_bridge.bridge.media.images import ImageLimits, ImageTooLarge
+from clef_bridge.bridge.media.request import referenced
+from clef_bridge.bridge.server.doors.openai_decisions import openai_error, param, parse, to_openai
 from clef_bridge.bridge.service.decision import Decision
 from clef_bridge.head.answer import ChoiceAnswer, ScoreAnswer
+from clef_bridge.head.encoder import encode
 from clef_bridge.head.errors import Problem, RequestInvalid
-from clef_bridge.head.schema import parse_request
+from clef_bridge.head.schema import Limits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,9 +21,9 @@ pytestmark = pytest.mark.unit
 ASK = [{"type": "predicate", "instructions": "ok?"}]
 
 
-def problems(body: dict) -> list[tuple[str | None, str]]:
+def problems(body: dict, limits: Limits = Limits(), media_limits=None) -> list[tuple[str | None, str]]:
     with pytest.raises(RequestInvalid) as info:
-        to_systemone(body)
+        parse(body, limits, media_limits or {})
     return [(param(p.loc), p.type) for p in info.value.problems]
 
 
@@ -42,44 +44,53 @@ def test_a_message_list_becomes_a_json_state_that_keeps_roles_order_calls_and_ou
         {"role": "assistant", "phase": "final_answer",
          "content": [{"type": "output_text", "text": "Done."}, {"type": "refusal", "refusal": "not that"}]},
     ]
-    t = to_systemone({"model": "m", "input": items, "questions": ASK})
-    assert t.body["state"] == [
+    t = parse({"model": "m", "input": items, "questions": ASK}, Limits())
+    assert t.request.state == [
         {"role": "developer", "content": ["Be brief."]},
         {"role": "user", "content": ["Look:", [{"a": 1}]]},
         {"type": "custom_tool_call", "call_id": "t", "name": "grep", "input": "x", "namespace": "tools"},
         {"type": "custom_tool_call_output", "call_id": "t", "output": ["found"]},
         {"role": "assistant", "content": ["Done.", {"refusal": "not that"}], "phase": "final_answer"},
     ]
-    assert t.body["questions"] == {"question_0": {"type": "noul", "instructions": "ok?"}} and "assets" not in t.body
-    assert to_systemone({"model": "m", "input": "plain text", "questions": ASK}).body["state"] == "plain text"
+    [question] = t.request.questions
+    assert (question.id, question.type, question.instructions) == ("question_0", "noul", "ok?")
+    assert t.media.kinds == () and t.request.state_at == ("body", "input")
+    assert parse({"model": "m", "input": "plain text", "questions": ASK}, Limits()).request.state == "plain text"
 
 
-def test_images_become_assets_named_in_the_text_and_their_param_is_kept():
+def test_images_become_markers_in_prompt_order_and_references_located_where_sent():
     url = "data:image/jpeg;base64,/9j/AAAA"
-    t = to_systemone({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}],
-                      "questions": [{"type": "predicate", "instructions": [
-                          {"type": "input_text", "text": "Is "}, {"type": "input_image", "image_url": url},
-                          {"type": "input_text", "text": " the same? "}, {"type": "input_json", "data": {"b": 1}}]}]})
-    first, second = t.body["assets"]
-    assert t.body["state"] == [{"role": "user", "content": [first]}]
-    assert t.body["questions"]["question_0"]["instructions"] == f"Is {second} the same? " + '{"b":1}'
-    assert t.body["assets"][first] == {"type": "image", "format": "jpeg", "data_base64": "/9j/AAAA"}
-    error = ImageTooLarge(("body", "assets", second), "too big", "value_error.image.bytes")
-    relocated = t.relocated(error)
-    assert isinstance(relocated, ImageTooLarge) and param(relocated.problems[0].loc) == "questions[0].instructions[1]" \
-        ".image_url"
-    surrogate = RequestInvalid([Problem(("body", "state", 0, "content", 0), "holds an unpaired surrogate", "x")])
-    assert param(t.relocated(surrogate).problems[0].loc) == "input[0]"
+    body = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}],
+            "questions": [{"type": "predicate", "instructions": [
+                {"type": "input_text", "text": "Is "}, {"type": "input_image", "image_url": url},
+                {"type": "input_text", "text": " the same? "}, {"type": "input_json", "data": {"b": 1}}]}]}
+    t = parse({"model": "m", **body}, Limits())
+    assert t.request.state == [{"role": "user", "content": ["[image 1]"]}]
+    assert t.request.questions[0].instructions == "Is [image 2] the same? " + '{"b":1}'
+    second = ("body", "questions", 0, "instructions", 1, "image_url")
+    assert t.media.of("image") == ((("body", "input", 0, "content", 0, "image_url"), "/9j/AAAA"), (second, "/9j/AAAA"))
+    # past the door, a refusal names the image where it was sent: nothing relocates it
+    tiny = {"image": ImageLimits(max_bytes=2)}
+    with pytest.raises(ImageTooLarge) as info:  # sized at the door, refused once the request is admitted
+        referenced(parse({"model": "m", **body}, Limits(), tiny).media, tiny)
+    assert [p.loc for p in info.value.problems] == [("body", "input", 0, "content", 0, "image_url"), second]
+    assert problems({**body, "model": "m"}, media_limits={"image": ImageLimits(max_images=1)}) == [
+        ("input", "too_many_images")]
+    assert problems({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "\ud800"}]}],
+                     "questions": ASK}) == [("input[0].content[0].text", "value_error.unicode")]
 
 
 def test_choices_keep_their_types_and_levels_their_labels():
-    t = to_systemone({"model": "m", "input": "s", "questions": [
+    t = parse({"model": "m", "input": "s", "questions": [
         {"type": "choice", "name": "c", "instructions": "?", "choices": [{"value": False}, {"value": "x",
                                                                                            "description": "d"}]},
-        {"type": "score", "instructions": "?", "levels": [{"label": "lo"}, {"label": "hi", "description": "h"}]}]})
-    assert t.body["questions"] == {
-        "c": {"type": "choice", "instructions": "?", "criteria": {"false": None, "x": "d"}},
-        "question_1": {"type": "score", "instructions": "?", "criteria": ["lo", {"label": "hi", "description": "h"}]}}
+        {"type": "score", "instructions": "?", "levels": [{"label": "lo"}, {"label": "hi", "description": "h"}]}]},
+        Limits())
+    c, score = t.request.questions
+    assert (c.id, c.options, c.answer_keys) == ("c", (("false", None), ("x", "d")), ("false", "x"))
+    assert (score.id, score.options) == ("question_1", (("0", "lo"), ("1", {"label": "hi", "description": "h"})))
+    assert c.where.option("x") == ("body", "questions", 0, "choices", 1)
+    assert score.where.option("1") == score.where.option(1) == ("body", "questions", 1, "levels", 1)
     answers = (ChoiceAnswer("c", "x", 0.6, (("false", 0.4), ("x", 0.6))),
                ScoreAnswer("question_1", 0.7, 0.7, (("0", "lo"), ("1", {})), (("0", 0.3), ("1", 0.7))))
     decision = Decision("served-m", "m", answers, 30, {}, reused_tokens=12, batch_size=1)
@@ -111,6 +122,30 @@ def test_every_problem_is_named_by_its_param():
                                                                            "image_url": "data:image/gif;base64,R0"}]}],
                      "questions": ASK}) == [("input[0].content[0].type", "invalid_type"),
                                             ("input[1].content[0].image_url", "invalid_image_url")]
+
+
+def test_clefs_limits_and_the_encoders_refusals_name_the_openai_field():
+    ask = [{"type": "score", "instructions": "?", "levels": [{"label": str(i)} for i in range(3)]},
+           {"type": "choice", "instructions": "?", "choices": [{"value": "a"}]}]
+    assert problems({"model": "m", "input": "s", "questions": ask}, Limits(max_levels=2)) == [
+        ("questions[0].levels", "value_error"), ("questions[1].choices", "value_error")]
+    t = parse({"model": "m", "input": "s", "questions": [
+        {"type": "predicate", "instructions": " "},
+        {"type": "choice", "instructions": "?", "choices": [{"value": "a"}, {"value": "b", "description": "boom"}]}]},
+        Limits())
+
+    def tokenize(text: str, special: bool) -> list[int]:
+        if "boom" in text:
+            raise ValueError("cannot encode")
+        return [] if text == " " else [1] * len(text)
+
+    with pytest.raises(RequestInvalid) as info:
+        encode(t.request, tokenize)
+    assert [param(p.loc) for p in info.value.problems] == ["questions[1].choices[1]"]
+    ok = parse({"model": "m", "input": "s", "questions": [{"type": "predicate", "instructions": " "}]}, Limits())
+    with pytest.raises(RequestInvalid) as info:
+        encode(ok.request, tokenize)
+    assert [param(p.loc) for p in info.value.problems] == ["questions[0].instructions"]
 
 
 def test_errors_take_openais_shape():
@@ -158,15 +193,14 @@ BODY = st.fixed_dictionaries({
 
 @settings(max_examples=80, deadline=None)
 @given(body=st.one_of(BODY, LEAF))
-def test_any_request_is_translated_or_refused_with_named_fields(body):
-    """Whatever the JSON, the door answers a System One body the service validates, or a 400 naming fields."""
+def test_any_request_is_parsed_or_refused_with_named_fields(body):
+    """Whatever the JSON, the door parses the typed request, each question located where it was sent, or refuses it
+    with a 400 naming fields."""
     try:
-        translated = to_systemone(body)
+        parsed = parse(body, Limits())
     except RequestInvalid as exc:
+        assert all(p.loc[:1] == ("body",) for p in exc.problems)
         assert openai_error(exc, 400, exc.error_type, str(exc))["error"]["message"]
         return
-    try:
-        parse_request({k: v for k, v in translated.body.items() if k != "assets"})
-    except RequestInvalid as exc:
-        relocated = translated.relocated(exc)
-        assert all(p.loc[:1] == ("body",) for p in relocated.problems)
+    questions = parsed.request.questions
+    assert [q.where.question for q in questions] == [("body", "questions", i) for i in range(len(body["questions"]))]

@@ -157,7 +157,7 @@ BAD = [  # (name, (body, headers), status, loc of the first problem for a 422, w
     # a model without video refuses them before reading them (admission in cost order): not the bytes' "not an MP4"
     ("videos", audio_json(videos=["data:video/mp4;base64,AAAA"]), 422, ["body", "videos"], "takes no videos"),
     ("a video asset", audio_json(assets={"m": {"type": "video", "format": "mp4", "data_base64": "AAAA"}}), 422,
-     ["body", "videos"], "takes no videos"),
+     ["body", "assets", "m"], "takes no videos"),
     ("multipart unclaimed audio part", multipart([("request", "application/json", bad_json()[0]),
                                                   ("asset-0", "audio/wav", WAV)]), 422, ["body", "asset-0"], "claimed"),
 ]

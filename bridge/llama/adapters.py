@@ -148,6 +148,16 @@ class BackboneView:
         pass  # the shared backbone closes with its last view, never with one view's garbage
 
 
+def same_hidden_states(a: object, b: object) -> bool:
+    """Whether two models' backbones give the same hidden states for any prompt: views of one shared backbone with the
+    same adapter file and scale, or none (a model with a backbone of its own shares it with no other)."""
+    def adapter(view: BackboneView) -> tuple[Path, float] | None:
+        return (view.adapter.path, view.adapter.scale) if view.adapter is not None else None
+
+    return (isinstance(a, BackboneView) and isinstance(b, BackboneView) and a.shared is b.shared
+            and adapter(a) == adapter(b))
+
+
 class BackbonePool:
     """The backbones loaded so far, by file and options: the entries that name the same GGUF with the same backbone
     options share one, each through its own view."""

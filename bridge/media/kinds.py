@@ -20,6 +20,7 @@ from . import frames as frame_arrays
 from . import media_kwargs
 from . import video as video_files
 from .audio import AudioInput, AudioRejected, AudioTooLarge
+from .audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE
 from .errors import MediaRejected, MediaTooLarge, detached
 from .images import ImageGeometry, ImageHeader, ImageLimits, ImageRejected, ImageTooLarge, check, decode, sniff
 from .video import VideoInput, VideoRejected, VideoTooLarge
@@ -62,13 +63,13 @@ class Kind:
     rejected: type[MediaRejected]
     too_large: type[MediaTooLarge]
     inspect: Callable[[Loc, bytes, Any], Any]  # (loc, bytes, its limits) -> its input, checked from its header
-    # (its items' bytes, all the request's media bytes, its limits, the body field named) -> a refusal of a request
-    # holding some of it, by their total, if any: checked before any header is read
-    total: Callable[[int, int, Any, str], MediaRejected | None]
+    # (its items' bytes, all the request's media bytes, its limits, where the body holds them) -> a refusal of a
+    # request holding some of it, by their total, if any: checked before any header is read
+    total: Callable[[int, int, Any, Loc], MediaRejected | None]
     decode: Callable[[Sequence[Any], DecodeSettings], tuple[Any, ...]]  # its inputs, decoded; all failures at once
     isolated: bool  # decoded in the capped decoder processes (untrusted containers and codecs), else in a thread
     towers: Mapping[str, str]  # x_timings stage -> the Timings field of a tower it runs through in the worker
-    refusal: Callable[[str], RequestInvalid]  # its 422 for a model (named) that cannot take it
+    refusal: Callable[[str, Loc], RequestInvalid]  # its 422 (located) for a model (named) that cannot take it
     limits: Callable[[], Any]  # its limits dataclass: the defaults where a server names none
     # (a JSON array in its body field, loc, its limits) -> the array checked and the characters its JSON takes: how
     # it takes a medium given as values (a video's frames); None: such an entry is refused as no medium
@@ -110,23 +111,23 @@ def _video(loc: Loc, data: bytes | np.ndarray, limits: Any) -> VideoInput:
     return VideoInput(loc, data, header, hashlib.sha256(data).digest())
 
 
-def _images_total(total: int, media_bytes: int, limits: Any, field: str) -> MediaRejected | None:
+def _images_total(total: int, media_bytes: int, limits: Any, loc: Loc) -> MediaRejected | None:
     if total <= limits.max_total_bytes:
         return None
-    return ImageTooLarge(("body", field), f"the images hold {total} bytes together; the limit is "
+    return ImageTooLarge(loc, f"the images hold {total} bytes together; the limit is "
                          f"{limits.max_total_bytes} bytes per request (max_image_total_bytes)",
                          "value_error.image.total_bytes")
 
 
-def _videos_total(total: int, media_bytes: int, limits: Any, field: str) -> MediaRejected | None:
+def _videos_total(total: int, media_bytes: int, limits: Any, loc: Loc) -> MediaRejected | None:
     if media_bytes <= limits.max_media_bytes:
         return None
-    return VideoTooLarge(("body", field), f"the media of this request hold {media_bytes} bytes together; with "
+    return VideoTooLarge(loc, f"the media of this request hold {media_bytes} bytes together; with "
                          f"videos the limit is {limits.max_media_bytes} bytes (max_media_bytes)",
                          "value_error.video.total_bytes")
 
 
-def _no_total(total: int, media_bytes: int, limits: Any, field: str) -> MediaRejected | None:
+def _no_total(total: int, media_bytes: int, limits: Any, loc: Loc) -> MediaRejected | None:
     return None
 
 
@@ -151,7 +152,18 @@ def decode_images(images: Sequence[ImageInput], settings: DecodeSettings) -> tup
 
 def _decode_audio(clips: Sequence[AudioInput], settings: DecodeSettings) -> tuple[np.ndarray, ...]:
     limits = settings.limits[AUDIO]
-    return _each(clips, lambda clip: audio_files.decode(clip.data, clip.header, clip.loc, limits))
+    return _each(clips, lambda clip: _framed(audio_files.decode(clip.data, clip.header, clip.loc, limits), clip.loc))
+
+
+def _framed(samples: np.ndarray, loc: Loc) -> np.ndarray:
+    """A clip's samples, refused where the request holds it when the reference's feature extractor cannot frame
+    them (known only once decoded)."""
+    if len(samples) < MIN_AUDIO_SAMPLES:
+        raise AudioRejected(loc, f"holds {len(samples)} samples; at least {MIN_AUDIO_SAMPLES} "
+                                 f"({1000 * MIN_AUDIO_SAMPLES / SAMPLE_RATE:.1f} ms at {SAMPLE_RATE} Hz) are needed: "
+                                 "the reference's feature extractor cannot frame a shorter clip",
+                            "value_error.audio_too_short")
+    return samples
 
 
 def _decode_video(video: VideoInput, limits: Any, factor: int) -> video_files.DecodedVideo:
@@ -171,19 +183,19 @@ def _decode_videos(videos: Sequence[VideoInput], settings: DecodeSettings) -> tu
     return decoded
 
 
-def no_projector(model: str) -> RequestInvalid:
-    return RequestInvalid([Problem(("body", "images"), f"model {model!r} has no vision projector, so it takes no "
+def no_projector(model: str, loc: Loc) -> RequestInvalid:
+    return RequestInvalid([Problem(loc, f"model {model!r} has no vision projector, so it takes no "
                                    f"images; {PROJECTOR_HOME}", "images_not_supported")])
 
 
-def no_audio(model: str) -> RequestInvalid:
-    return RequestInvalid([Problem(("body", "audio"), f"model {model!r} takes no audio: it has no audio encoder "
+def no_audio(model: str, loc: Loc) -> RequestInvalid:
+    return RequestInvalid([Problem(loc, f"model {model!r} takes no audio: it has no audio encoder "
                                    "(Clef-omni's projector has one; Clef's and Clef-flash's do not); send the audio "
                                    "to a Clef-omni model, or leave it out", "audio_not_supported")])
 
 
-def no_video(model: str) -> RequestInvalid:
-    return RequestInvalid([Problem(("body", "videos"), f"model {model!r} takes no videos: Clef-omni reads them "
+def no_video(model: str, loc: Loc) -> RequestInvalid:
+    return RequestInvalid([Problem(loc, f"model {model!r} takes no videos: Clef-omni reads them "
                                    "(frames through its vision tower, the soundtrack through its audio encoder); Clef "
                                    "and Clef-flash do not: send key frames as images, or send the video to a "
                                    "Clef-omni model", media_kinds.VIDEO.error_type)])

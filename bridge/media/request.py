@@ -80,6 +80,46 @@ class Media:
 
 NO_MEDIA = Media()
 
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class References:
+    """A request's media as its front door found them, nothing decoded yet (the service admits the request first):
+    each kind's (location, payload) in prompt order, a payload being base64 text (sized from its length only), a
+    multipart part's bytes or a frame array; where the door's body holds each kind (a total's refusal); the base64
+    and frame-array characters they take in the JSON (not the text that max_body_bytes caps); and media_kwargs."""
+
+    sources: Mapping[str, tuple[tuple[Loc, Any], ...]] = field(default_factory=dict)
+    held: Mapping[str, Loc] = field(default_factory=dict)  # kind -> where the body holds them all (default: body)
+    inline_chars: int = 0
+    options: Any = None  # media_kwargs.parse's, for the videos; None: the reference's own
+    # media refused while found (a URL, a size over the limit): raised with the rest once the request is admitted
+    refused: tuple[MediaRejected, ...] = ()
+    named: tuple[str, ...] = ()  # the kinds the body names (named_kinds), refused ones among them: what the model
+    # must take
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(kind for kind in KINDS if self.sources.get(kind))
+
+    def __bool__(self) -> bool:
+        return bool(self.sources or self.refused)
+
+    @property
+    def size(self) -> int:
+        """Their payloads' size: characters of base64, bytes of parts and frame arrays."""
+        return sum(_nbytes(payload) for kind in self.kinds for _, payload in self.of(kind))
+
+    def of(self, kind: str) -> tuple[tuple[Loc, Any], ...]:
+        return self.sources.get(kind, ())
+
+    def loc(self, kind: str) -> Loc:
+        return self.held.get(kind, ("body",))
+
+
+NO_REFERENCES = References()
+
 
 def found_media(items: dict[str, tuple[Any, ...]]) -> Media:
     """Media whose items carry their own digests: every medium's, in KINDS order, a kind's name between kinds (an
@@ -154,11 +194,14 @@ def chat_images(body: Any) -> Any:
     return {**body, "state": {**state, "messages": out} if wrapped else out, FIELDS[IMAGE]: [*images, *found]}
 
 
-def refuse_unsupported(kinds: Sequence[str], takes: Sequence[str], model: str) -> None:
-    """A 422 for the first of these kinds of media (named_kinds) that this model cannot take (ClefModel.media)."""
+def refuse_unsupported(kinds: Sequence[str], takes: Sequence[str], model: str,
+                       located: References = NO_REFERENCES) -> None:
+    """A 422 for the first of these kinds of media (named_kinds) that this model cannot take (ClefModel.media), at
+    its first medium where a door located it, else at its body field."""
     for kind in kinds:
         if kind not in takes:
-            raise TABLE[kind].refusal(model)
+            found = located.of(kind)
+            raise TABLE[kind].refusal(model, found[0][0] if found else ("body", TABLE[kind].field))
 
 
 def decode_kind(kind: str, inputs: Sequence[Any], settings: DecodeSettings) -> tuple[Any, ...]:
@@ -202,9 +245,14 @@ def _sized(n_bytes: int, loc: tuple[str | int, ...], medium: _Medium, about: str
                                     f"bytes per {medium.noun} ({medium.bytes_key})", f"value_error.{medium.kind}.bytes")
 
 
-def _b64(text: str, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
+def _b64(text: str, loc: tuple[str | int, ...], medium: _Medium) -> str:
+    """base64 text refused over its medium's max bytes from its length alone (decoded later: _decoded)."""
+    _sized(len(text) * 3 // 4 - text[-2:].count("="), loc, medium, "about ")  # its size, exact without whitespace
+    return text
+
+
+def _decoded(text: str, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
     raw = text.encode("ascii", "replace")
-    _sized(len(raw) * 3 // 4 - raw[-2:].count(b"="), loc, medium, "about ")  # its size, exact without whitespace
     try:
         return base64.b64decode(_SPACE.sub(b"", raw), validate=True)
     except (binascii.Error, ValueError):
@@ -212,7 +260,7 @@ def _b64(text: str, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
                               f"value_error.{medium.kind}.base64") from None
 
 
-def _inline(entry: Any, loc: tuple[str | int, ...], medium: _Medium) -> bytes:
+def _inline(entry: Any, loc: tuple[str | int, ...], medium: _Medium) -> str:
     """An `images` or `audio` entry: a data: URL, bare base64, or Workers AI's {content_type, base64} object (the
     reference also fetches URLs and reads files; we don't)."""
     if isinstance(entry, dict):
@@ -267,7 +315,7 @@ def _kind(asset: Any) -> str:
 
 
 def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: set[str], media: dict[str, _Medium],
-           problems: _Problems) -> bytes | None:
+           problems: _Problems) -> str | bytes | None:
     loc = ("body", "assets", name)
     if not isinstance(asset, dict):
         problems.add(loc, f"an asset must be an object: {{\"type\": {_TYPES}, \"format\", \"data_base64\"}} "
@@ -383,28 +431,48 @@ def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
         return problems
     for kind, medium in media.items():
         count = sum(_kind(a) == kind for a in assets.values()) if assets else len(lists[kind] or [])
-        if count > medium.max_count:
-            problems.add(("body", "assets" if assets else medium.field), f"at most {medium.max_count} "
-                         f"{medium.noun}s per request ({medium.count_key}), got {count}",
-                         f"too_many_{medium.noun.replace(' ', '_')}s")
+        _count(medium, count, ("body", "assets" if assets else medium.field), problems)
     return problems
+
+
+def _count(medium: _Medium, count: int, loc: tuple[str | int, ...], problems: _Problems) -> None:
+    if count > medium.max_count:
+        problems.add(loc, f"at most {medium.max_count} {medium.noun}s per request ({medium.count_key}), got {count}",
+                     f"too_many_{medium.noun.replace(' ', '_')}s")
+
+
+def _media(limits: Mapping[str, Any]) -> dict[str, _Medium]:
+    """Each kind's row with the server's limits on it (its row's defaults where the server names none)."""
+    return {kind: _Medium(row, limits[kind] if kind in limits else row.limits()) for kind, row in TABLE.items()}
 
 
 Sources = list[tuple[tuple[str | int, ...], Any]]  # each medium's bytes, or a frame array (numpy)
 
 
 def _nbytes(data: Any) -> int:
-    """A medium's size: a file's bytes, or a frame array's (uint8, one byte a value)."""
+    """A medium's size: a file's bytes (or its base64's characters), or a frame array's (uint8, one byte a
+    value)."""
     return data.nbytes if hasattr(data, "nbytes") else len(data)
 
 
 def extract(body: Any, parts: dict[str, FormPart] | None = None, limits: Mapping[str, Any] = MappingProxyType({}),
             text_limits: Limits = Limits()) -> Extracted:
-    """The body's media, each kind in prompt order, checked from their headers; parts: a multipart body's media
-    parts; limits: each kind's by its name (ServerSpec.media_limits), its row's defaults where absent."""
+    """The body's media, each kind in prompt order, decoded from base64 and checked from their headers (the tools'
+    way, all at once: the server finds them at its door and decodes them once the request is admitted)."""
+    text, references = find_references(body, parts, limits, text_limits)
+    return Extracted(text, referenced(references, limits), references.inline_chars)
+
+
+def find_references(body: Any, parts: dict[str, FormPart] | None = None,
+                    limits: Mapping[str, Any] = MappingProxyType({}),
+                    text_limits: Limits = Limits()) -> tuple[Any, References]:
+    """The body without its media fields (placeholders replaced by markers) and its media's references, each kind
+    in prompt order, their counts and sizes checked from the body alone: no base64 decoded. parts: a multipart
+    body's media parts; limits: each kind's by its name (ServerSpec.media_limits), its row's defaults where
+    absent."""
     if not isinstance(body, dict):
-        return Extracted(body, NO_MEDIA)
-    media = {kind: _Medium(row, limits[kind] if kind in limits else row.limits()) for kind, row in TABLE.items()}
+        return body, NO_REFERENCES
+    media = _media(limits)
     problems = _shape(body, media)
     options = media_kwargs.parse(body.get(media_kwargs.FIELD), problems)
     if problems:
@@ -448,26 +516,64 @@ def extract(body: Any, parts: dict[str, FormPart] | None = None, limits: Mapping
             problems.add(("body", name), f"the part {name!r} is claimed by no asset (this request has no assets)")
     if problems:
         raise RequestInvalid(problems + [p for e in errors for p in e.problems])
-    media_bytes = sum(_nbytes(d) for s in sources.values() for _, d in s)
-    found = {kind: _checked(sources[kind], medium, media_bytes, "assets" if assets else medium.field, errors)
-             for kind, medium in media.items()}
-    if errors:
-        raise combined(errors)
-    found[VIDEO] = media_kwargs.applied(found[VIDEO], options)
-    if parts is not None and not any(found.values()):
+    if parts is not None and not any(sources.values()) and not errors:
         raise UnsupportedMediaType(f"a {FORM} body carries {_or(list(FIELDS.values()))}; send a request without "
                                    "them as application/json")
-    return Extracted(text, found_media(found), inline)
+    held = {kind: ("body", "assets" if assets else medium.field) for kind, medium in media.items()}
+    return text, References({kind: tuple(found) for kind, found in sources.items() if found}, held, inline, options,
+                            tuple(errors), named_kinds(body))
 
 
-def _checked(sources: Sources, medium: _Medium, media_bytes: int, field: str,
+def located(sources: Mapping[str, Sources], limits: Mapping[str, Any], loc: Loc) -> References:
+    """The references a front door found in its own shape, each kind's (location, base64) in prompt order, their
+    counts and sizes checked from the body alone (loc: where the door's body holds them all)."""
+    media = _media(limits)
+    problems, errors = _Problems(), []
+    for kind, found in sources.items():
+        _count(media[kind], len(found), loc, problems)
+    if problems:
+        raise RequestInvalid(problems)
+    kept: dict[str, Sources] = {kind: [] for kind in sources}
+    for kind, found in sources.items():
+        for at, text in found:
+            try:
+                kept[kind].append((at, _b64(text, at, media[kind])))
+            except MediaRejected as exc:
+                errors.append(detached(exc))
+    inline = sum(len(text) for found in sources.values() for _, text in found)
+    return References({kind: tuple(found) for kind, found in kept.items() if found}, dict.fromkeys(sources, loc),
+                      inline, refused=tuple(errors), named=tuple(kind for kind in KINDS if sources.get(kind)))
+
+
+def referenced(references: References, limits: Mapping[str, Any]) -> Media:
+    """The media of an admitted request: each one's base64 decoded and hashed once, checked from its header and
+    against the limits (the request's total, then each item's size), every refusal where its door found it."""
+    media = _media(limits)
+    errors: list[MediaRejected] = list(references.refused)
+    data: dict[str, Sources] = {kind: [] for kind in references.kinds}
+    for kind in references.kinds:
+        for at, payload in references.of(kind):
+            try:
+                data[kind].append((at, _decoded(payload, at, media[kind]) if isinstance(payload, str) else payload))
+            except MediaRejected as exc:
+                errors.append(detached(exc))
+    media_bytes = sum(_nbytes(d) for s in data.values() for _, d in s)
+    found = {kind: _checked(data[kind], media[kind], media_bytes, references.loc(kind), errors) for kind in data}
+    if errors:
+        raise combined(errors)
+    if found.get(VIDEO):
+        found[VIDEO] = media_kwargs.applied(found[VIDEO], references.options)
+    return found_media(found)
+
+
+def _checked(sources: Sources, medium: _Medium, media_bytes: int, loc: tuple[str | int, ...],
              errors: list[MediaRejected]) -> tuple[Any, ...]:
     """A kind's media checked, cheapest first: their total (media_bytes: all the request's media), then each one
     from its header and against the limits; refusals appended to errors, detached from their frames (a kept
     traceback would hold the request's bytes)."""
     if not sources:
         return ()
-    too_much = medium.row.total(sum(_nbytes(d) for _, d in sources), media_bytes, medium.limits, field)
+    too_much = medium.row.total(sum(_nbytes(d) for _, d in sources), media_bytes, medium.limits, loc)
     if too_much is not None:
         errors.append(too_much)
     checked = []

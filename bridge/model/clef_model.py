@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -20,6 +20,7 @@ from ...head.errors import Problem, RequestInvalid
 from ...head.model import Layout, hidden_memory, option_logits
 from ...head.schema import DecisionRequest, Limits, Question, embedded_media
 from ..host.gpu import device_out_of_memory, to_device
+from ..llama.adapters import same_hidden_states
 from ..llama.embedding import OutputEmbedding
 from ..llama.omni_positions import rope_chunks, rope_positions
 from ..llama.prefix_cache import PrefillRequest
@@ -128,6 +129,36 @@ class Prefilled:
     ticket: int = 0
     vision_s: float = 0.0
     audio_s: float = 0.0
+    prefix_hidden: tuple[np.ndarray, ...] = ()  # keep_hidden: the hidden states of the reused tokens, in order (host)
+
+
+@dataclass(frozen=True)
+class CachedRows:
+    """A prefix-cache payload of a model whose head-only shadows score its requests (ClefModel.keep_hidden): its
+    head's memory rows of a segment, and the segment's hidden states, which a shadow's head reads where the cache
+    spared the backbone."""
+
+    memory: np.ndarray  # [n, w]
+    hidden: np.ndarray  # [n, H]
+
+    @property
+    def nbytes(self) -> int:  # what the cache's max_mb counts
+        return self.memory.nbytes + self.hidden.nbytes
+
+
+@dataclass(frozen=True)
+class HiddenStates:
+    """A scored request's prompt and the hidden states of all of it: what a head-only fine-tune over the same backbone
+    scores it from, one more head pass and no prefill (prefilled)."""
+
+    prepared: Prepared  # without its decoded media: a head pass reads none
+    pieces: tuple[np.ndarray, ...]  # [t_i, H] in prompt order, the cached prefix's segments then the new rows
+
+    def prefilled(self) -> Prefilled:
+        """As a prefill of the whole prompt (no cached prefix: the shadow's head computes its own memory rows of every
+        token), joined here, in the shadow's thread, not in the primary's."""
+        hidden = self.pieces[0] if len(self.pieces) == 1 else np.concatenate(self.pieces)
+        return Prefilled(self.prepared, hidden, 0.0, 1)
 
 
 def _device_memory_errors(method):
@@ -163,6 +194,9 @@ class ClefModel:
         self.encode_options = encode_options
         self.answer_options = answer_options
         self.limits = limits
+        # head-only shadows score its requests (keep_hidden_states, set once before the first request): its cache's
+        # payloads carry the hidden states besides the memory rows, and its worker hands each request's over
+        self.keep_hidden = False
 
     @property
     def n_seq_max(self) -> int:
@@ -189,6 +223,24 @@ class ClefModel:
         if self.projector is not None:
             self.projector.close()
         self.backbone.close()
+
+    def shares_hidden_states(self, other: "ClefModel") -> bool:
+        """Whether other gives any request this model's prompt and hidden states (one backbone, the same adapter or
+        none, the same prompt options and towers): then this model's head can score other's requests from other's
+        hidden states, a head-only fine-tune of it."""
+        projector = self.projector.path if self.projector is not None else None
+        theirs = other.projector.path if other.projector is not None else None
+        return (same_hidden_states(self.backbone, other.backbone) and self.encode_options == other.encode_options
+                and projector == theirs and (self.audio_tower is None) == (other.audio_tower is None))
+
+    def keep_hidden_states(self) -> None:
+        """Keep what head-only shadows read (the model's worker not started yet: every checkpoint of its cache
+        carries the hidden states then)."""
+        self.keep_hidden = True
+
+    def hidden_states(self, item: Prefilled) -> HiddenStates:
+        """A prefilled request's prompt and all its hidden states (keep_hidden: its cached prefix's come with it)."""
+        return HiddenStates(replace(item.prepared, media=NO_MEDIA, tokenize_s=0.0), (*item.prefix_hidden, item.hidden))
 
     def prepare(self, request: DecisionRequest, media: Media = NO_MEDIA) -> Prepared:
         """Encode a validated request (head.schema.parse_request's) with its decoded media, whose kinds the caller
@@ -251,9 +303,7 @@ class ClefModel:
         try:
             h, new = self.head.memory(item.hidden)  # [t - reused, H], [t - reused, w]
             if item.ticket and bool(xp.isfinite(new).all()):
-                # host copies: the cache's budget is host memory, and views would pin whole arrays
-                rows = [new[s - item.reused:e - item.reused] for s, e in item.new_segments]
-                cache.attach(item.ticket, [r.copy() if xp is np else xp.asnumpy(r) for r in rows])
+                cache.attach(item.ticket, self._payloads(item, new))
             elif item.ticket:
                 cache.discard(item.ticket)
             # a device head's pass computes its rows again (HeadInput): the prefix is uploaded there only
@@ -263,6 +313,16 @@ class ClefModel:
             if item.ticket:
                 cache.discard(item.ticket)
             raise
+
+    def _payloads(self, item: Prefilled, new: Any) -> list[Any]:
+        """The cache's payload of each new segment: its memory rows, with its hidden states where head-only shadows
+        read them (keep_hidden; a host copy, no compute: a shadow's head computes its own rows, later)."""
+        xp, cut = self.head.xp, [slice(s - item.reused, e - item.reused) for s, e in item.new_segments]
+        # host copies: the cache's budget is host memory, and views would pin whole arrays
+        memory = [new[c].copy() if xp is np else xp.asnumpy(new[c]) for c in cut]
+        if not self.keep_hidden:
+            return memory
+        return [CachedRows(m, item.hidden[c].copy()) for m, c in zip(memory, cut)]
 
     @_device_memory_errors
     def head_logits(self, inputs: Sequence[HeadInput]) -> list[np.ndarray]:
@@ -284,8 +344,14 @@ class ClefModel:
         done = self.backbone.prefill_cached([PrefillRequest(p.encoded.input_ids, p.encoded.state_span, p.partition)
                                              for p in batch])
         backbone_s = time.perf_counter() - t0
-        return [Prefilled(p, d.hidden, backbone_s, len(batch), d.reused, d.prefix_payloads, d.new_segments, d.ticket)
-                for p, d in zip(batch, done)]
+        return [Prefilled(p, d.hidden, backbone_s, len(batch), d.reused, **self._prefix(d.prefix_payloads),
+                          new_segments=d.new_segments, ticket=d.ticket) for p, d in zip(batch, done)]
+
+    def _prefix(self, payloads: tuple[Any, ...]) -> dict[str, tuple[np.ndarray, ...]]:
+        """A hit's payloads as Prefilled's prefix_memory and, keep_hidden, prefix_hidden."""
+        if not self.keep_hidden:
+            return {"prefix_memory": payloads}
+        return {"prefix_memory": tuple(p.memory for p in payloads), "prefix_hidden": tuple(p.hidden for p in payloads)}
 
     def _prefill_media(self, prepared: Prepared) -> list[Prefilled]:
         """The vision tower over each image and the audio tower over the clips, then the prompt chunk by chunk

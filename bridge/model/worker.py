@@ -10,10 +10,10 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 from ...head.errors import Category, ClefError
-from .clef_model import ClefModel, HeadInput, Prefilled, Prepared, Scored
+from .clef_model import ClefModel, HeadInput, HiddenStates, Prefilled, Prepared, Scored
 
 log = logging.getLogger("clef_bridge.worker")
 
@@ -70,6 +70,18 @@ class ShadowDropped(ClefError):
     error_type = "shadow_dropped"
 
 
+class Handoff:
+    """Where a model's worker leaves a scored request's hidden states for the model's head-only shadows
+    (ClefModel.hidden_states, keep_hidden models only): written in the worker's thread before the answer is
+    delivered, read on the event loop once it is, the delivery ordering the two. Left empty where the answer was
+    another request's (joined, or cached) or failed."""
+
+    __slots__ = ("states",)
+
+    def __init__(self) -> None:
+        self.states: HiddenStates | None = None
+
+
 @dataclass(frozen=True)
 class RequestOptions:
     """What a request asks beyond its body, ONE immutable value from its front door to the model: the door sets it
@@ -80,6 +92,9 @@ class RequestOptions:
     partition: tuple[str, ...] = ()  # the prefix cache's (PrefillRequest.partition): shares no KV, state or answer
     tenant: str = ""  # whose request (the key's name; "" for one anonymous tenant): queues are fair between them
     shadow: bool = False  # a shadow model's scoring of an answered request: taken only when nothing else waits
+    # the server's door gives each request one, for its model's head-only shadows; a value that rides along, never
+    # compared: the service and the coalescer pass options on whole
+    handoff: Handoff | None = field(default=None, compare=False, repr=False)
 
 
 class FairQueue:
@@ -154,6 +169,7 @@ class Job:
     enqueued: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set from the event loop when nobody waits for it any more (InferenceWorker.withdraw)
     queue_s: float = 0.0
+    hidden: HiddenStates | None = None  # a head-only shadow's job: another model's hidden states, no prefill
 
 
 @dataclass(frozen=True)
@@ -235,9 +251,22 @@ class InferenceWorker:
         loop = asyncio.get_running_loop()
         if options.partition:
             prepared = replace(prepared, partition=options.partition)
-        job = Job(prepared, loop.create_future(), loop, options)
+        return self._enqueue(Job(prepared, loop.create_future(), loop, options))
+
+    async def score_hidden(self, states: HiddenStates, options: RequestOptions) -> Scored:
+        """This model's answers to a request from another model's hidden states of it (a head-only shadow's
+        scoring, options.shadow: the shadow lane, dropped under load): one head pass, no prefill."""
+        loop = asyncio.get_running_loop()
+        job = self._enqueue(Job(states.prepared, loop.create_future(), loop, options, hidden=states))
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # the server is stopping: the job leaves the lane
+            self.withdraw(job)
+            raise
+
+    def _enqueue(self, job: Job) -> Job:
         with self._cv:
-            self._admit(options, prepared.has_media)
+            self._admit(job.options, job.prepared.has_media)
             self._queue.append(job)
             # under load (a take's worth of requests waiting) the shadows waiting go first: they would only wait
             dropped = list(self._queue.shadows) if len(self._queue) >= self.model.n_seq_max else []
@@ -329,18 +358,31 @@ class InferenceWorker:
                 ready.append((job, job.prepared))
             taken: list[tuple[Job, HeadInput]] = []
             held = 0  # prompt tokens whose hidden states wait in taken
-            for batch in self._batches(ready):
-                done = self._prefill(batch)
+            for done in self._prefilled(ready):
                 if self.overlap:
                     self._heads.put(done)
                     continue
                 taken += self._head_inputs(done)
-                held += sum(len(p.encoded.input_ids) for _, p in batch)
+                held += sum(len(job.prepared.encoded.input_ids) for job, _ in done)
                 if held >= self.model.backbone.decode_budget:  # no more waits than one decode on a GPU holds
                     self._finish(taken)
                     taken, held = [], 0
             if taken:
                 self._finish(taken)
+
+    def _prefilled(self, ready: list[tuple[Job, Prepared]]) -> Iterator[list[tuple[Job, Prefilled]]]:
+        """The jobs prefilled, batch by batch; head-only shadows' jobs first, as they come: their hidden states are
+        another model's, so the backbone does not run for them."""
+        given = []
+        for job in (job for job, _ in ready if job.hidden is not None):
+            try:
+                given.append((job, job.hidden.prefilled()))
+            except MemoryError as exc:  # joining a long prompt's pieces: that shadow's scoring fails, nothing else
+                self._deliver(job, exc)
+        if given:
+            yield given
+        for batch in self._batches([item for item in ready if item[0].hidden is None]):
+            yield self._prefill(batch)
 
     def _batches(self, ready: list[tuple[Job, Prepared]]) -> list[list[tuple[Job, Prepared]]]:
         """Greedy packing of text requests under the backbone's batch budget (n_ctx on a GPU, n_ubatch on the CPU:
@@ -412,8 +454,16 @@ class InferenceWorker:
             for one in work:
                 self._finish([one])
             return
-        for (job, _), outcome in zip(work, scored):
+        for (job, done), outcome in zip(work, scored):
+            self._hand_over(job, done)
             self._deliver(job, outcome)
+
+    def _hand_over(self, job: Job, done: HeadInput) -> None:
+        """A scored request's hidden states for its model's head-only shadows (keep_hidden models only), left before its
+        answer is delivered so the door finds them once it has the answer; references, no copy, no compute."""
+        handoff = job.options.handoff
+        if handoff is not None and self.model.keep_hidden:
+            handoff.states = self.model.hidden_states(done.item)
 
     @staticmethod
     def _deliver(job: Job, outcome: Scored | BaseException | object) -> None:

@@ -23,7 +23,7 @@ from ..llama.adapters import BackboneView
 from ..model.worker import BatchStats, InferenceWorker
 from ..service.coalesce import Coalescer
 from ..service.decision import DecisionService
-from ..service.models import load_models
+from ..service.models import head_shadows, load_models
 from .appstate import (
     DECISION_LOG,
     KEYS,
@@ -193,14 +193,17 @@ async def models_ctx(app: web.Application) -> AsyncIterator[None]:
             metrics.backbone_runs.labels(name).inc()
         return record
 
+    heads = head_shadows(registry, {name: item.model for name, item in loaded.items()})
     for name, item in loaded.items():
         spec = registry.models[name]
+        if heads[name]:  # before its worker starts: every checkpoint of its prefix cache carries them
+            item.model.keep_hidden_states()
         worker = InferenceWorker(item.model, registry.server.max_queue, on_batch(name),
                                  max_per_tenant=registry.server.tenant_queue)
         worker.start()
         app[SERVICE].workers[name] = worker
         app[SERVED][name] = Served(spec, worker, item.warnings, item.model.head.config.hidden_size,
-                                   _release_date(spec), item.report.facts, item.report.head_path)
+                                   _release_date(spec), item.report.facts, item.report.head_path, heads[name])
     workers = list(app[SERVICE].workers.values())
     for worker in workers:  # shadow scorings run on idle capacity: no request of this server under way
         worker.busy_elsewhere = functools.partial(_others_busy, worker, workers, app[SERVICE])

@@ -29,6 +29,9 @@ class Served:
     release_date: str  # YYYY-MM-DD, read at load time (no stat() on the event loop)
     facts: Facts  # what the integrity checks found out about the files (architecture, head source, ...)
     head_path: str | None  # the head file served (a clef GGUF's own path when embedded)
+    # its shadows that are head-only fine-tunes of it (bridge/service/models.py head_shadows): scored from its
+    # requests' own hidden states, one head pass and no prefill
+    head_shadows: frozenset[str] = frozenset()
 
 
 Loader = Callable[[Registry], dict[str, Loaded]]

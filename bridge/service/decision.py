@@ -1,70 +1,48 @@
 """The one decision service: a typed request in, a typed Decision out.
 
-Every front door (POST /v1/systemone, the Workers AI routes, the CLI, Ray replicas) translates its wire
-format to a DecisionInput and the Decision back. The service admits a request in ONE place, cheapest check
-first: the model it names, whether that model takes the kinds of media it names (read from its fields), room
-in the model's media queue, then each medium's base64 decoded, sized and checked from its header, the text
-validated, the media decoded (audio and video in the decoder processes, bridge/media/decoders.py: never on the
-event loop, never in the server's memory; images in a thread) and the prompt encoded; only a request that
-passed all of that is queued. It coalesces identical requests and waits for the model's worker within the
-deadline.
+Every front door (POST /v1/systemone, the Workers AI routes, OpenAI's, the CLI, Ray replicas) parses its wire
+format into a DecisionInput (a System One body through bridge/service/systemone.py) and renders the Decision back:
+the service never reads a body. It admits a request in ONE place, cheapest check first: the model it names,
+whether that model takes the kinds of media it names, room in the model's media queue, then each medium's base64
+decoded and checked from its header, the media decoded (audio and video in the decoder processes,
+bridge/media/decoders.py: never on the event loop, never in the server's memory; images in a thread) and the
+prompt encoded; only a request that passed all of that is queued. It coalesces identical requests and waits for
+the model's worker within the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from ...head.answer import Answer
-from ...head.errors import Problem, RequestInvalid
-from ...head.schema import MEDIA_FIELDS, DecisionRequest, Limits, Question, is_unicode, parse_request
+from ...head.schema import DecisionRequest, Question
 from ..config.registry import ServerSpec, resolve
 from ..media.decoders import ISOLATED, DecoderPool
 from ..media.kinds import TABLE, DecodeSettings
-from ..media.request import (
-    NO_MEDIA,
-    Extracted,
-    FormPart,
-    Media,
-    chat_images,
-    decode_kind,
-    extract,
-    named_kinds,
-    refuse_unsupported,
-)
+from ..media.request import NO_MEDIA, NO_REFERENCES, Media, References, decode_kind, referenced, refuse_unsupported
 from ..model.worker import InferenceWorker, RequestOptions
 from .coalesce import Coalescer, request_key
-from .errors import BodyTooLarge, DeadlineExceeded
+from .errors import DeadlineExceeded
 
-# a JSON body up to this size is decompressed, parsed, searched for media and validated on the event loop; bigger
-# ones off it
+# a JSON body up to this size is decompressed, parsed, searched for media and validated on the event loop, and media
+# up to this size decoded from base64 there; bigger ones off it
 INLINE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
-class Contract:
-    """A front door's own limits on a body (Workers AI's hosted ones), beyond the server's."""
-
-    problems: Callable[[Any, Limits], list[Problem]]  # what it refuses in a body that the server's limits may take
-    replaces: frozenset[str] = frozenset()  # the server's problem types that say the same, left out beside its own
-
-
-@dataclass(frozen=True)
 class DecisionInput:
-    """What a front door hands the service: a body as sent (its media fields in), or a text request its door parsed
-    already, the model it names, and how to wait."""
+    """What a front door hands the service: the typed request it parsed, its media as the door found them (located,
+    not yet decoded), the model it names, and how to wait."""
 
-    body: Any  # the decoded JSON (a multipart body's `request` part); None with request
-    model: Any  # the model named (the body's `model`, or a route's), as sent: the service checks it
-    parts: dict[str, FormPart] | None = None  # a multipart body's media parts
-    json_bytes: int = 0  # the JSON text's size, media inlined (max_body_bytes caps it without them); 0: no cap
+    request: DecisionRequest
+    model: Any  # the model named (the body's `model`, or a route's), as sent: the service resolves it
+    media: References = NO_REFERENCES
     options: RequestOptions = RequestOptions()  # how to wait and which cache partition, as the door read them
-    contract: Contract | None = None  # a front door's own limits (Workers AI's), in the same 422 as the body's
-    request: DecisionRequest | None = None  # a text-only request its door validated (no media, no contract)
 
 
 @dataclass(frozen=True)
@@ -102,41 +80,11 @@ def media_digests(media: Media) -> tuple[tuple[str, str, int], ...]:
                   else item.frames.nbytes) for kind in media.kinds for item in media.of(kind))
 
 
-def validate(body: Any, limits: Limits = Limits(), contract: Contract | None = None) -> DecisionRequest:
-    """head.schema.parse_request, its one call on the request path; a front door's contract's problems come in the
-    same 422 as the body's other ones."""
-    extra = contract.problems(body, limits) if contract is not None else []
-    if not extra:
-        return parse_request(body, limits)
-    try:
-        parse_request(body, limits)
-    except RequestInvalid as exc:
-        extra = [p for p in exc.problems if p.type not in contract.replaces] + extra
-    raise RequestInvalid(extra)
-
-
 async def off_loop(big: bool, fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args) in a thread where the input is big, else here (a thread hop costs more than a small body)."""
     if not big:
         return fn(*args)
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
-
-
-def text_of(body: Any) -> Any:
-    """A body without its media fields: what validate() reads when the model named is not a name (nothing
-    decoded for a request that is refused anyway)."""
-    return {k: v for k, v in body.items() if k not in MEDIA_FIELDS} if isinstance(body, dict) else body
-
-
-def find_media(call: DecisionInput, server: ServerSpec) -> Extracted:
-    """The body's media found and checked from their headers; its text (the JSON without inlined media) must fit
-    max_body_bytes."""
-    found = extract(call.body, call.parts, server.media_limits, server.limits)
-    if call.json_bytes - found.inline_chars > server.max_body_bytes:
-        raise BodyTooLarge(f"the request's JSON exceeds {server.max_body_bytes} bytes"
-                           f"{' without its images and audio' if found.inline_chars else ''} (max_body_bytes "
-                           "in models.toml [server])")
-    return found
 
 
 class DecisionService:
@@ -171,29 +119,20 @@ class DecisionService:
             self.active -= counted
 
     async def _decide(self, call: DecisionInput, resolved: Callable[[str], None]) -> Decision:
-        if call.request is None:
-            call = replace(call, body=chat_images(call.body))  # llama-server's image_url parts, as `images`
-            kinds = named_kinds(call.body)
-            if not isinstance(call.body, dict) or not isinstance(call.model, str) or not is_unicode(call.model):
-                validate(text_of(call.body))  # every problem of the body at once, the model's among them
-        else:
-            kinds = ()
+        kinds = call.media.named
         name = resolve(self.names, call.model, lambda served: self._takes(served, kinds))
         worker = self.workers[name]
         resolved(name)
         model = worker.model
-        refuse_unsupported(kinds, model.media, name)  # media the model cannot take: before any base64 is decoded
+        refuse_unsupported(kinds, model.media, name, call.media)  # media the model cannot take: before any is decoded
         worker.check_media_room(bool(kinds))  # a full media queue: before any is decoded
-        if call.request is None:
-            big = call.parts is not None or call.json_bytes > INLINE_BYTES
-            found = await off_loop(big, find_media, call, self.server)
-            request = await off_loop(big, validate, found.body, model.limits, call.contract)
-            found_media = found.media
-        else:
-            request, found_media = call.request, NO_MEDIA
+        request = call.request
+        found_media = await off_loop(call.media.size > INLINE_BYTES, referenced, call.media,
+                                     self.server.media_limits) if call.media else NO_MEDIA
         media, decode_s = await self._decode(found_media, DecodeSettings(model.geometry, self.server.media_limits))
         # what decides the answer, serialised once: the validated state and questions, each medium's digest
-        key = request_key(name, (request.state, request.questions), media, call.options.partition)
+        key = request_key(name, (request.state, [q.decides() for q in request.questions]), media,
+                          call.options.partition)
         shared, fresh = self.coalescer.join(worker, key), False
         if shared is None:
             worker.admit(call.options, bool(media))  # busy, a full queue: before the prompt is encoded

@@ -10,7 +10,8 @@ from ..config.registry import ServerSpec
 from ..model.clef_model import ClefModel
 from ..model.worker import InferenceWorker
 from .coalesce import Coalescer
-from .decision import Decision, DecisionInput, DecisionService
+from .decision import Decision, DecisionService
+from .systemone import decide_systemone
 
 
 class LocalService:
@@ -39,4 +40,4 @@ class LocalService:
 
     def decide(self, body: Any) -> Decision:
         """A request body (its media inlined as the server takes them) decided as the server decides it."""
-        return self._loop.run_until_complete(self.service.decide(DecisionInput(body, self.model.name)))
+        return self._loop.run_until_complete(decide_systemone(self.service, body, self.model.name))

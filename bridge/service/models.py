@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import fields, replace
+from typing import Mapping
 
 from ...head.errors import Category, ClefError
 from ..config.integrity import ModelRefused
 from ..config.registry import Registry
 from ..llama.adapters import BackbonePool
+from ..model.clef_model import ClefModel
 from ..model.loading import Loaded, load_checked
 
 log = logging.getLogger("clef_bridge.server")
@@ -30,6 +32,13 @@ def shared_backbones(registry: Registry) -> dict[str, tuple[str, ...]]:
     for name, spec in registry.models.items():
         groups.setdefault((spec.gguf, spec.backbone), []).append(name)
     return {name: tuple(group) for group in groups.values() for name in group}
+
+
+def head_shadows(registry: Registry, models: Mapping[str, ClefModel]) -> dict[str, frozenset[str]]:
+    """Each model -> its shadows that are head-only fine-tunes of it (ClefModel.shares_hidden_states: one backbone and
+    adapter, the same prompt), which score its requests from their own hidden states; its other shadows prefill."""
+    return {name: frozenset(s for s in spec.shadow if s in models and models[s].shares_hidden_states(models[name]))
+            for name, spec in registry.models.items() if name in models}
 
 
 def second_copies(registry: Registry) -> dict[str, str]:

@@ -16,13 +16,21 @@ from aiohttp import web
 
 from ....head.answer import softmax64
 from ....head.errors import Problem, RequestInvalid
-from ....head.schema import Question
+from ....head.schema import (
+    DecisionRequest,
+    Limits,
+    Question,
+    Where,
+    parse_questions,
+    state_problems,
+    unpaired_surrogates,
+)
 from ...media.request import UnsupportedMediaType
-from ...service.decision import Decision
+from ...service.decision import Decision, DecisionInput
 from ..appstate import REGISTRY
 from ..context import Door, json_response
 from ..routes import AINODE_SHAPE, PATHS
-from .decisions import decide, decision_input, extensions, read_body
+from .decisions import decide, extensions, read_body
 from .systemone import no_model_warning, systemone_body
 
 Loc = tuple[str | int, ...]
@@ -41,24 +49,15 @@ def ainode_error(exc: BaseException | None, status: int, error_type: str, messag
 
 
 @dataclass
-class Translated:
-    """An AINode request as System One: the body, each question's options as AINode names them (in the order the
-    answer lists them), whether the answer is raw, and where each System One location came from."""
+class Parsed:
+    """An AINode request parsed once, at this door: the typed request (each question located in the AINode body),
+    each question's options as AINode names them (in the order the answer lists them), and whether the answer is
+    raw."""
 
-    body: dict[str, Any] = field(default_factory=dict)
+    request: DecisionRequest | None = None
     options: dict[str, list[str]] = field(default_factory=dict)
     raw: bool = False
-    locs: dict[Loc, Loc] = field(default_factory=dict)
-
-    def relocated(self, exc: RequestInvalid) -> RequestInvalid:
-        """The service's refusal in the AINode request's terms (criteria -> options, instructions -> question)."""
-        return RequestInvalid([Problem(self.ainode_loc(p.loc), p.msg, p.type) for p in exc.problems])
-
-    def ainode_loc(self, loc: Loc) -> Loc:
-        for n in range(len(loc), 0, -1):
-            if loc[:n] in self.locs:
-                return self.locs[loc[:n]]
-        return loc
+    where: dict[str, Where] = field(default_factory=dict)  # question key -> its parts' places in the AINode body
 
 
 def _options(key: str, spec: dict[str, Any], loc: Loc, problems: list[Problem]) -> list[str] | None:
@@ -96,7 +95,7 @@ def _options(key: str, spec: dict[str, Any], loc: Loc, problems: list[Problem]) 
     return [str(v) for v in range(lo, hi + 1)]
 
 
-def _question(key: str, spec: Any, t: Translated, problems: list[Problem]) -> dict[str, Any] | None:
+def _question(key: str, spec: Any, t: Parsed, problems: list[Problem]) -> dict[str, Any] | None:
     loc = ("body", "questions", key)
     if not isinstance(spec, dict):
         problems.append(Problem(loc, "a question must be an object {question, options | type}", "type_error"))
@@ -109,7 +108,9 @@ def _question(key: str, spec: Any, t: Translated, problems: list[Problem]) -> di
     if options is None or not isinstance(text, str):
         return None
     t.options[key] = options
-    t.locs.update({loc + ("instructions",): loc + ("question",), loc + ("criteria",): loc + ("options",)})
+    # its text is `question`, its criteria `options` (a score's levels come from min and max: no option of its own)
+    t.where[key] = Where(loc, loc + ("question",), loc + ("options",), () if spec.get("type") in ("boolean", "score")
+                         else tuple((name, loc + ("options", j)) for j, name in enumerate(options)))
     if spec.get("type") == "boolean" and "options" not in spec:
         return {"type": "noul", "instructions": text.strip()}
     kind = "score" if spec.get("type") == "score" else "choice"
@@ -117,13 +118,14 @@ def _question(key: str, spec: Any, t: Translated, problems: list[Problem]) -> di
     return {"type": kind, "instructions": text.strip(), "criteria": criteria}
 
 
-def to_systemone(data: Any, default_model: str) -> tuple[Translated, list[str]]:
-    """The System One equivalent and its warnings; every problem of the AINode request at once (RequestInvalid)."""
+def parse(data: Any, default_model: str, limits: Limits) -> tuple[Parsed, list[str]]:
+    """The typed request and its warnings; every problem of the AINode request at once (RequestInvalid, located in
+    it): its own shape's first, then Clef's limits on what it asks."""
     if not isinstance(data, dict):
         raise RequestInvalid([Problem(("body",), "the body must be a JSON object with state and questions",
                                       "type_error")])
     problems: list[Problem] = []
-    t, warnings = Translated(), []
+    t, warnings = Parsed(), []
     model = data.get("model")
     if model is None:  # AINode's body may leave it out: the default model, said as POST /v1/systemone says it
         model = default_model
@@ -146,11 +148,19 @@ def to_systemone(data: Any, default_model: str) -> tuple[Translated, list[str]]:
             question = _question(key, spec, t, problems)
             if question is not None:
                 questions[key] = question
+    if not isinstance(model, str) or not model:
+        problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
     if problems:
         raise RequestInvalid(problems)
     state = data.get("state")
-    t.body = {"model": model, "state": "" if state is None else state, "questions": questions}  # AINode reads
-    return t, warnings  # a missing state as empty
+    state = "" if state is None else state  # AINode reads a missing state as empty
+    problems += unpaired_surrogates([(data[f], ("body", f)) for f in ("model", "state", "questions") if f in data])
+    problems += state_problems(state, limits)
+    typed = parse_questions(questions, limits, problems, t.where.__getitem__)
+    if problems:
+        raise RequestInvalid(problems)
+    t.request = DecisionRequest(model, state, typed)
+    return t, warnings
 
 
 def _distribution(answer: dict[str, Any], options: list[str]) -> dict[str, float]:
@@ -169,7 +179,7 @@ def _raw(question: Question, logits: np.ndarray, options: list[str]) -> dict[str
     return {name: round(p[key], 4) for name, key in zip(options, question.answer_keys)}
 
 
-def to_ainode(t: Translated, decision: Decision, response: dict[str, Any]) -> dict[str, Any]:
+def to_ainode(t: Parsed, decision: Decision, response: dict[str, Any]) -> dict[str, Any]:
     """The Decision in AINode's shape: each question's answer (the first most likely option), its probability as the
     confidence, its distribution; every question was decided in the one pass, so each latency is the request's."""
     logits = {q.id: (q, z) for q, z in decision.logits}
@@ -191,14 +201,11 @@ async def decide_handler(request: web.Request) -> web.Response:
     body = await read_body(request, kinds=())  # text only: its body is capped at max_body_bytes
     if body.parts is not None:
         raise UnsupportedMediaType("POST /v1/decide takes application/json")
-    translated, warnings = to_systemone(body.data, request.app[REGISTRY].default)
-    model = translated.body["model"]
-    try:
-        decision = await decide(request, decision_input(body, translated.body, model))
-    except RequestInvalid as exc:
-        raise translated.relocated(exc) from None
+    registry = request.app[REGISTRY]
+    parsed, warnings = parse(body.data, registry.default, registry.server.limits)
+    decision = await decide(request, DecisionInput(parsed.request, parsed.request.model))
     extra, headers = extensions(request, decision, start, warnings)
-    return json_response(to_ainode(translated, decision, {**systemone_body(decision), **extra}), headers=headers)
+    return json_response(to_ainode(parsed, decision, {**systemone_body(decision), **extra}), headers=headers)
 
 
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:

@@ -16,8 +16,10 @@ from ....head.answer import agreement
 from ....head.errors import ClefError
 from ...catalogue.releases import REAL_RELEASES, RELEASES
 from ...media.request import KINDS
-from ...model.worker import RequestOptions, ShadowDropped
+from ...model.clef_model import HiddenStates, Scored
+from ...model.worker import Handoff, RequestOptions, ShadowDropped
 from ...service.decision import INLINE_BYTES, Decision, DecisionInput
+from ...service.systemone import Contract, parse_systemone
 from ..appstate import DECISION_LOG, METRICS, REGISTRY, SERVED, SERVICE, SHADOW_TASKS
 from ..assets import body_limit
 from ..body import (
@@ -85,9 +87,13 @@ async def _read(request: web.Request, limit: int, form: str, why: str) -> Reques
         None, lambda: parse_body(decode(raw, encoding, limit, containers, why), form, containers))
 
 
-def decision_input(body: RequestBody, data: Any, model: Any, **options: Any) -> DecisionInput:
-    """A read body (its JSON replaced by data) as the service takes it; options: DecisionInput's."""
-    return DecisionInput(data, model, body.parts, body.json_bytes, **options)
+async def systemone_input(request: web.Request, body: RequestBody, data: Any, model: Any,
+                          options: RequestOptions = RequestOptions(), contract: Contract | None = None
+                          ) -> DecisionInput:
+    """A read body in System One's shape (its JSON replaced by data: a door's translation) parsed into the typed
+    request the service takes."""
+    parsed = await parse_systemone(data, model, request.app[REGISTRY].server, body.parts, body.json_bytes, contract)
+    return DecisionInput(parsed.request, model, parsed.media, options)
 
 
 def tenant_options(request: web.Request, options: RequestOptions) -> RequestOptions:
@@ -101,8 +107,9 @@ def tenant_options(request: web.Request, options: RequestOptions) -> RequestOpti
 
 async def decide(request: web.Request, call: DecisionInput) -> Decision:
     """The service's Decision, its model, tokens and timings in the request's context and metrics, its line queued
-    for the decision log; the request's tenant decides with whom it shares caches and queues (tenant_options)."""
-    call = replace(call, options=tenant_options(request, call.options))
+    for the decision log; the request's tenant decides with whom it shares caches and queues (tenant_options); its
+    Handoff brings back its hidden states where its model's head-only shadows score from them."""
+    call = replace(call, options=replace(tenant_options(request, call.options), handoff=Handoff()))
     info = request[INFO]
 
     def resolved(name: str) -> None:
@@ -139,28 +146,56 @@ def log_decision(app: web.Application, entry: Entry) -> None:
 
 async def shadow(app: web.Application, call: DecisionInput, entry: Entry, names: tuple[str, ...]) -> None:
     """Each shadow model's scoring of an answered request, at the lowest priority (dropped while the server has
-    requests under way); agreement per question on /metrics, everything in the request's decision-log line."""
-    metrics, primary = app[METRICS], entry.decision
-    mine = {a.id: a for a in primary.answers}
-    shadows = []
-    for name in names:
-        options = replace(call.options, shadow=True, reject_if_busy=False)
-        try:
-            scored = await app[SERVICE].decide(replace(call, model=name, options=options))
-        except ShadowDropped:
-            shadows.append(Shadow(name, "dropped"))
-        except ClefError as exc:  # its own refusal (a prompt over its max_length, say): the primary's answer stands
-            shadows.append(Shadow(name, f"failed: {exc.error_type}"))
-        except Exception:  # noqa: BLE001 - a bug of ours: logged, never raised into a task nobody awaits
-            log.exception("shadow model %s failed on a request answered by %s", name, primary.model)
-            shadows.append(Shadow(name, "failed: internal_error"))
+    requests under way), all of them in the request's decision-log line. A head-only fine-tune of the model
+    (Served.head_shadows) scores from the request's own hidden states where its worker left them (the Handoff: not
+    when the answer was another request's), one head pass; any other shadow prefills the request itself."""
+    heads, handoff = app[SERVED][entry.decision.model].head_shadows, call.options.handoff
+    states = handoff.states if handoff is not None else None
+    call = replace(call, options=replace(call.options, shadow=True, reject_if_busy=False, handoff=None))
+    done = {}
+    for name in (n for n in names if n in heads and states is not None):
+        done[name] = await _shadow(app, call, entry.decision, name, states)
+    if handoff is not None:  # let go before any shadow's prefill, which may take long: they are the whole prompt's
+        handoff.states = states = None
+    for name in (n for n in names if n not in done):
+        done[name] = await _shadow(app, call, entry.decision, name, None)
+    log_decision(app, replace(entry, shadows=tuple(done[n] for n in names)))
+
+
+async def _shadow(app: web.Application, call: DecisionInput, primary: Decision, name: str,
+                  states: HiddenStates | None) -> Shadow:
+    """One shadow's scoring (from states, the primary's hidden states, or with its own prefill: states None), its
+    outcome counted and each question's agreement with the primary's answer on /metrics."""
+    metrics = app[METRICS]
+    try:
+        if states is None:
+            decision = await app[SERVICE].decide(replace(call, model=name))
         else:
-            compared = {a.id: agreement(mine[a.id], a) for a in scored.answers}
-            shadows.append(Shadow(name, "answered", scored, compared))
-            for agrees, _ in compared.values():
-                metrics.shadow_questions.labels(primary.model, name, "yes" if agrees else "no").inc()
-        metrics.shadows.labels(primary.model, name, shadows[-1].outcome.split(":")[0]).inc()
-    log_decision(app, replace(entry, shadows=tuple(shadows)))
+            scored = await app[SERVICE].workers[name].score_hidden(states, call.options)
+            decision = _head_decision(name, scored, primary)
+    except ShadowDropped:
+        result = Shadow(name, "dropped")
+    except ClefError as exc:  # its own refusal (a prompt over its max_length, say): the primary's answer stands
+        result = Shadow(name, f"failed: {exc.error_type}")
+    except Exception:  # noqa: BLE001 - a bug of ours: logged, never raised into a task nobody awaits
+        log.exception("shadow model %s failed on a request answered by %s", name, primary.model)
+        result = Shadow(name, "failed: internal_error")
+    else:
+        mine = {a.id: a for a in primary.answers}
+        compared = {a.id: agreement(mine[a.id], a) for a in decision.answers}
+        result = Shadow(name, "answered", decision, compared)
+        for agrees, _ in compared.values():
+            metrics.shadow_questions.labels(primary.model, name, "yes" if agrees else "no").inc()
+    metrics.shadows.labels(primary.model, name, result.outcome.split(":")[0]).inc()
+    return result
+
+
+def _head_decision(name: str, scored: Scored, primary: Decision) -> Decision:
+    """A head-only shadow's answers as a Decision: the primary's input (its state, media and tokens, none of them
+    prefilled again), the shadow's answers and head time."""
+    return Decision(model=name, requested=name, answers=scored.answers, input_tokens=scored.input_tokens,
+                    timings={"head": scored.timings.head}, reused_tokens=0, batch_size=scored.timings.batch_size,
+                    logits=scored.logits, warnings=scored.warnings, state=primary.state, media=primary.media)
 
 
 def extensions(request: web.Request, decision: Decision, start: float, warnings: list[str]

@@ -19,7 +19,7 @@ from ...service.decision import Decision
 from ..appstate import REGISTRY
 from ..context import INFO, Door, jev_error, json_response
 from ..routes import DEQIO_SHAPE, PATHS
-from .decisions import decide, decision_input, extensions, read_body
+from .decisions import decide, extensions, read_body, systemone_input
 from .systemone import no_model_warning, systemone_body
 
 DEQIO_ROUTES = ("noul", "choice", "decision", "shared", "score", "soam")
@@ -123,7 +123,7 @@ async def deqio_handler(request: web.Request) -> web.Response:
     questions = to_systemone(route, body.data)
     model = request.app[REGISTRY].default  # Deqio names no model: the default one, said in x_warnings
     data = {"model": model, "state": body.data.get("state"), "questions": questions}
-    decision = await decide(request, decision_input(body, data, model))
+    decision = await decide(request, await systemone_input(request, body, data, model))
     extra, headers = extensions(request, decision, start, [no_model_warning(model)])
     total_ms = extra["x_latency_ms"]
     if route in ("soam", "score"):

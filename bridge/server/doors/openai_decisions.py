@@ -7,23 +7,34 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from aiohttp import web
 
 from ....head.answer import Answer, ChoiceAnswer, NoulAnswer
-from ....head.errors import Problem, RequestInvalid, printable
-from ....head.schema import BOX, NO_BOX_HEAD, check_depth, render
-from ...media.errors import MediaRejected
+from ....head.errors import Problem, RequestInvalid
+from ....head.schema import (
+    BOX,
+    NO_BOX_HEAD,
+    DecisionRequest,
+    Limits,
+    Where,
+    check_depth,
+    parse_questions,
+    render,
+    state_problems,
+    unpaired_surrogates,
+)
 from ...media.kinds import IMAGE, TABLE
-from ...media.request import UnsupportedMediaType, data_url
+from ...media.request import MARKER, NO_REFERENCES, References, UnsupportedMediaType, data_url, located
 from ...model.worker import RequestOptions
-from ...service.decision import Decision
+from ...service.decision import Decision, DecisionInput
 from ..appstate import REGISTRY
-from ..context import INFO, Door, json_response
+from ..context import Door, json_response
 from ..routes import OPENAI_SHAPE, PATHS
-from .decisions import decide, decision_input, extensions, read_body
+from .decisions import decide, extensions, read_body
 from .systemone import systemone_answer
 
 Loc = tuple[str | int, ...]
@@ -44,29 +55,19 @@ TOO_LONG = frozenset({"request_too_large", "state_too_large", CONTEXT_LENGTH_EXC
 
 
 @dataclass
-class Translated:
-    """An OpenAI request as System One: the body, the model, the prefix cache's partition, each question's name
-    and typed values, and where each System One location came from in the OpenAI request."""
+class Parsed:
+    """An OpenAI request parsed once, at this door: the typed request and its media references, each part located
+    in the OpenAI body (a refusal past the door names the field the client sent), the model, the prefix cache's
+    partition, and each question's name and typed values for the answer."""
 
-    body: dict[str, Any] = field(default_factory=dict)
+    request: DecisionRequest | None = None
+    media: References = NO_REFERENCES
     model: Any = None
     partition: tuple[str, ...] = ()
+    ids: list[str] = field(default_factory=list)  # each question's id, in the request's order
     names: list[str | None] = field(default_factory=list)
     values: dict[str, list[Any]] = field(default_factory=dict)  # question id -> typed choice values or level labels
-    locs: dict[Loc, Loc] = field(default_factory=dict)  # System One location -> the OpenAI request's
-
-    def relocated(self, exc: RequestInvalid) -> RequestInvalid:
-        """The service's refusal with its locations in the OpenAI request's terms (the same class and status)."""
-        problems = [Problem(self.openai_loc(p.loc), p.msg, p.type) for p in exc.problems]
-        if isinstance(exc, MediaRejected):
-            return type(exc)(problems[0].loc, problems=problems)
-        return RequestInvalid(problems)
-
-    def openai_loc(self, loc: Loc) -> Loc:
-        for n in range(len(loc), 0, -1):
-            if loc[:n] in self.locs:
-                return self.locs[loc[:n]]
-        return loc
+    where: dict[str, Where] = field(default_factory=dict)  # question id -> its parts' places in the OpenAI body
 
 
 class _Problems(list):
@@ -106,12 +107,12 @@ def _code(error_type: str) -> str:
 # --- the request -------------------------------------------------------------------------------------------
 
 class _Images:
-    """input_image parts as the System One body's assets: a placeholder in the text, the image by that name."""
+    """input_image parts as the prompt reads them: each one's marker in the text ([image N], numbered in the order
+    the prompt renders them: the input's items, then each question's instructions), the image by its location."""
 
     def __init__(self, problems: _Problems):
         self.problems = problems
-        self.assets: dict[str, dict[str, str]] = {}
-        self.locs: dict[Loc, Loc] = {}
+        self.sources: list[tuple[Loc, str]] = []  # (its image_url's location, its base64)
 
     def placeholder(self, part: dict[str, Any], loc: Loc) -> str | None:
         url = part.get("image_url")
@@ -130,11 +131,9 @@ class _Images:
             self.problems.add(loc + ("image_url",), "must be a base64 data URL of a PNG, JPEG or WebP image "
                               "(data:image/png;base64,...)", "invalid_image_url")
             return None
-        # any name reads the same: the prompt has "[image N]" there; the service decodes and hashes the bytes once
-        name = f"<input_image {len(self.assets)}>"
-        self.assets[name] = {"type": "image", "format": fmt, "data_base64": url[parsed.start:]}
-        self.locs[("body", "assets", name)] = ("body",) + loc + ("image_url",)
-        return name
+        # the bytes decide the real format; the service decodes and hashes them once
+        self.sources.append((("body",) + loc + ("image_url",), url[parsed.start:]))
+        return MARKER.format(len(self.sources))
 
 
 def _parts(content: Any, allowed: set[str], loc: Loc, images: _Images) -> Any:
@@ -234,7 +233,7 @@ def _instructions(raw: Any, loc: Loc, images: _Images) -> str | None:
     return "".join(p if isinstance(p, str) else render(p) for p in parts if p is not None)
 
 
-def _choices(raw: Any, loc: Loc, t: Translated, qid: str, problems: _Problems) -> dict[str, Any]:
+def _choices(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> dict[str, Any]:
     """Choice values as System One options: a value's text names it (a boolean reads true or false), so two values
     of one text cannot both be asked; the answer gives each value back with its type."""
     if not isinstance(raw, list):
@@ -260,11 +259,11 @@ def _choices(raw: Any, loc: Loc, t: Translated, qid: str, problems: _Problems) -
             continue
         criteria[text] = _text(choice.get("description"), loc + (j, "description"), problems, required=False)
         values.append(value)
-        t.locs[("body", "questions", qid, "criteria", text)] = ("body",) + loc + (j,)
+        t.where[qid] = _at_option(t.where[qid], text, ("body",) + loc + (j,))
     return criteria
 
 
-def _levels(raw: Any, loc: Loc, t: Translated, qid: str, problems: _Problems) -> list[Any]:
+def _levels(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> list[Any]:
     """Score levels: a label alone reads as its text, a label with a description as {"description", "label"}."""
     if not isinstance(raw, list):
         problems.add(loc, "levels must be an array of {label, description?}, lowest first",
@@ -281,11 +280,17 @@ def _levels(raw: Any, loc: Loc, t: Translated, qid: str, problems: _Problems) ->
         description = _text(level.get("description"), loc + (j, "description"), problems, required=False)
         levels.append(label if description is None else {"label": label, "description": description})
         labels.append(label)
-        t.locs[("body", "questions", qid, "criteria", len(levels) - 1)] = ("body",) + loc + (j,)
+        # a level is its index to the schema's checks and its id, the index's text, to the encoder
+        for key in (len(levels) - 1, str(len(levels) - 1)):
+            t.where[qid] = _at_option(t.where[qid], key, ("body",) + loc + (j,))
     return levels
 
 
-def _question(raw: Any, i: int, t: Translated, images: _Images, ids: set[str]) -> tuple[str, dict] | None:
+def _at_option(where: Where, key: str | int, loc: Loc) -> Where:
+    return replace(where, options=where.options + ((key, loc),))
+
+
+def _question(raw: Any, i: int, t: Parsed, images: _Images, ids: set[str]) -> tuple[str, dict] | None:
     problems, loc = images.problems, ("questions", i)
     if not isinstance(raw, dict):
         problems.add(loc, "a question must be an object with type and instructions", "type_error")
@@ -306,19 +311,18 @@ def _question(raw: Any, i: int, t: Translated, images: _Images, ids: set[str]) -
                      f"i is asked as question_i)", "duplicate_name")
         return None
     ids.add(qid)
+    t.ids.append(qid)
     t.names.append(name if isinstance(name, str) else None)
-    here = ("body", "questions", qid)
-    t.locs.update({here: ("body",) + loc, here + ("type",): ("body",) + loc + ("type",),
-                   here + ("instructions",): ("body",) + loc + ("instructions",)})
+    here = ("body",) + loc
+    criteria = {"choice": ("choices",), "score": ("levels",)}.get(kind, ())  # a predicate has none
+    t.where[qid] = Where(here, here + ("instructions",), here + criteria)
     if "instructions" not in raw:
         problems.add(loc + ("instructions",), "instructions are required: text or text parts", "missing")
     question = {"type": QUESTION_TYPES[kind], "instructions": _instructions(raw.get("instructions"),
                                                                              loc + ("instructions",), images)}
     if kind == "choice":
-        t.locs[here + ("criteria",)] = ("body",) + loc + ("choices",)
         question["criteria"] = _choices(raw.get("choices"), loc + ("choices",), t, qid, problems)
     elif kind == "score":
-        t.locs[here + ("criteria",)] = ("body",) + loc + ("levels",)
         question["criteria"] = _levels(raw.get("levels"), loc + ("levels",), t, qid, problems)
     return qid, question
 
@@ -346,16 +350,18 @@ def _options(body: dict[str, Any], problems: _Problems) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else ()
 
 
-def to_systemone(body: Any) -> Translated:
-    """The equivalent System One request; every problem of the OpenAI request at once (RequestInvalid, its
-    locations in the OpenAI request)."""
-    problems, t = _Problems(), Translated()
+def parse(body: Any, limits: Limits, media_limits: Mapping[str, Any] = MappingProxyType({})) -> Parsed:
+    """The OpenAI request as the typed request the service takes; every problem of it at once (RequestInvalid, each
+    located in the OpenAI request): its own shape's first, then Clef's limits on what it asks."""
+    problems, t = _Problems(), Parsed()
     if not isinstance(body, dict):
         raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
     t.model = body.get("model")
     if not isinstance(t.model, str):
         problems.add(("model",), "model is required: a served model's name", "missing" if t.model is None else
                      "type_error")
+    elif not t.model:
+        problems.add(("model",), "model must be a non-empty string", "type_error")
     t.partition = _options(body, problems)
     images = _Images(problems)
     state = _state(body.get("input"), images)
@@ -372,14 +378,14 @@ def to_systemone(body: Any) -> Translated:
                 questions[built[0]] = built[1]
     if problems:
         raise RequestInvalid(problems)
-    t.body = {"model": t.model, "state": state, "questions": questions, **({"assets": images.assets}
-                                                                          if images.assets else {})}
-    t.locs.update({("body", "state"): ("body", "input"), ("body", "model"): ("body", "model"),
-                   ("body", "images"): ("body", "input"), ("body", "assets"): ("body", "input"), **images.locs})
-    if isinstance(state, list):  # one element per input item
-        t.locs.update({("body", "state", k): ("body", "input", k) for k in range(len(state))})
-    # as the service's problems write them: a lone surrogate in a question's name reads as its escape
-    t.locs = {tuple(printable(p) if isinstance(p, str) else p for p in loc): to for loc, to in t.locs.items()}
+    # text no tokenizer can encode, where the client sent it
+    problems += unpaired_surrogates([(body[f], ("body", f)) for f in ("model", "input", "questions") if f in body])
+    problems += state_problems(state, limits, ("body", "input"))
+    typed = parse_questions(questions, limits, problems, t.where.__getitem__)
+    if problems:
+        raise RequestInvalid(problems)
+    t.request = DecisionRequest(t.model, state, typed, ("body", "input"))
+    t.media = located({IMAGE: images.sources}, media_limits, ("body", "input"))
     return t
 
 
@@ -398,11 +404,11 @@ def _answer(answer: Answer, name: str | None, values: list[Any]) -> dict[str, An
                               for k, (label, p) in enumerate(zip(values, probabilities))]}
 
 
-def to_openai(t: Translated, decision: Decision, extra: dict[str, Any]) -> dict[str, Any]:
+def to_openai(t: Parsed, decision: Decision, extra: dict[str, Any]) -> dict[str, Any]:
     """The Decision's answers as OpenAI's Decision: in question order, usage with the cached tokens; extra: the
     x_ extensions."""
     tokens, by_id = decision.input_tokens, {a.id: a for a in decision.answers}
-    answers = [_answer(by_id[qid], name, t.values.get(qid, [])) for qid, name in zip(t.body["questions"], t.names)]
+    answers = [_answer(by_id[qid], name, t.values.get(qid, [])) for qid, name in zip(t.ids, t.names)]
     reused_tokens = decision.reused_tokens
     return {"model": decision.requested, "answers": answers,
             "usage": {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": reused_tokens,
@@ -424,16 +430,13 @@ async def decisions_handler(request: web.Request) -> web.Response:
         raise UnsupportedMediaType("POST /v1/decisions takes application/json; send images as input_image data URLs")
     if is_systemone(body.data):  # answered as System One, in System One's shape
         return await systemone_answer(request, body, start)
-    check_depth(body.data, request.app[REGISTRY].server.limits)  # input_json parts are rendered into text below
-    translated = to_systemone(body.data)
-    options = RequestOptions(partition=translated.partition)
-    try:
-        decision: Decision = await decide(request, decision_input(body, translated.body, translated.model,
-                                                                  options=options))
-    except RequestInvalid as exc:
-        raise translated.relocated(exc) from None
+    server = request.app[REGISTRY].server
+    check_depth(body.data, server.limits)  # input_json parts are rendered into text below
+    parsed = parse(body.data, server.limits, server.media_limits)
+    decision: Decision = await decide(request, DecisionInput(
+        parsed.request, parsed.model, parsed.media, RequestOptions(partition=parsed.partition)))
     extra, headers = extensions(request, decision, start, [])
-    return json_response(to_openai(translated, decision, extra), headers=headers)
+    return json_response(to_openai(parsed, decision, extra), headers=headers)
 
 
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from ..appstate import REGISTRY
 from ..context import Door, jev_error, json_response
 from ..routes import JEV_SHAPE, PATHS
 from ..multipart import RequestBody
-from .decisions import decide, decision_input, extensions, read_body
+from .decisions import decide, extensions, read_body, systemone_input
 
 
 def systemone_body(decision: Decision) -> dict[str, Any]:
@@ -40,7 +40,7 @@ async def systemone_answer(request: web.Request, body: RequestBody, start: float
         data = {**data, "model": request.app[REGISTRY].default}
         warnings.append(no_model_warning(data["model"]))
     model = data.get("model") if isinstance(data, dict) else None
-    decision = await decide(request, decision_input(body, data, model))
+    decision = await decide(request, await systemone_input(request, body, data, model))
     extra, headers = extensions(request, decision, start, warnings)
     return json_response({**systemone_body(decision), **extra}, headers=headers)
 

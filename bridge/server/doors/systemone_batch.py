@@ -130,7 +130,7 @@ async def batch_handler(request: web.Request) -> web.Response:
         model = registry.default
         warnings.append(no_model_warning(model))
     parsed = parse_batch(data, model, registry.server.limits, registry.server.tenant_queue)
-    decisions = await decide_each(request, [DecisionInput(None, model, request=each) for each in parsed])
+    decisions = await decide_each(request, [DecisionInput(each, model) for each in parsed])
     info = request[INFO]  # each decide() wrote its own: the batch's are the sums, and each stage's longest
     info.input_tokens = sum(d.input_tokens for d in decisions)
     info.batch_size = max(d.batch_size for d in decisions)

@@ -19,7 +19,7 @@ from ..appstate import REGISTRY
 from ..body import header
 from ..context import Door, json_response
 from ..routes import PATHS, VERCEL_SHAPE
-from .decisions import decide, decision_input, extensions, read_body
+from .decisions import decide, extensions, read_body, systemone_input
 from .systemone import no_model_warning
 
 MODEL_HEADER = "ai-model-id"
@@ -92,7 +92,7 @@ async def evaluation_handler(request: web.Request) -> web.Response:
     if not model:  # as POST /v1/systemone: the default model, and a warning that says so
         model = request.app[REGISTRY].default
         warnings.append(no_model_warning(model) + f" (the {MODEL_HEADER} header)")
-    decision = await decide(request, decision_input(body, to_systemone(body.data, model), model))
+    decision = await decide(request, await systemone_input(request, body, to_systemone(body.data, model), model))
     extra, headers = extensions(request, decision, start, warnings)
     return json_response({**to_vercel(decision, model, extra.get("x_warnings", [])), **extra}, headers=headers)
 

@@ -14,10 +14,10 @@ from aiohttp import web
 from ....head.errors import Problem, RequestInvalid
 from ....head.schema import MAX_TEXT_PROBLEMS, Limits
 from ...model.worker import RequestOptions
-from ...service.decision import Contract
+from ...service.systemone import Contract
 from ..context import Door, json_response
 from ..routes import PATHS, WORKERS_AI_ROUTES, WORKERS_AI_SHAPE
-from .decisions import decide, decision_input, extensions, read_body
+from .decisions import decide, extensions, read_body, systemone_input
 from .systemone import systemone_body
 
 MAX_QUESTIONS = 64
@@ -82,8 +82,8 @@ async def workers_ai_handler(request: web.Request) -> web.Response:
     if isinstance(data, dict):
         options, data = take_options(data)
         data["model"] = model
-    decision = await decide(request, decision_input(body, data, model if isinstance(body.data, dict) else None,
-                                                    options=options, contract=CONTRACT))
+    decision = await decide(request, await systemone_input(
+        request, body, data, model if isinstance(body.data, dict) else None, options, CONTRACT))
     extra, headers = extensions(request, decision, start, [])
     return json_response(workers_ai_envelope({**systemone_body(decision), **extra}), headers=headers)
 
