@@ -281,6 +281,18 @@ def test_input_images_are_seen_where_the_message_puts_them(vision_server):
     assert decision.usage.input_tokens == expected["usage"]["input_tokens"]
 
 
+def test_a_text_over_max_body_bytes_is_refused_though_the_images_allowance_would_take_it(vision_server):
+    """With a vision model served the body may be larger (its images' base64); its text alone must fit."""
+    png = data_url(encoded(picture(64, 64), "PNG"))
+    ask = [{"type": "predicate", "instructions": "x" * (4 * 1024 * 1024)}]
+    image = [{"role": "user", "content": [{"type": "input_image", "image_url": png}]}]
+    with pytest.raises(openai.BadRequestError) as info:
+        openai.OpenAI(api_key="any", base_url=vision_server.url + "/v1", max_retries=0).decisions.create(
+            model="tiny", input=image, questions=ask)
+    assert info.value.code == "context_length_exceeded" and "exceeds 4194304 bytes without its images" in \
+        info.value.message, info.value.body
+
+
 def test_a_lone_surrogate_anywhere_is_a_400_naming_its_field(server, vision_server):
     """An image's surrogate goes to the model with vision: a model without it refuses any image first (admission in
     cost order, issue 39)."""

@@ -31,6 +31,7 @@ from ...media.kinds import IMAGE, TABLE
 from ...media.request import MARKER, NO_REFERENCES, References, UnsupportedMediaType, data_url, located
 from ...model.worker import RequestOptions
 from ...service.decision import Decision, DecisionInput
+from ...service.systemone import check_body_cap
 from ..appstate import REGISTRY
 from ..context import Door, json_response
 from ..routes import OPENAI_SHAPE, PATHS
@@ -433,6 +434,7 @@ async def decisions_handler(request: web.Request) -> web.Response:
     server = request.app[REGISTRY].server
     check_depth(body.data, server.limits)  # input_json parts are rendered into text below
     parsed = parse(body.data, server.limits, server.media_limits)
+    check_body_cap(body.json_bytes, parsed.media.inline_chars, server)  # its text, without its images' base64
     decision: Decision = await decide(request, DecisionInput(
         parsed.request, parsed.model, parsed.media, RequestOptions(partition=parsed.partition)))
     extra, headers = extensions(request, decision, start, [])
