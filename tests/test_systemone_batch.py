@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 from clef_bridge.bridge.server.doors.systemone_batch import REFUSED, batch_problems, parse_batch
+from clef_bridge.head.encoder import encode
 from clef_bridge.head.errors import RequestInvalid
 from clef_bridge.head.schema import Limits
 from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
@@ -190,3 +191,18 @@ def test_the_questions_are_parsed_once_and_every_bad_state_is_named():
     with pytest.raises(RequestInvalid) as caught:
         parse_batch({"states": ["a"], "questions": QUESTIONS}, 7, Limits(), 4)
     assert [p.loc for p in caught.value.problems] == [("body", "model")]
+
+
+def test_a_state_the_encoder_refuses_is_named_at_its_index():
+    """Each state's typed request says where the batch holds it, so a refusal past the door names states[i]."""
+    parsed = parse_batch({"states": ["fine", "cannot encode"], "questions": QUESTIONS}, "tiny", Limits(), 4)
+
+    def tokenize(text: str, special: bool) -> list[int]:
+        if text == "cannot encode":
+            raise ValueError("no")
+        return [1] * len(text)
+
+    encode(parsed[0], tokenize)
+    with pytest.raises(RequestInvalid) as caught:
+        encode(parsed[1], tokenize)
+    assert [p.loc for p in caught.value.problems] == [("body", "states", 1)]

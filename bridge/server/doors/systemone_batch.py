@@ -81,7 +81,7 @@ def parse_batch(data: Any, model: str, limits: Limits, max_states: int) -> list[
     questions = parse_questions(data.get("questions"), limits, problems)
     if problems:
         raise RequestInvalid(problems)
-    return [DecisionRequest(model, state, questions) for state in states]
+    return [DecisionRequest(model, state, questions, ("body", "states", i)) for i, state in enumerate(states)]
 
 
 def located(exc: BaseException, i: int) -> BaseException:
