@@ -299,7 +299,8 @@ def test_a_lone_surrogate_anywhere_is_a_400_naming_its_field(server, vision_serv
     auth = {"Authorization": f"Bearer {KEY}"}
     for where, request, field in (
             (server, {"input": "\ud800"}, "input"), (server, {"prompt_cache_key": "\udfff"}, None),
-            (server, {"questions": [{"type": "predicate", "name": "\ud800", "instructions": "?"}]}, "questions[0].name"),
+            (server, {"questions": [{"type": "predicate", "name": "\ud800", "instructions": "?"}]},
+             "questions[0].name"),
             (vision_server, {"input": [{"role": "user", "content": [{"type": "input_image",
                                                                     "image_url": "data:image/png;base64,\ud800"}]}]},
              "input[0].content[0].image_url")):

@@ -48,8 +48,9 @@ DATA_URL_HEAD = 1024  # a data: URL's media type and parameters come within this
 @dataclass(frozen=True)
 class Media:
     """A request's media, ONE value from the body to the model: its items by kind (KINDS order), each kind in
-    prompt order, and the sha256 of every medium's bytes (the answer cache's key). Found and checked from
-    their headers (ImageInput, AudioInput) by extract(), or decoded (pixels, samples) by decode_kind()."""
+    prompt order, and the sha256 of every medium's bytes (the answer cache's key). Checked from their headers
+    (ImageInput, AudioInput) by referenced() (or extract(), the tools' way), or decoded (pixels, samples) by
+    decode_kind()."""
 
     items: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     digests: tuple[bytes, ...] = ()
@@ -153,7 +154,8 @@ class FormPart:
 
 def named_kinds(body: Any) -> tuple[str, ...]:
     """The kinds of media a body names, in KINDS order, read from its fields alone: nothing decoded or checked, so a
-    model that cannot take them refuses before any of that work (extract() then refuses what is malformed)."""
+    model that cannot take them refuses before any of that work (find_references() and referenced() then refuse
+    what is malformed)."""
     if not isinstance(body, dict):
         return ()
     assets = body.get("assets")
