@@ -17,6 +17,7 @@ from ..media.request import FormPart, References, chat_images, find_references
 from .decision import INLINE_BYTES, Decision, DecisionInput, DecisionService, off_loop
 from .errors import BodyTooLarge
 
+
 @dataclass(frozen=True)
 class Contract:
     """A front door's own limits on a body (Workers AI's hosted ones), beyond the server's."""
@@ -72,7 +73,7 @@ def parse_text(body: Any, model: Any, parts: dict[str, FormPart] | None, json_by
 
 
 async def parse_systemone(body: Any, model: Any, server: ServerSpec, parts: dict[str, FormPart] | None = None,
-                     json_bytes: int = 0, contract: Contract | None = None) -> Parsed:
+                          json_bytes: int = 0, contract: Contract | None = None) -> Parsed:
     """A System One body (a multipart body's `request` part and its media parts) as its typed request and media
     references; every problem of its text at once (RequestInvalid), a body over max_body_bytes without its media
     a BodyTooLarge."""
