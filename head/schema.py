@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .errors import Problem, RequestInvalid
 from .media import ASSETS_FIELD, IMAGE, MEDIA_KINDS
@@ -109,8 +109,8 @@ class Where:
     question: Loc
     instructions: Loc
     criteria: Loc
-    options: tuple[tuple[str | int, Loc], ...] = ()  # (option id or level index, its location) where the door's
-    # shape is not criteria + that key
+    # option id or level index -> its location, where the door's shape is not criteria + that key
+    options: Mapping[str | int, Loc] = field(default_factory=dict, hash=False)
 
     @classmethod
     def systemone(cls, qid: str) -> "Where":
@@ -119,7 +119,7 @@ class Where:
         return cls(at, at + ("instructions",), at + ("criteria",))
 
     def option(self, key: str | int) -> Loc:
-        return next((loc for k, loc in self.options if k == key), self.criteria + (key,))
+        return self.options.get(key, self.criteria + (key,))
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,8 @@ def _question(key: str, spec: Any, t: Parsed, problems: list[Problem]) -> dict[s
         return None
     t.options[key] = options
     # its text is `question`, its criteria `options` (a score's levels come from min and max: no option of its own)
-    t.where[key] = Where(loc, loc + ("question",), loc + ("options",), () if spec.get("type") in ("boolean", "score")
-                         else tuple((name, loc + ("options", j)) for j, name in enumerate(options)))
+    t.where[key] = Where(loc, loc + ("question",), loc + ("options",), {} if spec.get("type") in ("boolean", "score")
+                         else {name: loc + ("options", j) for j, name in enumerate(options)})
     if spec.get("type") == "boolean" and "options" not in spec:
         return {"type": "noul", "instructions": text.strip()}
     kind = "score" if spec.get("type") == "score" else "choice"

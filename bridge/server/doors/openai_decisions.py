@@ -243,6 +243,7 @@ def _choices(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> di
         return {}
     criteria: dict[str, Any] = {}
     values = t.values[qid] = []
+    at: dict[str | int, Loc] = {}
     for j, choice in enumerate(raw):
         value = choice.get("value") if isinstance(choice, dict) else None
         if not isinstance(value, (str, bool)):
@@ -260,7 +261,8 @@ def _choices(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> di
             continue
         criteria[text] = _text(choice.get("description"), loc + (j, "description"), problems, required=False)
         values.append(value)
-        t.where[qid] = _at_option(t.where[qid], text, ("body",) + loc + (j,))
+        at[text] = ("body",) + loc + (j,)
+    t.where[qid] = replace(t.where[qid], options=at)
     return criteria
 
 
@@ -272,6 +274,7 @@ def _levels(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> lis
         return []
     levels: list[Any] = []
     labels = t.values[qid] = []
+    at: dict[str | int, Loc] = {}
     for j, level in enumerate(raw):
         label = level.get("label") if isinstance(level, dict) else None
         if not isinstance(label, str):
@@ -282,13 +285,9 @@ def _levels(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> lis
         levels.append(label if description is None else {"label": label, "description": description})
         labels.append(label)
         # a level is its index to the schema's checks and its id, the index's text, to the encoder
-        for key in (len(levels) - 1, str(len(levels) - 1)):
-            t.where[qid] = _at_option(t.where[qid], key, ("body",) + loc + (j,))
+        at[len(levels) - 1] = at[str(len(levels) - 1)] = ("body",) + loc + (j,)
+    t.where[qid] = replace(t.where[qid], options=at)
     return levels
-
-
-def _at_option(where: Where, key: str | int, loc: Loc) -> Where:
-    return replace(where, options=where.options + ((key, loc),))
 
 
 def _question(raw: Any, i: int, t: Parsed, images: _Images, ids: set[str]) -> tuple[str, dict] | None:
