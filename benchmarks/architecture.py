@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
+import collections
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,14 @@ CHANGES = {"the last medium (video)": ("bridge/media/video.py", "video"),
            "the last door (Deqio)": ("bridge/server/doors/deqio.py", "deqio")}
 # keys only System One's wire shape has: a module writing one of them as a dict key builds that shape
 SYSTEMONE_KEYS = ("answers", "usage")
+# issue 51's "once": what a traced request should do once, and the function doing it (module, qualified name)
+ONCE = {"model resolved": ("bridge/config/registry.py", "resolve"),
+        "admitted": ("bridge/model/worker.py", "InferenceWorker._admit"),
+        "request key": ("bridge/service/coalesce.py", "request_key"),
+        "questions validated": ("head/schema.py", "parse_questions"),
+        "media found in the body": ("bridge/media/request.py", "find_references"),
+        "media base64 decoded": ("bridge/media/request.py", "referenced"),
+        "prompt encoded": ("head/encoder.py", "encode")}
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class Trace:
     threads: int  # threads that ran project code
     hand_offs: int  # times the request's project code moved to another thread
     status: int
+    once: dict[str, int] = field(default_factory=dict)  # ONCE's steps: the times each ran (0: not on this path)
 
 
 @dataclass(frozen=True)
@@ -92,8 +102,15 @@ def _strings(tree: ast.AST) -> set[str]:
 
 
 def invalid_errors() -> set[str]:
-    """Names of the error classes a client's request gets a 422 for."""
+    """Names of the error classes a client's request gets a 422 for (every product module imported first: a class
+    counts only once its module is loaded)."""
+    import importlib
+
     from clef_bridge.head.errors import Category, ClefError
+
+    for path in product_modules():
+        importlib.import_module("clef_bridge." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
+                                .removesuffix(".__init__"))
 
     found, stack = set(), [ClefError]
     while stack:
@@ -152,6 +169,7 @@ class Tracer:
         self.functions: set[tuple[str, str]] = set()
         self.entered: set[tuple[str, str]] = set()
         self.calls = 0
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self.threads: set[int] = set()
         self.hand_offs = 0
         self._last: int | None = None
@@ -169,6 +187,7 @@ class Tracer:
         if caller is None or caller.f_code.co_filename != function[0]:
             self.entered.add(function)
         self.calls += 1
+        self.counts[function] += 1
         self.threads.add(thread)
         if self._last is not None and thread != self._last:
             self.hand_offs += 1
@@ -230,8 +249,10 @@ async def _trace_all(tracer: Tracer, folder: Path) -> list[Trace]:
             if reply.status != 200:
                 raise RuntimeError(f"{name}: HTTP {reply.status}: {(await reply.text())[:300]}")
             modules = {f for f, _ in tracer.functions}
+            once = {step: sum(n for (f, q), n in tracer.counts.items() if f.endswith("/" + path) and q == qualname)
+                    for step, (path, qualname) in ONCE.items()}
             out.append(Trace(name, len(tracer.functions), len(tracer.entered), tracer.calls, len(modules), len(tracer.threads),
-                             tracer.hand_offs, reply.status))
+                             tracer.hand_offs, reply.status, once))
     return out
 
 

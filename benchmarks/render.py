@@ -279,6 +279,7 @@ def _(result: Architecture) -> str:
     for t in result.traces:
         lines.append(f"  {t.request}: {t.functions} project functions ran ({t.entered} entered from another module, "
                      f"{t.calls} calls) in {t.modules} modules, {t.threads} threads, {t.hand_offs} thread hand-offs")
+        lines.append("    times each step ran: " + ", ".join(f"{step} {n}" for step, n in t.once.items()))
     return "\n".join(lines)
 
 

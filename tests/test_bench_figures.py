@@ -47,6 +47,21 @@ def test_the_tracer_counts_calls_entered_from_another_module_and_thread_hand_off
         threading.setprofile(None)  # type: ignore[arg-type]
     assert {name for _, name in tracer.functions} == {"_strings"} == {name for _, name in tracer.entered}
     assert tracer.calls == 2 and len(tracer.threads) == 2 and tracer.hand_offs == 1
+    assert list(tracer.counts.values()) == [2]  # per function: what the "once" figures read
+
+
+def test_each_once_step_names_a_function_that_exists():
+    """A step renamed away would count 0 forever and read as "not on this path"."""
+    import importlib
+
+    from benchmarks.architecture import ONCE
+
+    for path, qualname in ONCE.values():
+        module = importlib.import_module("clef_bridge." + path.removesuffix(".py").replace("/", "."))
+        target = module
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        assert callable(target), (path, qualname)
 
 
 def test_own_code_reports_every_planted_problem_where_it_is():

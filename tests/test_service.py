@@ -1,7 +1,8 @@
 """The decision service (bridge/service) with fake models: no socket, no llama.cpp; the real worker and coalescer.
 
-Validation once, media refused before decoding (unsupported kind, full media queue), coalescing in flight and
-from the cache, reject_if_busy, a front door's contract in the same 422, the Decision's fields and timings.
+Validation once, media refused before decoding (unsupported kind, full media queue), admission once (a place held
+while a request is encoded), coalescing in flight and from the cache (before any medium is decoded),
+reject_if_busy, a front door's contract in the same 422, the Decision's fields and timings.
 """
 
 from __future__ import annotations
@@ -217,12 +218,67 @@ def test_an_unknown_model_is_refused_before_any_media_is_read(monkeypatch):
     assert done == []
 
 
-def test_a_full_media_queue_refuses_before_any_media_is_read(monkeypatch):
+def test_a_full_media_queue_refuses_before_any_media_is_decoded(monkeypatch):
+    """Admitted once, after the key: the base64 is read (an identical request's answer is joined first, below),
+    the media are never decoded for a request refused."""
     done = media_work(monkeypatch)
-    service, workers = service_for(FakeModel(media=(IMAGE,)), max_media_jobs=0)
+    model = FakeModel(media=(IMAGE,))
+    service, workers = service_for(model, max_media_jobs=0)
     with pytest.raises(Overloaded, match="image or audio requests"):
         run(workers, lambda: decide(service, with_media(BODY, images=PNG), "fake"))
-    assert done == []
+    assert done == ["base64"] and model.prepared == []
+
+
+def test_a_repeated_media_request_is_answered_without_decoding_its_media_again(monkeypatch):
+    """The key is computed from the media's digests before any decoding: a cached answer costs no decode."""
+    done = media_work(monkeypatch)
+    model = FakeModel(media=(IMAGE,))
+    shared: list[str] = []
+    service, workers = service_for(model, cache_size=4, shared=shared)
+
+    async def main():
+        return [await decide(service, with_media(BODY, images=PNG), "fake") for _ in range(2)]
+
+    first, second = run(workers, main)
+    assert done == ["base64", "decode", "base64"] and shared == ["cache"] and len(model.prepared) == 1
+    assert "images" in first.timings and "images" not in second.timings and second.answers == first.answers
+
+
+class Holding(FakeModel):
+    """A model whose prepare() waits for a gate: requests stay admitted, held between admission and the queue."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.encoding, self.release = threading.Semaphore(0), threading.Event()
+
+    def prepare(self, request, media):
+        self.encoding.release()
+        self.release.wait(5)
+        if request.state == "refused":
+            raise RequestInvalid([Problem(("body", "state"), "refused while encoded", "value_error")])
+        return super().prepare(request, media)
+
+
+def test_requests_being_encoded_hold_their_place_in_the_queue():
+    """Admission is checked once: a request admitted holds its place while it is encoded, so the queue cannot admit
+    more than max_queue however many are encoded at once; a refusal while encoding gives its place back."""
+    model = Holding()
+    service, workers = service_for(model)
+    workers["fake"].max_queue = 2
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        held = [asyncio.ensure_future(decide(service, {**BODY, "state": s}, "fake")) for s in ("one", "refused")]
+        for _ in held:
+            await loop.run_in_executor(None, model.encoding.acquire, True, 5)
+        with pytest.raises(Overloaded, match="has 2 requests waiting"):  # refused before it is encoded
+            await decide(service, {**BODY, "state": "three"}, "fake")
+        model.release.set()
+        one, refused = await asyncio.gather(*held, return_exceptions=True)
+        assert isinstance(refused, RequestInvalid) and one.answers
+        return await decide(service, {**BODY, "state": "four"}, "fake")  # both places given back
+
+    assert run(workers, main).answers and [r.state for r, _ in model.prepared] == ["one", "four"]
 
 
 def test_an_invalid_text_is_refused_at_the_door_before_any_media_is_decoded(monkeypatch):

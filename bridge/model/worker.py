@@ -161,6 +161,18 @@ class FairQueue:
 
 
 @dataclass(eq=False)
+class Slot:
+    """A request's place in its worker's queue, taken when it is admitted (InferenceWorker.reserve) and held while its
+    media are decoded and its prompt encoded: submit() queues it without checking again, release() gives back one
+    that was never queued. Held slots count as queued requests for every admission rule."""
+
+    tenant: str
+    media: bool
+    counted: bool  # False for a shadow's: the shadow lane is never counted, its rule applies when it is queued
+    held: bool = True
+
+
+@dataclass(eq=False)
 class Job:
     prepared: Prepared  # encoded, its media decoded: every refusal of the request came before it was queued
     future: asyncio.Future
@@ -200,6 +212,8 @@ class InferenceWorker:
         self.max_per_tenant = max_per_tenant or max_queue  # one tenant's share of the queue
         self._on_batch = on_batch
         self._queue = FairQueue()
+        self._held: collections.Counter[str] = collections.Counter()  # admitted, not yet queued: slots by tenant
+        self._held_media = 0  # of them, requests with media
         # whether the server has other work under way (a request being decided, another model's queue): shadow jobs
         # then give way (the app sets it)
         self.busy_elsewhere: Callable[[], bool] = lambda: False
@@ -235,23 +249,39 @@ class InferenceWorker:
     def depth(self) -> int:
         return len(self._queue)
 
-    def check_media_room(self, has_media: bool) -> None:
-        """Refuse (429) a request with media while max_media_jobs of them wait: their pixels and samples are held
-        in memory."""
-        if not has_media:
-            return
-        with self._cv:  # reentrant: _admit holds it already
-            waiting = sum(1 for job in self._queue if job.prepared.has_media)
-        if waiting >= self.max_media_jobs:
-            raise Overloaded(self.name, self.max_media_jobs, "image or audio requests")
+    def reserve(self, options: RequestOptions = RequestOptions(), has_media: bool = False) -> Slot:
+        """Admit a request (stopped, busy, a full queue, the tenant's share or the media room full: refused here and
+        nowhere else) and hold its place while it is decoded and encoded; submit() or release() ends the hold."""
+        with self._cv:
+            self._admit(options, has_media)
+            slot = Slot(options.tenant, has_media, counted=not options.shadow)
+            if slot.counted:
+                self._held[slot.tenant] += 1
+                self._held_media += has_media
+            return slot
 
-    def submit(self, prepared: Prepared, options: RequestOptions = RequestOptions()) -> Job:
-        """Queue one prepared request (ClefModel.prepare: call from the event loop); options.reject_if_busy: refuse
-        (429) instead of waiting behind other requests; options.partition: its prefix cache partition."""
+    def release(self, slot: Slot) -> None:
+        """Give back a slot never submitted (the request was refused, joined another, or its waiter left); a slot
+        already queued or released is left as it is."""
+        with self._cv:
+            self._unhold(slot)
+
+    def _unhold(self, slot: Slot) -> None:
+        if slot.held and slot.counted:
+            self._held[slot.tenant] -= 1
+            if not self._held[slot.tenant]:
+                del self._held[slot.tenant]
+            self._held_media -= slot.media
+        slot.held = False
+
+    def submit(self, prepared: Prepared, options: RequestOptions = RequestOptions(), slot: Slot | None = None) -> Job:
+        """Queue one prepared request (ClefModel.prepare: call from the event loop) in the place its slot holds
+        (reserve(): admitted then), or admitted now without one; options.reject_if_busy: refuse (429) instead of
+        waiting behind other requests; options.partition: its prefix cache partition."""
         loop = asyncio.get_running_loop()
         if options.partition:
             prepared = replace(prepared, partition=options.partition)
-        return self._enqueue(Job(prepared, loop.create_future(), loop, options))
+        return self._enqueue(Job(prepared, loop.create_future(), loop, options), slot)
 
     async def score_hidden(self, states: HiddenStates, options: RequestOptions) -> Scored:
         """This model's answers to a request from another model's hidden states of it (a head-only shadow's
@@ -264,9 +294,14 @@ class InferenceWorker:
             self.withdraw(job)
             raise
 
-    def _enqueue(self, job: Job) -> Job:
+    def _enqueue(self, job: Job, slot: Slot | None = None) -> Job:
         with self._cv:
-            self._admit(job.options, job.prepared.has_media)
+            if slot is None or not slot.held or not slot.counted:  # a shadow's lane rule holds when it is queued
+                self._admit(job.options, job.prepared.has_media)
+            elif self._stopping or not self._thread.is_alive():  # admitted, but the worker stopped while it encoded
+                raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
+            if slot is not None:
+                self._unhold(slot)
             self._queue.append(job)
             # under load (a take's worth of requests waiting) the shadows waiting go first: they would only wait
             dropped = list(self._queue.shadows) if len(self._queue) >= self.model.n_seq_max else []
@@ -278,29 +313,27 @@ class InferenceWorker:
                                                 "dropped"))
         return job
 
-    def admit(self, options: RequestOptions = RequestOptions(), has_media: bool = False, count: int = 1) -> None:
-        """Refuse now what submit() would refuse (stopped, busy, a full queue, the tenant's share full): before the
-        request is encoded; count: the requests about to come together (a batch's states)."""
-        with self._cv:
-            self._admit(options, has_media, count)
-
-    def _admit(self, options: RequestOptions, has_media: bool, count: int = 1) -> None:
+    def _admit(self, options: RequestOptions, has_media: bool) -> None:
         if self._stopping or not self._thread.is_alive():
             raise WorkerStopped(f"model {self.name!r} is not accepting requests (shutting down)")
         if options.shadow:  # never counted against the queue or a tenant: dropped rather than waiting behind load
-            if (self._queue or self.busy_elsewhere()
-                    or len(self._queue.shadows) + count > self.model.n_seq_max):
+            if self._queue or self._held or self.busy_elsewhere() or len(self._queue.shadows) >= self.model.n_seq_max:
                 raise ShadowDropped(f"model {self.name!r} has {len(self._queue)} requests and "
                                     f"{len(self._queue.shadows)} shadow scorings waiting: this one was dropped")
             return
+        waiting = len(self._queue) + sum(self._held.values())  # held slots are requests about to be queued
         # it would wait when a batch is in progress, or when a full batch is already queued
-        if options.reject_if_busy and (not self._idle or len(self._queue) >= self.model.n_seq_max):
-            raise Busy(self.name, len(self._queue))
-        if len(self._queue) + count > self.max_queue:
-            raise Overloaded(self.name, len(self._queue))
-        if self._queue.waiting(options.tenant) + count > self.max_per_tenant:
-            raise TenantOverloaded(self.name, options.tenant or "anonymous", self._queue.waiting(options.tenant))
-        self.check_media_room(has_media)
+        if options.reject_if_busy and (not self._idle or waiting >= self.model.n_seq_max):
+            raise Busy(self.name, waiting)
+        if waiting >= self.max_queue:
+            raise Overloaded(self.name, waiting)
+        mine = self._queue.waiting(options.tenant) + self._held[options.tenant]
+        if mine >= self.max_per_tenant:
+            raise TenantOverloaded(self.name, options.tenant or "anonymous", mine)
+        if has_media:  # queued media requests hold their pixels and samples in memory
+            media = sum(1 for job in self._queue if job.prepared.has_media) + self._held_media
+            if media >= self.max_media_jobs:
+                raise Overloaded(self.name, self.max_media_jobs, "image or audio requests")
 
     def withdraw(self, job: Job) -> None:
         """Nobody waits for job any more (call from the event loop): it leaves the queue at once, freeing its slot,

@@ -24,7 +24,7 @@ import orjson
 
 from ..media.request import NO_MEDIA, Media
 from ..model.clef_model import Prepared, Scored
-from ..model.worker import InferenceWorker, Job, RequestOptions
+from ..model.worker import InferenceWorker, Job, RequestOptions, Slot
 
 Key = tuple[str, tuple[str, ...], bytes]
 
@@ -87,15 +87,15 @@ class Coalescer:
         return None
 
     def submit(self, worker: InferenceWorker, key: Key | None, prepared: Prepared,
-               options: RequestOptions = RequestOptions()) -> tuple[Shared, bool]:
+               options: RequestOptions = RequestOptions(), slot: Slot | None = None) -> tuple[Shared, bool]:
         """The computation for this request_key (prepared: its request encoded, with its decoded media), and whether
         this request started it: one to join (join()), since a copy may have started while this one was prepared, or
-        a new job on the worker (refused while it is busy with options.reject_if_busy: joining an answer that exists
-        or is under way waits behind nothing)."""
+        a new job on the worker in the place its slot holds (InferenceWorker.reserve: admitted before the request was
+        decoded and encoded; joining an answer that exists or is under way takes no place and waits behind nothing)."""
         joined = self.join(worker, key)
         if joined is not None:
             return joined, False
-        job = worker.submit(prepared, options)
+        job = worker.submit(prepared, options, slot)
         shared = Shared(job.future, job)
         shared.abandon = functools.partial(self._abandon, key, worker)
         if key is not None:

@@ -2,12 +2,13 @@
 
 Every front door (POST /v1/systemone, the Workers AI routes, OpenAI's, the CLI, Ray replicas) parses its wire
 format into a DecisionInput (a System One body through bridge/service/systemone.py) and renders the Decision back:
-the service never reads a body. It admits a request in ONE place, cheapest check first: the model it names,
-whether that model takes the kinds of media it names, room in the model's media queue, then each medium's base64
-decoded and checked from its header, the media decoded (audio and video in the decoder processes,
-bridge/media/decoders.py: never on the event loop, never in the server's memory; images in a thread) and the
-prompt encoded; only a request that passed all of that is queued. It coalesces identical requests and waits for
-the model's worker within the deadline.
+the service never reads a body. It takes a request in cost order: the model it names, resolved once; whether that
+model takes the kinds of media it names; each medium's base64 decoded, hashed and checked from its header; the
+request's key computed once, so an identical request's answer (cached, or under way) is joined before anything is
+decoded; otherwise the request is admitted ONCE (InferenceWorker.reserve: busy, a full queue, the key's share, the
+media room), its place held while its media are decoded (audio and video in the decoder processes,
+bridge/media/decoders.py: never on the event loop, never in the server's memory; images in a thread) and its prompt
+encoded, then queued in that place. It waits for the model's worker within the deadline.
 """
 
 from __future__ import annotations
@@ -124,29 +125,32 @@ class DecisionService:
         worker = self.workers[name]
         resolved(name)
         model = worker.model
-        refuse_unsupported(kinds, model.media, name, call.media)  # media the model cannot take: before any is decoded
-        worker.check_media_room(bool(kinds))  # a full media queue: before any is decoded
+        refuse_unsupported(kinds, model.media, name, call.media)  # media the model cannot take: before any is read
         request = call.request
         found_media = await off_loop(call.media.size > INLINE_BYTES, referenced, call.media,
                                      self.server.media_limits) if call.media else NO_MEDIA
-        media, decode_s = await self._decode(found_media, DecodeSettings(model.geometry, self.server.media_limits))
         # what decides the answer, serialised once: the validated state and questions, each medium's digest
-        key = request_key(name, (request.state, [q.decides() for q in request.questions]), media,
+        key = request_key(name, (request.state, [q.decides() for q in request.questions]), found_media,
                           call.options.partition)
-        shared, fresh = self.coalescer.join(worker, key), False
+        shared, fresh, decode_s = self.coalescer.join(worker, key), False, {}  # a copy's answer: nothing decoded
         if shared is None:
-            worker.admit(call.options, bool(media))  # busy, a full queue: before the prompt is encoded
-            # encoded before the queue, so a clip too short to frame or a prompt over max_length takes no slot; in a
-            # thread whatever the size (llama.cpp tokenizes 64 KB of text in about 70 ms)
-            prepared = await off_loop(True, model.prepare, request, media)
-            shared, fresh = self.coalescer.submit(worker, key, prepared, call.options)
+            slot = worker.reserve(call.options, bool(found_media))  # admitted here, once, its place held till queued
+            try:
+                media, decode_s = await self._decode(found_media, DecodeSettings(model.geometry,
+                                                                                 self.server.media_limits))
+                # encoded before the queue, so a clip too short to frame or a prompt over max_length is refused
+                # before it waits; in a thread whatever the size (llama.cpp tokenizes 64 KB of text in about 70 ms)
+                prepared = await off_loop(True, model.prepare, request, media)
+                shared, fresh = self.coalescer.submit(worker, key, prepared, call.options, slot)
+            finally:
+                worker.release(slot)  # refused, cancelled or joined a copy: its place goes back
         t0 = time.perf_counter()
         try:
             self._on_queued(name, worker.depth)
             scored = await asyncio.shield(shared.future)
         finally:
             shared.leave()
-        decoding = {TABLE[kind].field: decode_s[kind] for kind in media.kinds}  # here, for this request
+        decoding = {TABLE[kind].field: seconds for kind, seconds in decode_s.items()}  # here, for this request
         if not fresh:  # another request's computation: its answer, and this request's own waits
             return Decision(name, request.model, scored.answers, scored.input_tokens,
                             {"queue": time.perf_counter() - t0, **decoding}, 0, 0, scored.logits, scored.warnings,
@@ -155,7 +159,7 @@ class DecisionService:
         t = scored.timings
         stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
         stages |= decoding  # decoding here (Pillow, PyAV), a tower's time in the worker
-        for kind in media.kinds:
+        for kind in found_media.kinds:
             for stage, timing in TABLE[kind].towers.items():
                 stages[stage] = getattr(t, timing)
         return Decision(name, request.model, scored.answers, scored.input_tokens, stages, t.reused_tokens,
