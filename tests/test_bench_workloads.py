@@ -19,9 +19,11 @@ from benchmarks.workloads import (
     ROUTES,
     SIZES,
     TRIAGE_QUESTIONS,
+    banking,
     bare_prefill,
     decisions,
     measure,
+    measure_interleaved,
     triage,
     workloads,
 )
@@ -66,6 +68,26 @@ def test_a_measurement_counts_every_decision_of_a_live_server(tiny_server):
     assert row.requests == 6 == len(ticks) and row.concurrency == 3
     assert row.decisions_per_s == pytest.approx(row.requests_per_s * len(TRIAGE_QUESTIONS))
     assert 0 < row.p50_ms <= row.p95_ms
+
+
+@pytest.mark.integration
+def test_single_requests_are_measured_turn_by_turn_on_every_server(tiny_server):
+    """Concurrency 1 interleaves the servers request by request, the order flipping at each body."""
+    bodies = [{**b, "model": "tiny"} for b in banking(random.Random(2), 3)]
+    posted = []
+
+    class Recording(Server):
+        def post(self, body, path="/v1/systemone"):
+            posted.append((self.name, body["state"]))
+            return super().post(body, path)
+
+    servers = [Recording(name, tiny_server.url, None, Path("unused.log")) for name in ("one", "two")]
+    rows = measure_interleaved(servers, "banking77", bodies)
+    states = [b["state"] for b in bodies]
+    assert posted == [("two", states[0]), ("one", states[0]), ("one", states[1]), ("two", states[1]),
+                      ("two", states[2]), ("one", states[2])]
+    assert [(r.server, r.concurrency, r.requests) for r in rows] == [("one", 1, 3), ("two", 1, 3)]
+    assert all(r.decisions_per_s == pytest.approx(r.requests_per_s) and 0 < r.p50_ms <= r.p95_ms for r in rows)
 
 
 @pytest.mark.integration
