@@ -133,6 +133,35 @@ def test_decode_kind_decodes_videos_to_picklable_values(clips):
         decode_kind(VIDEO, [item], DecodeSettings(ImageGeometry(), {VIDEO: VideoLimits(max_seconds=0.4)}))
 
 
+def test_a_soundtrack_too_short_to_frame_is_refused_where_its_video_is(clips, monkeypatch):
+    """Clef-omni's feature extractor cannot frame under 201 samples: with every video sounded (the reference's rule
+    for audio in video) a short soundtrack is a 422 at its own video, found while decoding, before any prompt; beside
+    a video without sound the soundtracks are dropped, the short one with them."""
+    from dataclasses import replace
+
+    import clef_bridge.bridge.media.kinds as kinds
+
+    decoded_video = kinds._decode_video
+
+    def second_cut_short(video, limits, factor):
+        got = decoded_video(video, limits, factor)
+        return replace(got, audio=got.audio[:100]) if video.loc[-1] == 1 and got.audio is not None else got
+
+    monkeypatch.setattr(kinds, "_decode_video", second_cut_short)
+    settings = DecodeSettings(ImageGeometry(), {VIDEO: VideoLimits()})
+
+    def inputs(*names: str) -> list[VideoInput]:
+        data = [clips[name].read_bytes() for name in names]
+        return [VideoInput(("body", "videos", i), d, sniff(d, LOC), b"") for i, d in enumerate(data)]
+
+    with pytest.raises(VideoRejected) as caught:
+        decode_kind(VIDEO, inputs("webm_sounded", "webm_sounded"), settings)
+    assert [(p.loc, p.type) for p in caught.value.problems] == [(("body", "videos", 1), "value_error.audio_too_short")]
+    assert "soundtrack of 100 samples" in caught.value.problems[0].msg
+    got = decode_kind(VIDEO, inputs("mp4_silent_small", "webm_sounded"), settings)
+    assert got[0].audio is None and len(got[1].audio) == 100
+
+
 def resizing_mjpeg(container: str) -> bytes:
     """An MJPEG clip whose frames change size mid-stream (each packet from an encoder of its own size)."""
     import io

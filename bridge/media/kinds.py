@@ -180,7 +180,16 @@ def _decode_videos(videos: Sequence[VideoInput], settings: DecodeSettings) -> tu
     limits, factor = settings.limits[VIDEO], settings.geometry.factor  # a model taking videos has a projector
     decoded = _each(videos, lambda video: _decode_video(video, limits, factor))
     media_kwargs.check_audio_in_video(videos, decoded)  # whether each has a soundtrack is known only now
+    if all(v.audio is not None for v in decoded):  # the reference's rule: then every soundtrack is an audio item
+        _each(list(zip(videos, decoded)), lambda pair: _framed_soundtrack(pair[1].audio, pair[0].loc))
     return decoded
+
+
+def _framed_soundtrack(samples: np.ndarray, loc: Loc) -> None:
+    if len(samples) < MIN_AUDIO_SAMPLES:
+        raise VideoRejected(loc, f"has a soundtrack of {len(samples)} samples at {SAMPLE_RATE} Hz; at least "
+                                 f"{MIN_AUDIO_SAMPLES} are needed: the reference's feature extractor cannot frame a "
+                                 "shorter one; strip the sound or send a longer clip", "value_error.audio_too_short")
 
 
 def no_projector(model: str, loc: Loc) -> RequestInvalid:

@@ -16,7 +16,6 @@ import numpy as np
 from ...head.answer import Answer, AnswerOptions, answers
 from ...head.config import HeadConfig
 from ...head.encoder import Encoded, EncodeOptions, encode
-from ...head.errors import Problem, RequestInvalid
 from ...head.model import Layout, hidden_memory, option_logits
 from ...head.schema import DecisionRequest, Limits, Question, embedded_media
 from ..host.gpu import device_out_of_memory, to_device
@@ -26,7 +25,7 @@ from ..llama.omni_positions import rope_chunks, rope_positions
 from ..llama.prefix_cache import PrefillRequest
 from ..llama.protocol import BackboneProtocol
 from ..llama.vision import EncodedAudio, Projector
-from ..media.audio_tower import MIN_AUDIO_SAMPLES, SAMPLE_RATE, AudioTower, audio_tokens
+from ..media.audio_tower import MIN_AUDIO_SAMPLES, AudioTower, audio_tokens
 from ..media.images import ImageGeometry
 from ..media.request import AUDIO, IMAGE, NO_MEDIA, VIDEO, Media
 from .video_prompt import VideoPrompt, video_prompt
@@ -176,6 +175,16 @@ def _device_memory_errors(method):
     return run
 
 
+def _framed(audio: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """Audio items as the decoding left them; one too short to frame is a caller's bug (bridge/media/kinds.py refuses
+    those clips and soundtracks where the request holds them): the feature extractor would fail inside the tower."""
+    short = min((len(a) for a in audio), default=MIN_AUDIO_SAMPLES)
+    if short < MIN_AUDIO_SAMPLES:
+        raise ValueError(f"an audio item of {short} samples reached ClefModel.prepare; decode media through "
+                         f"bridge/media/kinds.py, which refuses clips and soundtracks under {MIN_AUDIO_SAMPLES}")
+    return audio
+
+
 class ClefModel:
     """A GGUF backbone and its joint head (and its vision projector and audio tower, if any), with the options of
     one models.toml entry."""
@@ -243,27 +252,18 @@ class ClefModel:
         return HiddenStates(replace(item.prepared, media=NO_MEDIA, tokenize_s=0.0), (*item.prefix_hidden, item.hidden))
 
     def prepare(self, request: DecisionRequest, media: Media = NO_MEDIA) -> Prepared:
-        """Encode a validated request (head.schema.parse_request's) with its decoded media, whose kinds the caller
-        has checked against self.media (the decision service does both), no llama.cpp decode: raises
-        RequestInvalid (an audio clip too short to frame) or ContextLengthExceeded."""
+        """Encode a validated request (head.schema.parse_request's) with its decoded media (bridge/media/kinds.py's
+        decoding, which refuses clips and soundtracks too short to frame where the request holds them), whose kinds
+        the caller has checked against self.media (the decision service does both), no llama.cpp decode: raises
+        ContextLengthExceeded."""
         t0 = time.perf_counter()
         factor = self.projector.geometry.factor if media.images else 1
         counts = [(p.shape[0] // factor) * (p.shape[1] // factor) for p in media.images]
-        clips = tuple(np.asarray(a, dtype=np.float32).reshape(-1) for a in media.audio)
-        short = [i for i, c in enumerate(clips) if len(c) < MIN_AUDIO_SAMPLES]
-        if short:
-            raise RequestInvalid([Problem(("body", "audio", i), f"audio clip {i} holds {len(clips[i])} samples; at "
-                                          f"least {MIN_AUDIO_SAMPLES} ({1000 * MIN_AUDIO_SAMPLES / SAMPLE_RATE:.1f} ms "
-                                          f"at {SAMPLE_RATE} Hz) are needed: the reference's feature extractor "
-                                          "cannot frame a shorter clip", "value_error.audio_too_short")
-                                  for i in short])
+        clips = _framed(tuple(np.asarray(a, dtype=np.float32).reshape(-1) for a in media.audio))
         plan = video_prompt(media.of(VIDEO), clips, self.projector.geometry.factor, self.projector.merge) if (
             media.of(VIDEO)) else None
-        if plan and plan.audio_in_video and any(len(a) < MIN_AUDIO_SAMPLES for a in plan.audio[len(clips):]):
-            raise RequestInvalid([Problem(("body", "videos"), f"a video's soundtrack holds under {MIN_AUDIO_SAMPLES} "
-                                          f"samples at {SAMPLE_RATE} Hz: the reference's feature extractor cannot "
-                                          "frame it; strip the sound or send a longer clip",
-                                          "value_error.audio_too_short")])
+        if plan:
+            _framed(plan.audio)
         audio_counts = plan.clip_counts if plan else audio_tokens([len(c) for c in clips])
         encoded = encode(request, self.backbone.tokenize, self.encode_options, self.backbone.min_tokens, counts,
                          audio_counts, plan.layouts if plan else ())

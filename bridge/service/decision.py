@@ -138,8 +138,8 @@ class DecisionService:
             try:
                 media, decode_s = await self._decode(found_media, DecodeSettings(model.geometry,
                                                                                  self.server.media_limits))
-                # encoded before the queue, so a clip too short to frame or a prompt over max_length is refused
-                # before it waits; in a thread whatever the size (llama.cpp tokenizes 64 KB of text in about 70 ms)
+                # encoded before the queue, so a prompt over max_length is refused before it waits; in a thread
+                # whatever the size (llama.cpp tokenizes 64 KB of text in about 70 ms)
                 prepared = await off_loop(True, model.prepare, request, media)
                 shared, fresh = self.coalescer.submit(worker, key, prepared, call.options, slot)
             finally:
