@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import ContextLengthExceeded, Problem, RequestInvalid
 from .model import Layout
-from .schema import DecisionRequest, render
+from .schema import DecisionRequest, render, rendered_state
 
 SYSTEM_PROMPT = (
     "Read the complete state and schema. Decide every field jointly. Each answer "
@@ -153,7 +153,7 @@ def encode(request: DecisionRequest, tokenize: Tokenize, options: EncodeOptions 
     prefix = tokenize(PREFIX, True) + media_ids(tokenize, image_tokens, audio_tokens, options.media_layout,
                                                 video_tokens)
     suffix = tokenize(SUFFIX, True)
-    state_text = _text(request.state, request.state_at)
+    state_text = rendered_state(request)
     fields = _fields(request, options, min_tokens)
     # the least the texts not yet tokenized need; the state counts unless it may be cut to fit
     pending = sum(p.bound for pieces in fields for p in pieces)

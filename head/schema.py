@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from .errors import Problem, RequestInvalid
@@ -91,11 +92,11 @@ def unpaired_surrogates(roots: list[tuple[Any, tuple]]) -> list[Problem]:
     return problems
 
 
-def _state_bytes(state: Any) -> int:
+def _rendered(state: Any) -> str | None:
     try:
-        return len(render(state).encode("utf-8", "surrogatepass"))
+        return render(state)
     except (TypeError, ValueError):
-        return 0  # unrenderable states are refused by the encoder, with their location
+        return None  # unrenderable states are refused by the encoder, with their location
 
 
 Loc = tuple[str | int, ...]
@@ -150,6 +151,21 @@ class DecisionRequest:
     state: Any
     questions: tuple[Question, ...]
     state_at: Loc = ("body", "state")  # where the door's body holds the state
+    # the state as the prompt writes it, where the door's validation rendered it (its size is checked on it)
+    rendered: str | None = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def state_text(self) -> str:
+        """The state rendered once for all who read it: the encoder, the answer's key, the decision log."""
+        return self.rendered if self.rendered is not None else render(self.state)
+
+
+def rendered_state(request: DecisionRequest) -> str:
+    """request.state_text, or a 422 where the request holds the state when it is no JSON (a caller's Python value)."""
+    try:
+        return request.state_text
+    except (TypeError, ValueError) as exc:
+        raise RequestInvalid([Problem(request.state_at, f"cannot be rendered as text: {exc}", "value_error")]) from None
 
 
 def _is_text(value: Any) -> bool:
@@ -283,10 +299,11 @@ def parse_request(body: Any, limits: Limits = Limits(), *, name_resolved: bool =
     model = body.get("model")
     if not isinstance(model, str) or not (model or name_resolved):
         problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
+    text = None
     if "state" not in body:
         problems.append(Problem(("body", "state"), "state is required", "missing"))
     else:
-        problems += state_problems(body["state"], limits)
+        text = checked_state(body["state"], limits, problems)
     for field, error_type in MEDIA_FIELDS.items():  # the server takes media out of the body before parsing it
         if body.get(field):
             problems.append(Problem(("body", field), "this path reads text only: send media through the server or "
@@ -295,17 +312,21 @@ def parse_request(body: Any, limits: Limits = Limits(), *, name_resolved: bool =
     questions = parse_questions(body.get("questions"), limits, problems)
     if problems:
         raise RequestInvalid(problems)
-    return DecisionRequest(model, body["state"], questions)
+    return DecisionRequest(model, body["state"], questions, rendered=text)
 
 
-def state_problems(state: Any, limits: Limits, loc: tuple = ("body", "state")) -> list[Problem]:
-    """What a state as sent gets wrong in its type or its size (its text's Unicode: unpaired_surrogates)."""
+def checked_state(state: Any, limits: Limits, problems: list[Problem], loc: tuple = ("body", "state")
+                  ) -> str | None:
+    """A state as sent, rendered as the prompt writes it (DecisionRequest.rendered); what it gets wrong in its type
+    or its size added to problems (its text's Unicode: unpaired_surrogates)."""
     if not isinstance(state, (str, dict, list)):
-        return [Problem(loc, "state must be a string, an object or an array", "type_error")]
-    if _state_bytes(state) > limits.max_state_bytes:
-        return [Problem(loc, f"the state is larger than {limits.max_state_bytes} bytes (max_state_bytes)",
-                        "state_too_large")]
-    return []
+        problems.append(Problem(loc, "state must be a string, an object or an array", "type_error"))
+        return None
+    text = _rendered(state)
+    if text is not None and len(text.encode("utf-8", "surrogatepass")) > limits.max_state_bytes:
+        problems.append(Problem(loc, f"the state is larger than {limits.max_state_bytes} bytes (max_state_bytes)",
+                                "state_too_large"))
+    return text
 
 
 def parse_questions(raw_questions: Any, limits: Limits, problems: list[Problem],

@@ -72,3 +72,21 @@ def test_images_pad_runs_sit_between_the_prefix_and_the_state():
     block = text(media.input_ids[len(PREFIX):start])
     assert block.count(IMAGE_PAD) == 5 and text(media.input_ids[start:end]) == BODY["state"]
     assert end - start == plain.state_span[1] - plain.state_span[0]
+
+
+def test_a_json_state_is_rendered_once_for_its_size_check_its_prompt_and_its_key(monkeypatch):
+    """The door's validation renders the state (its size is checked on the text) and keeps the text: the encoder,
+    the service's request key and the decision log read it (issue 51: the body serialised once)."""
+    from clef_bridge.head import encoder as encoder_module
+    from clef_bridge.head import schema as schema_module
+    from clef_bridge.head.schema import rendered_state
+
+    state = {"ticket": {"id": 7, "lines": ["charged twice", "refund?"]}, "channel": "email"}
+    rendered = []
+    for module in (schema_module, encoder_module):
+        real = module.render
+        monkeypatch.setattr(module, "render", lambda value, real=real: rendered.append(value) or real(value))
+    request = parse_request({**BODY, "state": state})
+    encoded = encode(request, CharTokenizer())
+    assert rendered_state(request) == text(encoded.input_ids[slice(*encoded.state_span)])
+    assert [value for value in rendered if value == state] == [state]

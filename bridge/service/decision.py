@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...head.answer import Answer
-from ...head.schema import DecisionRequest, Question
+from ...head.schema import DecisionRequest, Question, rendered_state
 from ..config.registry import ServerSpec, resolve
 from ..media.decoders import ISOLATED, DecoderPool
 from ..media.kinds import TABLE, DecodeSettings
@@ -65,8 +65,8 @@ class Decision:
     # timings are this request's own wait, nothing of the request that computed it)
     shared: str = ""
     # what the decision log says of the input (bridge/server/decision_log.py, which hashes the state in its own
-    # thread): the state as validated (its media as markers), and each medium as (kind, sha256 hex, bytes), never
-    # the medium itself
+    # thread): the state as the prompt writes it (its media as markers; rendered once, at the door's validation), and
+    # each medium as (kind, sha256 hex, bytes), never the medium itself
     state: Any = field(default=None, compare=False, repr=False)
     media: tuple[tuple[str, str, int], ...] = ()
 
@@ -130,7 +130,7 @@ class DecisionService:
         found_media = await off_loop(call.media.size > INLINE_BYTES, referenced, call.media,
                                      self.server.media_limits) if call.media else NO_MEDIA
         # what decides the answer, serialised once: the validated state and questions, each medium's digest
-        key = request_key(name, (request.state, [q.decides() for q in request.questions]), found_media,
+        key = request_key(name, (rendered_state(request), [q.decides() for q in request.questions]), found_media,
                           call.options.partition)
         shared, fresh, decode_s = self.coalescer.join(worker, key), False, {}  # a copy's answer: nothing decoded
         if shared is None:
@@ -154,7 +154,7 @@ class DecisionService:
         if not fresh:  # another request's computation: its answer, and this request's own waits
             return Decision(name, request.model, scored.answers, scored.input_tokens,
                             {"queue": time.perf_counter() - t0, **decoding}, 0, 0, scored.logits, scored.warnings,
-                            CACHED if shared.job is None else JOINED, state=request.state,
+                            CACHED if shared.job is None else JOINED, state=request.state_text,
                             media=media_digests(found_media))
         t = scored.timings
         stages = {"queue": shared.queue_s, "tokenize": t.tokenize, "backbone": t.backbone, "head": t.head}
@@ -163,7 +163,7 @@ class DecisionService:
             for stage, timing in TABLE[kind].towers.items():
                 stages[stage] = getattr(t, timing)
         return Decision(name, request.model, scored.answers, scored.input_tokens, stages, t.reused_tokens,
-                        t.batch_size, scored.logits, scored.warnings, state=request.state,
+                        t.batch_size, scored.logits, scored.warnings, state=request.state_text,
                         media=media_digests(found_media))
 
     def _takes(self, name: str, kinds: tuple[str, ...]) -> bool:

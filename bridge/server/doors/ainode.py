@@ -21,8 +21,8 @@ from ....head.schema import (
     Limits,
     Question,
     Where,
+    checked_state,
     parse_questions,
-    state_problems,
     unpaired_surrogates,
 )
 from ...media.request import UnsupportedMediaType
@@ -155,11 +155,11 @@ def parse(data: Any, default_model: str, limits: Limits) -> tuple[Parsed, list[s
     state = data.get("state")
     state = "" if state is None else state  # AINode reads a missing state as empty
     problems += unpaired_surrogates([(data[f], ("body", f)) for f in ("model", "state", "questions") if f in data])
-    problems += state_problems(state, limits)
+    text = checked_state(state, limits, problems)
     typed = parse_questions(questions, limits, problems, t.where.__getitem__)
     if problems:
         raise RequestInvalid(problems)
-    t.request = DecisionRequest(model, state, typed)
+    t.request = DecisionRequest(model, state, typed, rendered=text)
     return t, warnings
 
 

@@ -22,9 +22,9 @@ from ....head.schema import (
     Limits,
     Where,
     check_depth,
+    checked_state,
     parse_questions,
     render,
-    state_problems,
     unpaired_surrogates,
 )
 from ...media.kinds import IMAGE, TABLE
@@ -380,11 +380,11 @@ def parse(body: Any, limits: Limits, media_limits: Mapping[str, Any] = MappingPr
         raise RequestInvalid(problems)
     # text no tokenizer can encode, where the client sent it
     problems += unpaired_surrogates([(body[f], ("body", f)) for f in ("model", "input", "questions") if f in body])
-    problems += state_problems(state, limits, ("body", "input"))
+    text = checked_state(state, limits, problems, ("body", "input"))
     typed = parse_questions(questions, limits, problems, t.where.__getitem__)
     if problems:
         raise RequestInvalid(problems)
-    t.request = DecisionRequest(t.model, state, typed, ("body", "input"))
+    t.request = DecisionRequest(t.model, state, typed, ("body", "input"), text)
     t.media = located({IMAGE: images.sources}, media_limits, ("body", "input"))
     return t
 

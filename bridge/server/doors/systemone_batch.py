@@ -18,9 +18,9 @@ from ....head.schema import (
     DecisionRequest,
     Limits,
     check_depth,
+    checked_state,
     is_unicode,
     parse_questions,
-    state_problems,
     unpaired_surrogates,
 )
 from ...media.request import UnsupportedMediaType
@@ -76,12 +76,12 @@ def parse_batch(data: Any, model: str, limits: Limits, max_states: int) -> list[
     problems += unpaired_surrogates([(state, ("body", "states", i)) for i, state in enumerate(states)])
     if not isinstance(model, str) or not model or not is_unicode(model):
         problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
-    for i, state in enumerate(states):
-        problems += state_problems(state, limits, ("body", "states", i))
+    texts = [checked_state(state, limits, problems, ("body", "states", i)) for i, state in enumerate(states)]
     questions = parse_questions(data.get("questions"), limits, problems)
     if problems:
         raise RequestInvalid(problems)
-    return [DecisionRequest(model, state, questions, ("body", "states", i)) for i, state in enumerate(states)]
+    return [DecisionRequest(model, state, questions, ("body", "states", i), text)
+            for i, (state, text) in enumerate(zip(states, texts))]
 
 
 def located(exc: BaseException, i: int) -> BaseException:
