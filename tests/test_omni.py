@@ -122,9 +122,10 @@ def test_media_and_limits_of_the_served_model(omni):
     assert omni.encode_options.media_layout == "omni" and omni.encode_options.max_length == 64000
     assert omni.backbone.options.n_ctx == 64000 and omni.backbone.deepstack == 2
     assert omni.backbone.n_embd_inp == 64 * 3 and omni.geometry.max_pixels == 1024 * 32 * 32
-    with pytest.raises(RequestInvalid) as info:
+    # a clip too short to frame is refused while decoding, at its place (tests/test_audio.py); one handed to
+    # prepare() directly is named as the caller's bug
+    with pytest.raises(ValueError, match="an audio item of 200 samples .* under 201"):
         prepare(omni, CASES["text"].body, Media({AUDIO: (tone(0.5, 1), np.zeros(200, np.float32))}))
-    assert info.value.problems[0].loc == ("body", "audio", 1) and "at least 201" in info.value.problems[0].msg
 
 
 def test_a_model_without_audio_refuses_audio(ofx, tmp_path, tiny_model):
