@@ -60,6 +60,7 @@ def test_a_long_name_in_the_workers_ai_path_is_a_422_in_its_envelope_unechoed(se
     assert reply.status == 422 and len(reply.body) < 1000
     (error,) = reply.json()["errors"]
     assert error["code"] == 422 and "8000 characters" in error["message"] and name not in error["message"]
+    assert error["message"].startswith("path.model: ")  # where the client sent it, not the body the door built
 
 
 def test_a_name_at_the_bound_is_looked_up_and_a_misspelt_one_still_gets_its_suggestion(server):

@@ -180,15 +180,17 @@ def name_table(registry: Registry, hidden_sizes: dict[str, int], architectures: 
     return table
 
 
-def resolve(table: dict[str, str], name: str, fits: Callable[[str], bool] = lambda model: True) -> str:
+def resolve(table: dict[str, str], name: str, fits: Callable[[str], bool] = lambda model: True,
+            at: tuple[str | int, ...] = ("body", "model")) -> str:
     """The model a request's `model` field names; fits: whether a served model could answer the request (takes its
-    media), so that a misspelt name's did-you-mean never suggests one that would refuse it.
+    media), so that a misspelt name's did-you-mean never suggests one that would refuse it; at: where the request
+    holds the name (a Workers AI route: its path).
 
     A name longer than MAX_REQUESTED_CHARS is refused (422) unread, quoted by its start and length; did-you-mean
     (difflib, quadratic) compares only names no longer than a served name may be.
     """
     if len(name) > MAX_REQUESTED_CHARS:
-        raise RequestInvalid([Problem(("body", "model"), f"the model name {shown(name)} is longer than "
+        raise RequestInvalid([Problem(at, f"the model name {shown(name)} is longer than "
                                       f"{MAX_REQUESTED_CHARS} characters, the most a request may send (served names "
                                       f"have at most {MAX_NAME_CHARS}); send a served model's name",
                                       "model_too_long")])

@@ -25,7 +25,16 @@ from ...head.schema import DecisionRequest, Question, rendered_state
 from ..config.registry import ServerSpec, resolve
 from ..media.decoders import ISOLATED, DecoderPool
 from ..media.kinds import TABLE, DecodeSettings
-from ..media.request import NO_MEDIA, NO_REFERENCES, Media, References, decode_kind, referenced, refuse_unsupported
+from ..media.request import (
+    NO_MEDIA,
+    NO_REFERENCES,
+    Loc,
+    Media,
+    References,
+    decode_kind,
+    referenced,
+    refuse_unsupported,
+)
 from ..model.worker import InferenceWorker, RequestOptions
 from .coalesce import Coalescer, request_key
 from .errors import DeadlineExceeded
@@ -44,6 +53,7 @@ class DecisionInput:
     model: Any  # the model named (the body's `model`, or a route's), as sent: the service resolves it
     media: References = NO_REFERENCES
     options: RequestOptions = RequestOptions()  # how to wait and which cache partition, as the door read them
+    model_at: Loc = ("body", "model")  # where the door's request holds the model's name (a route's: its path)
 
 
 @dataclass(frozen=True)
@@ -121,7 +131,7 @@ class DecisionService:
 
     async def _decide(self, call: DecisionInput, resolved: Callable[[str], None]) -> Decision:
         kinds = call.media.named
-        name = resolve(self.names, call.model, lambda served: self._takes(served, kinds))
+        name = resolve(self.names, call.model, lambda served: self._takes(served, kinds), call.model_at)
         worker = self.workers[name]
         resolved(name)
         model = worker.model

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 from aiohttp import web
@@ -82,8 +83,9 @@ async def workers_ai_handler(request: web.Request) -> web.Response:
     if isinstance(data, dict):
         options, data = take_options(data)
         data["model"] = model
-    decision = await decide(request, await systemone_input(
-        request, body, data, model if isinstance(body.data, dict) else None, options, CONTRACT))
+    call = await systemone_input(request, body, data, model if isinstance(body.data, dict) else None, options,
+                                 CONTRACT)
+    decision = await decide(request, replace(call, model_at=("path", "model")))
     extra, headers = extensions(request, decision, start, [])
     return json_response(workers_ai_envelope({**systemone_body(decision), **extra}), headers=headers)
 
