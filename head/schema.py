@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any, Callable, Mapping
 
+from .declaration import Bound, Node, check, check_field, node
 from .errors import Problem, RequestInvalid
 from .media import ASSETS_FIELD, IMAGE, MEDIA_KINDS
 
@@ -35,6 +36,47 @@ class Limits:
     max_levels: int = 10
     max_state_bytes: int = 512 * 1024  # the rendered state, before tokenizing it
     max_json_depth: int = 64
+
+
+TEXT_TYPES = ("string", "object", "array")  # what a state, instructions, a description may be: text or JSON
+
+
+@cache
+def question_declaration(limits: Limits) -> Node:
+    """A System One question as declared: its type, its instructions and its criteria (whose shape follows the
+    type: _options checks them)."""
+    types = ", ".join(QUESTION_TYPES)
+    return node("object", msg="a question must be an object with 'type'", ref="Question", required=("type",), fields={
+        "type": node(enum=tuple(QUESTION_TYPES), enum_msg=f"type must be one of {types}; got {{got!r}}",
+                     missing=f"type must be one of {types}; got None", missing_type="value_error",
+                     refused={BOX: (f"{NO_BOX_HEAD}: it answers {types} questions; ask a choice or a score about the "
+                                    "image instead", "box_not_supported")}, published={"type": "string"}),
+        "instructions": node(*TEXT_TYPES, "null", msg="instructions must be a string, an object, an array or null"),
+        "criteria": node(description=f"choice: object name -> description (2 to {limits.max_options} options, "
+                                     f"max_options); score: array of 2 to {limits.max_levels} levels (max_levels), "
+                                     "lowest first; noul: null or {true?, false?}")})
+
+
+@cache
+def questions_declaration(limits: Limits) -> Node:
+    """A request's questions: id -> question, 1 to max_questions of them."""
+    return node("object", msg="questions must be a non-empty object of id -> question", missing_type="type_error",
+                nonempty=True, values=question_declaration(limits),
+                bound=Bound(limits.max_questions, "at most {most} questions per request (max_questions), got {got}",
+                            "too_many_questions"), description="max_questions; the Workers AI routes take fewer "
+                                                               "(see their 422)")
+
+
+@cache
+def request_declaration(limits: Limits, name_resolved: bool = False) -> Node:
+    """System One's text request as head/ checks it (media taken out of the body before): model, state, questions.
+    name_resolved: the caller resolves the model's name, an empty one included."""
+    return node("object", msg="the body must be a JSON object", required=("model", "state", "questions"), fields={
+        "model": node("string", msg="model must be a non-empty string", missing_type="type_error",
+                      nonblank=not name_resolved),
+        "state": node(*TEXT_TYPES, msg="state must be a string, an object or an array", missing="state is required",
+                      description=f"at most {limits.max_state_bytes} bytes rendered (max_state_bytes)"),
+        "questions": questions_declaration(limits)})
 
 
 def json_depth(value: Any) -> int:
@@ -231,23 +273,12 @@ def _options(at: Where, qtype: str, criteria: Any, limits: Limits, problems: lis
 
 
 def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem], at: Where) -> Question | None:
-    loc = at.question
-    if not isinstance(raw, dict):
-        problems.append(Problem(loc, "a question must be an object with 'type'", "type_error"))
+    loc, declared = at.question, question_declaration(limits)
+    if not (check(declared, raw, loc, problems, deep=False) and check_field(declared, raw, "type", loc, problems)):
         return None
-    qtype = raw.get("type")
-    if qtype == BOX:
-        problems.append(Problem(loc + ("type",), f"{NO_BOX_HEAD}: it answers {', '.join(QUESTION_TYPES)} questions; "
-                                "ask a choice or a score about the image instead", "box_not_supported"))
-        return None
-    if not isinstance(qtype, str) or qtype not in QUESTION_TYPES:  # {} or [] would not even hash
-        problems.append(Problem(loc + ("type",), f"type must be one of {', '.join(QUESTION_TYPES)}; got {qtype!r}",
-                                "value_error"))
-        return None
-    instructions = raw.get("instructions")
-    if not _is_text(instructions):
-        problems.append(_text_problem(at.instructions, "instructions"))
-    elif qid == "" and instructions in (None, ""):
+    qtype, instructions = raw["type"], raw.get("instructions")
+    readable = check(declared.fields["instructions"], instructions, at.instructions, problems)
+    if readable and qid == "" and instructions in (None, ""):
         # The prompt falls back to the id as the instruction; an empty one leaves nothing to read.
         problems.append(Problem(loc, "a question with an empty id needs non-empty instructions", "value_error"))
     if qtype != "noul" and "criteria" not in raw:
@@ -291,19 +322,18 @@ def parse_request(body: Any, limits: Limits = Limits(), *, name_resolved: bool =
     """Validate a decoded request body; every problem found is reported in one RequestInvalid. name_resolved: the
     caller resolves a string `model` against the names it serves (a server answers an empty one as a model it does not
     serve), so only a model that is no string is refused here."""
-    if not isinstance(body, dict):
-        raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
+    declared, problems = request_declaration(limits, name_resolved), []
+    if not check(declared, body, ("body",), problems, deep=False):
+        raise RequestInvalid(problems)
     check_depth(body, limits)
     # text no tokenizer can encode, refused before any is tokenized
     problems = unpaired_surrogates([(body[f], ("body", f)) for f in TEXT_FIELDS if f in body])
-    model = body.get("model")
-    if not isinstance(model, str) or not (model or name_resolved):
-        problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
+    check_field(declared, body, "model", ("body",), problems)
     text = None
-    if "state" not in body:
-        problems.append(Problem(("body", "state"), "state is required", "missing"))
-    else:
+    if "state" in body:
         text = checked_state(body["state"], limits, problems)
+    else:
+        check_field(declared, body, "state", ("body",), problems)  # its absence
     for field, error_type in MEDIA_FIELDS.items():  # the server takes media out of the body before parsing it
         if body.get(field):
             problems.append(Problem(("body", field), "this path reads text only: send media through the server or "
@@ -312,15 +342,14 @@ def parse_request(body: Any, limits: Limits = Limits(), *, name_resolved: bool =
     questions = parse_questions(body.get("questions"), limits, problems)
     if problems:
         raise RequestInvalid(problems)
-    return DecisionRequest(model, body["state"], questions, rendered=text)
+    return DecisionRequest(body["model"], body["state"], questions, rendered=text)
 
 
 def checked_state(state: Any, limits: Limits, problems: list[Problem], loc: tuple = ("body", "state")
                   ) -> str | None:
     """A state as sent, rendered as the prompt writes it (DecisionRequest.rendered); what it gets wrong in its type
     or its size added to problems (its text's Unicode: unpaired_surrogates)."""
-    if not isinstance(state, (str, dict, list)):
-        problems.append(Problem(loc, "state must be a string, an object or an array", "type_error"))
+    if not check(request_declaration(limits).fields["state"], state, loc, problems):
         return None
     text = _rendered(state)
     if text is not None and len(text.encode("utf-8", "surrogatepass")) > limits.max_state_bytes:
@@ -333,13 +362,7 @@ def parse_questions(raw_questions: Any, limits: Limits, problems: list[Problem],
                     where: Callable[[str], Where] = Where.systemone) -> tuple[Question, ...]:
     """A body's `questions` as typed questions in the request's order, each problem added to problems; where: each
     question's place in the door's body (a door whose shape is not System One's gives its own)."""
-    if not isinstance(raw_questions, dict) or not raw_questions:
-        problems.append(Problem(("body", "questions"), "questions must be a non-empty object of id -> question",
-                                "type_error"))
-        return ()
-    if len(raw_questions) > limits.max_questions:
-        problems.append(Problem(("body", "questions"), f"at most {limits.max_questions} questions per request "
-                                f"(max_questions), got {len(raw_questions)}", "too_many_questions"))
+    if not check(questions_declaration(limits), raw_questions, ("body", "questions"), problems, deep=False):
         return ()
     typed = (_question(qid, raw, limits, problems, where(qid)) for qid, raw in raw_questions.items())
     return tuple(q for q in typed if q is not None)

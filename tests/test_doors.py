@@ -4,6 +4,7 @@ OpenAPI paths agree with the route table; the error shapes' bodies."""
 from __future__ import annotations
 
 import pytest
+from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.server.app import HANDLERS
 from clef_bridge.bridge.server.context import Door, jev_error
 from clef_bridge.bridge.server.doors import DOORS, ERROR_SHAPES, openapi_paths
@@ -24,13 +25,13 @@ def test_every_route_has_a_handler_and_its_shape_an_error_body():
 def test_a_doors_routes_take_its_shape_and_its_paths_are_described(door: Door):
     assert door.handlers and all(SHAPES[name] == door.shape for name in door.handlers)
     assert all(HANDLERS[name] is handler for name, handler in door.handlers.items())
-    paths = door.openapi_paths([], _errors)
+    paths = door.openapi_paths([], _errors, ServerSpec())
     assert set(paths) == {PATHS[name] for name in door.handlers}
 
 
 def test_doors_are_distinct_and_their_paths_merge():
     assert len({d.shape for d in DOORS}) == len(DOORS) and {JEV_SHAPE, WORKERS_AI_SHAPE} <= {d.shape for d in DOORS}
-    merged = openapi_paths([{"bearer": []}], _errors)
+    merged = openapi_paths([{"bearer": []}], _errors, ServerSpec())
     assert set(merged) == {PATHS[name] for d in DOORS for name in d.handlers}
     assert all(op.get("security") == [{"bearer": []}] for item in merged.values() for op in item.values())
 

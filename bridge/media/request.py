@@ -20,26 +20,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
+from ...head.declaration import Node, check, check_field
 from ...head.errors import Category, ClefError, Problem, RequestInvalid
 from ...head.schema import MEDIA_FIELDS, Limits, json_depth, option_order
 from . import frames, media_kwargs
 from .errors import MediaRejected, detached
+from .fields import ASSET, FIELDS, FORM, KINDS, MARKER, MARKERS, either, media_declarations
 from .kinds import AUDIO, IMAGE, TABLE, VIDEO, DecodeSettings, Kind, combined
 
-FORM = "multipart/form-data"
-
-KINDS = tuple(TABLE)  # the prompt's order of kinds: images, audio clips, then videos (the reference's)
-FIELDS = {kind: row.field for kind, row in TABLE.items()}  # each kind's body field and decode stage
-MARKERS = {kind: f"[{kind} {{}}]" for kind in KINDS}
-MARKER = MARKERS[IMAGE]
-
-
-def _or(words: list[str], last: str = " or ") -> str:
-    return ", ".join(words[:-1]) + last + words[-1]
-
-
-_TYPES = _or([f'"{kind}"' for kind in KINDS])  # "image", "audio" or "video"
-_FIELDS_TEXT = _or([f"`{row.field}`" for row in TABLE.values()], " and ")  # `images`, `audio` and `videos`
+_FIELDS_TEXT = either([f"`{row.field}`" for row in TABLE.values()], " and ")  # `images`, `audio` and `videos`
 _SPACE = re.compile(rb"\s+")
 _DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.ASCII | re.IGNORECASE)
 DATA_URL_HEAD = 1024  # a data: URL's media type and parameters come within this many characters of its start
@@ -319,12 +308,7 @@ def _kind(asset: Any) -> str:
 def _asset(name: str, asset: Any, parts: dict[str, FormPart] | None, claimed: set[str], media: dict[str, _Medium],
            problems: _Problems) -> str | bytes | None:
     loc = ("body", "assets", name)
-    if not isinstance(asset, dict):
-        problems.add(loc, f"an asset must be an object: {{\"type\": {_TYPES}, \"format\", \"data_base64\"}} "
-                          f"or, in a {FORM} request, {{\"type\", \"part\"}}", "type_error")
-        return None
-    if asset.get("type") not in (*KINDS, None):
-        problems.add(loc + ("type",), f"type must be {_TYPES}, got {asset.get('type')!r}")
+    if not (check(ASSET, asset, loc, problems, deep=False) and check_field(ASSET, asset, "type", loc, problems)):
         return None
     medium = media[_kind(asset)]
     part = asset.get("part")
@@ -415,25 +399,19 @@ def _question(question: Any, walk) -> Any:
     return out
 
 
-def _shape(body: dict[str, Any], media: dict[str, _Medium]) -> _Problems:
+def _shape(body: dict[str, Any], media: dict[str, _Medium], declared: Mapping[str, Node]) -> _Problems:
     """The media fields' types and counts (max_images, max_audio_clips), before anything is decoded."""
     problems = _Problems()
     assets = body.get("assets")
     lists = {kind: body.get(m.field) for kind, m in media.items()}
     if assets and any(lists.values()):
         problems.add(("body",), f"send media in {_FIELDS_TEXT} or in `assets`, not both")
-    for kind, value in lists.items():
-        if value is not None and not isinstance(value, list):
-            arrays = f", frame arrays {frames.SHAPE}" if media[kind].row.array is not None else ""
-            problems.add(("body", media[kind].field), f"{media[kind].field} must be an array of data: URLs, base64 "
-                         f"strings{arrays} or {{\"content_type\", \"base64\"}} objects", "type_error")
-    if assets is not None and not isinstance(assets, dict):
-        problems.add(("body", "assets"), "assets must be an object of placeholder -> asset", "type_error")
-    if problems:
+    for name, field_declared in declared.items():  # each optional: absent or null is none of that medium
+        check(field_declared, body.get(name), ("body", name), problems, deep=False)
+    if problems or not assets:
         return problems
     for kind, medium in media.items():
-        count = sum(_kind(a) == kind for a in assets.values()) if assets else len(lists[kind] or [])
-        _count(medium, count, ("body", "assets" if assets else medium.field), problems)
+        _count(medium, sum(_kind(a) == kind for a in assets.values()), ("body", "assets"), problems)
     return problems
 
 
@@ -475,7 +453,7 @@ def find_references(body: Any, parts: dict[str, FormPart] | None = None,
     if not isinstance(body, dict):
         return body, NO_REFERENCES
     media = _media(limits)
-    problems = _shape(body, media)
+    problems = _shape(body, media, media_declarations(limits))
     options = media_kwargs.parse(body.get(media_kwargs.FIELD), problems)
     if problems:
         raise RequestInvalid(problems)
@@ -519,7 +497,7 @@ def find_references(body: Any, parts: dict[str, FormPart] | None = None,
     if problems:
         raise RequestInvalid(problems + [p for e in errors for p in e.problems])
     if parts is not None and not any(sources.values()) and not errors:
-        raise UnsupportedMediaType(f"a {FORM} body carries {_or(list(FIELDS.values()))}; send a request without "
+        raise UnsupportedMediaType(f"a {FORM} body carries {either(list(FIELDS.values()))}; send a request without "
                                    "them as application/json")
     held = {kind: ("body", "assets" if assets else medium.field) for kind, medium in media.items()}
     return text, References({kind: tuple(found) for kind, found in sources.items() if found}, held, inline, options,

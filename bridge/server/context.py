@@ -76,8 +76,8 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 ErrorShape = Callable[[BaseException | None, int, str, str], Any]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # A door's paths in /openapi.json: (the security requirement of routes that need a key, the error responses by
-# status: errors(401, 422, ...)) -> {path: path item}
-OpenApiPaths = Callable[[list[dict[str, Any]], Callable[..., dict[str, Any]]], dict[str, Any]]
+# status: errors(401, 422, ...), the server's settings (its limits, declared)) -> {path: path item}
+OpenApiPaths = Callable[[list[dict[str, Any]], Callable[..., dict[str, Any]], Any], dict[str, Any]]
 
 
 def jev_error(exc: BaseException | None, status: int, error_type: str, message: str) -> Any:

@@ -4,73 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...head.schema import QUESTION_TYPES
-from ..catalogue.media import IMAGE, READABLE
-from ..config.registry import LATEST, Registry, ServerSpec
-from ..media.kinds import TABLE
-from ..media.request import FIELDS, MARKERS
+from ...head.declaration import json_schema
+from ..catalogue.media import READABLE
+from ..config.registry import Registry, ServerSpec
 from .doors import openapi_paths as door_paths
+from .doors import systemone
 from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
 
-TEXT = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"type": "null"}]}
 PROBABILITY = {"type": "number", "minimum": 0, "maximum": 1}
 
 
-def _inline(kind: str, example: str) -> dict[str, Any]:
-    """An `images` or `audio` entry: a data: URL or base64 string, or Workers AI's object."""
-    return {"anyOf": [{"type": "string", "examples": [f"data:{example};base64,..."]},
-                      {"type": "object", "required": ["base64"],
-                       "properties": {"content_type": {"type": "string", "pattern": f"^{kind}/"},
-                                      "base64": {"type": "string"}}}]}
-
-
 def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
-    """The components; every limit is the one in force (models.toml's [server] table, else its default)."""
-    limits = server.limits
+    """The components; every limit is the one in force (models.toml's [server] table, else its default). The
+    requests' are written from their declarations (SystemOneRequest, Question, Asset: what the validation checks)."""
+    declared: dict[str, Any] = {}
+    json_schema(systemone.declaration(server, names), declared)
     return {
-        "Question": {
-            "type": "object", "required": ["type"],
-            "properties": {
-                "type": {"type": "string", "enum": list(QUESTION_TYPES)},
-                "instructions": TEXT,
-                "criteria": {"description": f"choice: object name -> description (2 to {limits.max_options} options, "
-                                            f"max_options); score: array of 2 to {limits.max_levels} levels "
-                                            "(max_levels), lowest first; noul: null or {true?, false?}"},
-            },
-        },
-        "SystemOneRequest": {
-            "type": "object", "required": ["state", "questions"],
-            "properties": {
-                "model": {"type": "string", "description": f"a served name, an alias, or {LATEST}; left out (or "
-                                                           "null): the default model, said in x_warnings",
-                          "examples": names},
-                "state": {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}],
-                          "description": f"at most {limits.max_state_bytes} bytes rendered (max_state_bytes)"},
-                "questions": {"type": "object", "minProperties": 1, "maxProperties": limits.max_questions,
-                              "description": "max_questions; the Workers AI routes take fewer (see their 422)",
-                              "additionalProperties": {"$ref": "#/components/schemas/Question"}},
-                "assets": {"type": "object",
-                           "description": f"placeholder -> {' or '.join(d.noun for d in TABLE.values())}; each "
-                                          "placeholder inside a string of the state, instructions or criteria reads "
-                                          f"{' or '.join(MARKERS[kind].format('N') for kind in TABLE)}",
-                           "additionalProperties": {"$ref": "#/components/schemas/Asset"}},
-                **{FIELDS[kind]: {"type": "array", "items": _inline(kind, doc.content_type),
-                                  "maxItems": server.media_limits[kind].max_count, "description": doc.description}
-                   for kind, doc in TABLE.items()},
-                "options": {"type": "object", "description": "Workers AI routes only: {rejectIfBusy: true} answers "
-                                                            "429 (code 3040) instead of waiting behind other requests",
-                            "properties": {"rejectIfBusy": {"type": "boolean"}}},
-            },
-        },
-        "Asset": {
-            "type": "object",
-            "properties": {"type": {"enum": list(READABLE), "default": IMAGE.name},
-                           "format": {"enum": [f for doc in TABLE.values() for f in doc.formats],
-                                      "description": "required with data_base64; the bytes decide the real format"},
-                           "data_base64": {"type": "string"},
-                           "part": {"type": "string", "description": "multipart/form-data: the medium's part name"}},
-        },
+        **declared,
         "NoulAnswer": {"type": "object", "required": ["type", "noul"],
                        "properties": {"type": {"const": "noul"}, "noul": PROBABILITY}},
         "ChoiceAnswer": {"type": "object", "required": ["type", "choice", "confidence", "probabilities"],
@@ -156,7 +107,7 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
         "info": {"title": "clef-bridge", "version": "0.1.0",
                  "description": "Jev / TypeSafe System One API for self-hosted Clef decision models"},
         "paths": {
-            **door_paths(security, _errors),
+            **door_paths(security, _errors, registry.server),
             PATHS["models"]: {"get": {
                 "operationId": "models", "security": security,
                 "parameters": [{"name": "shape", "in": "query", "required": False,

@@ -25,6 +25,7 @@ from ....head.schema import (
     parse_questions,
     unpaired_surrogates,
 )
+from ...config.registry import ServerSpec
 from ...media.request import UnsupportedMediaType
 from ...service.decision import Decision, DecisionInput
 from ..appstate import REGISTRY
@@ -208,7 +209,8 @@ async def decide_handler(request: web.Request) -> web.Response:
     return json_response(to_ainode(parsed, decision, {**systemone_body(decision), **extra}), headers=headers)
 
 
-def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
+                  ) -> dict[str, Any]:
     """POST /v1/decide in /openapi.json: AINode's request and answer, its errors as {error: {message, type}}."""
     question = {"type": "object", "required": ["question"], "properties": {
         "question": {"type": "string", "minLength": 1},

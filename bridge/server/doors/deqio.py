@@ -15,6 +15,7 @@ from aiohttp import web
 
 from ....head.answer import NoulAnswer
 from ....head.errors import Problem, RequestInvalid
+from ...config.registry import ServerSpec
 from ...service.decision import Decision
 from ..appstate import REGISTRY
 from ..context import INFO, Door, jev_error, json_response
@@ -136,7 +137,8 @@ async def deqio_handler(request: web.Request) -> web.Response:
                          headers=headers)
 
 
-def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
+                  ) -> dict[str, Any]:
     """Deqio's routes in /openapi.json: its request bodies, and its answers (System One's for score and soam)."""
     option = {"anyOf": [{"type": "string"}, {"type": "object", "required": ["id"], "properties": {
         "id": {"type": "string"}, "description": {}}}]}

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 from aiohttp import web
 
 from ....head.answer import Answer, ChoiceAnswer, NoulAnswer
+from ....head.declaration import Bound, Node, check, check_field, json_schema, node
 from ....head.errors import Problem, RequestInvalid
 from ....head.schema import (
     BOX,
@@ -27,6 +28,7 @@ from ....head.schema import (
     render,
     unpaired_surrogates,
 )
+from ...config.registry import ServerSpec
 from ...media.kinds import IMAGE, TABLE
 from ...media.request import MARKER, NO_REFERENCES, References, UnsupportedMediaType, data_url, located
 from ...model.worker import RequestOptions
@@ -107,6 +109,50 @@ def _code(error_type: str) -> str:
 
 # --- the request -------------------------------------------------------------------------------------------
 
+MAX_CACHE_KEY = 256  # a prompt_cache_key partitions within its tenant: a name, not a payload (1 MB ones came)
+# a content, an output or instructions: text, or parts (each part's own fields are _parts' to read)
+PARTS_TEXT = node("string", "array", msg="must be a string or an array of content parts",
+                  published={"items": {"type": "object", "required": ["type"]}})
+# OpenAI's request declared once: parse() checks it (each item, part, choice and level is read by its function
+# below, which the declaration describes), /openapi.json publishes it
+ITEM = node("object", msg="an input item must be an object (a message, a call or a call's output)",
+            description="a message {role, content}, a call {type, call_id, name, arguments or input} or a call's "
+                        "output {type, call_id, output}")
+QUESTION = node("object", msg="a question must be an object with type and instructions",
+                required=("type", "instructions"), fields={
+                    "type": node(enum=tuple(QUESTION_TYPES), enum_msg="type must be predicate, choice or score; got "
+                                 "{got!r}", enum_type="invalid_value", missing="type must be predicate, choice or "
+                                 "score; got None", missing_type="invalid_value", published={"type": "string"},
+                                 refused={BOX: (f"{NO_BOX_HEAD}: it answers {', '.join(QUESTION_TYPES)} questions; ask "
+                                                "a choice or a score about the image instead", "box_not_supported")}),
+                    "name": node("string", "null", msg="name must be a string"),
+                    "instructions": replace(PARTS_TEXT, missing="instructions are required: text or text parts"),
+                    "choices": node("array", msg="choices must be an array of {value, description?}", published={
+                        "minItems": 2, "items": {"type": "object", "required": ["value"], "properties": {
+                            "value": {"type": ["string", "boolean"]}, "description": {"type": "string"}}}}),
+                    "levels": node("array", msg="levels must be an array of {label, description?}, lowest first",
+                                   published={"minItems": 2, "items": {
+                                       "type": "object", "required": ["label"], "properties": {
+                                           "label": {"type": "string"}, "description": {"type": "string"}}}})})
+REQUEST = node("object", msg="the body must be a JSON object", required=("model", "input", "questions"), fields={
+    "model": node("string", msg="model is required: a served model's name", null_missing=True, nonblank=True,
+                  blank="model must be a non-empty string"),
+    "input": node("string", "array", msg="input must be a string or a non-empty array of messages, calls and outputs",
+                  null_missing=True, nonempty=True, items=ITEM,
+                  description="a string (the state), or messages, calls and outputs (a JSON state, see docs/api.md); "
+                              "images as input_image base64 data URLs, never URLs"),
+    "questions": node("array", msg="questions must be a non-empty array of predicate, choice and score questions",
+                      null_missing=True, nonempty=True, items=QUESTION),
+    "prompt_cache_key": node("string", "null", msg="must be a string", description="partitions the prefix cache",
+                             bound=Bound(MAX_CACHE_KEY, "must be at most {most} characters, got {got}",
+                                         "string_too_long")),
+    "prompt_cache_options": node("object", "null", msg="must be an object {mode?, ttl?}", fields={
+        "mode": node(enum=("implicit", "explicit", None), enum_msg="mode must be implicit or explicit",
+                     enum_type="invalid_value"),
+        "ttl": node(enum=("30m", None), enum_msg="ttl must be 30m", enum_type="invalid_value")},
+        description="accepted; changes nothing"),
+    "safety_identifier": node("string", "null", msg="must be a string", description="accepted and ignored")})
+
 class _Images:
     """input_image parts as the prompt reads them: each one's marker in the text ([image N], numbered in the order
     the prompt renders them: the input's items, then each question's instructions), the image by its location."""
@@ -141,11 +187,10 @@ def _parts(content: Any, allowed: set[str], loc: Loc, images: _Images) -> Any:
     """A content (or output): a string stays a string; parts become a list of texts, image placeholders, JSON
     data and {"refusal": text} objects."""
     problems = images.problems
+    if not check(PARTS_TEXT, content, ("body",) + loc, problems):
+        return None
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        problems.add(loc, "must be a string or an array of content parts", "type_error")
-        return None
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -179,8 +224,7 @@ def _item(item: Any, i: int, calls: dict[str, set[str]], images: _Images) -> Any
     """One input item as the state's JSON: a message {role, content[, phase]}, a call {type, call_id, name,
     arguments or input[, namespace]} or an output {type, call_id, output}; item ids and statuses are left out."""
     problems, loc = images.problems, ("input", i)
-    if not isinstance(item, dict):
-        problems.add(loc, "an input item must be an object (a message, a call or a call's output)", "type_error")
+    if not check(ITEM, item, ("body",) + loc, problems):
         return None
     sent = item.get("type", "message")
     kind = sent if isinstance(sent, str) else ""  # refused below, named as sent
@@ -215,13 +259,12 @@ def _item(item: Any, i: int, calls: dict[str, set[str]], images: _Images) -> Any
             "output": _parts(item.get("output"), PARTS["tool_output"], loc + ("output",), images)}
 
 
-def _state(raw: Any, images: _Images) -> Any:
+def _state(body: dict[str, Any], images: _Images) -> Any:
+    if not check_field(REQUEST, body, "input", ("body",), images.problems, deep=False):
+        return None
+    raw = body["input"]
     if isinstance(raw, str):
         return raw
-    if not isinstance(raw, list) or not raw:
-        images.problems.add(("input",), "input must be a string or a non-empty array of messages, calls and outputs",
-                            "missing" if raw is None else "type_error")
-        return None
     calls: dict[str, set[str]] = {kind: set() for kind in CALLS}
     return [_item(item, i, calls, images) for i, item in enumerate(raw)]
 
@@ -234,12 +277,18 @@ def _instructions(raw: Any, loc: Loc, images: _Images) -> str | None:
     return "".join(p if isinstance(p, str) else render(p) for p in parts if p is not None)
 
 
+def _listed(declared: Node, raw: Any, loc: Loc, problems: _Problems) -> bool:
+    """A choice's choices or a score's levels: there (the question's type needs them), and an array."""
+    if raw is None:
+        problems.add(loc, declared.msg, "missing")
+        return False
+    return check(declared, raw, ("body",) + loc, problems)
+
+
 def _choices(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> dict[str, Any]:
     """Choice values as System One options: a value's text names it (a boolean reads true or false), so two values
     of one text cannot both be asked; the answer gives each value back with its type."""
-    if not isinstance(raw, list):
-        problems.add(loc, "choices must be an array of {value, description?}", "missing" if raw is None else
-                     "type_error")
+    if not _listed(QUESTION.fields["choices"], raw, loc, problems):
         return {}
     criteria: dict[str, Any] = {}
     values = t.values[qid] = []
@@ -268,9 +317,7 @@ def _choices(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> di
 
 def _levels(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> list[Any]:
     """Score levels: a label alone reads as its text, a label with a description as {"description", "label"}."""
-    if not isinstance(raw, list):
-        problems.add(loc, "levels must be an array of {label, description?}, lowest first",
-                     "missing" if raw is None else "type_error")
+    if not _listed(QUESTION.fields["levels"], raw, loc, problems):
         return []
     levels: list[Any] = []
     labels = t.values[qid] = []
@@ -292,19 +339,11 @@ def _levels(raw: Any, loc: Loc, t: Parsed, qid: str, problems: _Problems) -> lis
 
 def _question(raw: Any, i: int, t: Parsed, images: _Images, ids: set[str]) -> tuple[str, dict] | None:
     problems, loc = images.problems, ("questions", i)
-    if not isinstance(raw, dict):
-        problems.add(loc, "a question must be an object with type and instructions", "type_error")
+    here = ("body",) + loc
+    if not (check(QUESTION, raw, here, problems, deep=False) and check_field(QUESTION, raw, "type", here, problems)):
         return None
-    kind, name = raw.get("type"), raw.get("name")
-    if kind == BOX:
-        problems.add(loc + ("type",), f"{NO_BOX_HEAD}: it answers {', '.join(QUESTION_TYPES)} questions; ask a "
-                     "choice or a score about the image instead", "box_not_supported")
-        return None
-    if not isinstance(kind, str) or kind not in QUESTION_TYPES:
-        problems.add(loc + ("type",), f"type must be predicate, choice or score; got {kind!r}", "invalid_value")
-        return None
-    if name is not None and not isinstance(name, str):
-        problems.add(loc + ("name",), "name must be a string", "type_error")
+    kind, name = raw["type"], raw.get("name")
+    check_field(QUESTION, raw, "name", here, problems)
     qid = name if isinstance(name, str) else f"question_{i}"  # an id the prompt reads, as System One's
     if qid in ids:
         problems.add(loc + ("name",), f"two questions are named {qid!r}; names must be unique (an unnamed question "
@@ -313,11 +352,10 @@ def _question(raw: Any, i: int, t: Parsed, images: _Images, ids: set[str]) -> tu
     ids.add(qid)
     t.ids.append(qid)
     t.names.append(name if isinstance(name, str) else None)
-    here = ("body",) + loc
     criteria = {"choice": ("choices",), "score": ("levels",)}.get(kind, ())  # a predicate has none
     t.where[qid] = Where(here, here + ("instructions",), here + criteria)
     if "instructions" not in raw:
-        problems.add(loc + ("instructions",), "instructions are required: text or text parts", "missing")
+        check_field(QUESTION, raw, "instructions", here, problems)  # its absence
     question = {"type": QUESTION_TYPES[kind], "instructions": _instructions(raw.get("instructions"),
                                                                              loc + ("instructions",), images)}
     if kind == "choice":
@@ -327,26 +365,14 @@ def _question(raw: Any, i: int, t: Parsed, images: _Images, ids: set[str]) -> tu
     return qid, question
 
 
-MAX_CACHE_KEY = 256  # a prompt_cache_key partitions within its tenant: a name, not a payload (1 MB ones came)
 
 
 def _options(body: dict[str, Any], problems: _Problems) -> tuple[str, ...]:
     """The prefix cache's partition from prompt_cache_key; prompt_cache_options and safety_identifier are checked
     and change nothing."""
+    for name in ("prompt_cache_key", "safety_identifier", "prompt_cache_options"):
+        check_field(REQUEST, body, name, ("body",), problems)
     key = body.get("prompt_cache_key")
-    _text(key, ("prompt_cache_key",), problems, required=False)
-    if isinstance(key, str) and len(key) > MAX_CACHE_KEY:
-        problems.add(("prompt_cache_key",), f"must be at most {MAX_CACHE_KEY} characters, got {len(key)}",
-                     "string_too_long")
-    _text(body.get("safety_identifier"), ("safety_identifier",), problems, required=False)
-    options = body.get("prompt_cache_options")
-    if options is not None and not isinstance(options, dict):
-        problems.add(("prompt_cache_options",), "must be an object {mode?, ttl?}", "type_error")
-    elif options is not None:
-        if options.get("mode") not in (None, "implicit", "explicit"):
-            problems.add(("prompt_cache_options", "mode"), "mode must be implicit or explicit", "invalid_value")
-        if options.get("ttl") not in (None, "30m"):
-            problems.add(("prompt_cache_options", "ttl"), "ttl must be 30m", "invalid_value")
     return (key,) if isinstance(key, str) else ()
 
 
@@ -354,25 +380,17 @@ def parse(body: Any, limits: Limits, media_limits: Mapping[str, Any] = MappingPr
     """The OpenAI request as the typed request the service takes; every problem of it at once (RequestInvalid, each
     located in the OpenAI request): its own shape's first, then Clef's limits on what it asks."""
     problems, t = _Problems(), Parsed()
-    if not isinstance(body, dict):
-        raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
+    if not check(REQUEST, body, ("body",), problems, deep=False):
+        raise RequestInvalid(problems)
+    check_field(REQUEST, body, "model", ("body",), problems)
     t.model = body.get("model")
-    if not isinstance(t.model, str):
-        problems.add(("model",), "model is required: a served model's name", "missing" if t.model is None else
-                     "type_error")
-    elif not t.model:
-        problems.add(("model",), "model must be a non-empty string", "type_error")
     t.partition = _options(body, problems)
     images = _Images(problems)
-    state = _state(body.get("input"), images)
-    raw = body.get("questions")
+    state = _state(body, images)
     questions: dict[str, dict] = {}
-    if not isinstance(raw, list) or not raw:
-        problems.add(("questions",), "questions must be a non-empty array of predicate, choice and score questions",
-                     "missing" if raw is None else "type_error")
-    else:
+    if check_field(REQUEST, body, "questions", ("body",), problems, deep=False):
         ids: set[str] = set()
-        for i, question in enumerate(raw):
+        for i, question in enumerate(body["questions"]):
             built = _question(question, i, t, images, ids)
             if built is not None:
                 questions[built[0]] = built[1]
@@ -440,25 +458,10 @@ async def decisions_handler(request: web.Request) -> web.Response:
     return json_response(to_openai(parsed, decision, extra), headers=headers)
 
 
-def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
+                  ) -> dict[str, Any]:
     """POST /v1/decisions in /openapi.json: OpenAI's request and answer, its errors in OpenAI's shape."""
-    text_parts = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object", "required": ["type"]}}]}
-    question = {"type": "object", "required": ["type", "instructions"], "properties": {
-        "type": {"type": "string", "enum": list(QUESTION_TYPES)}, "name": {"type": "string"},
-        "instructions": text_parts,
-        "choices": {"type": "array", "minItems": 2, "items": {"type": "object", "required": ["value"], "properties": {
-            "value": {"anyOf": [{"type": "string"}, {"type": "boolean"}]}, "description": {"type": "string"}}}},
-        "levels": {"type": "array", "minItems": 2, "items": {"type": "object", "required": ["label"], "properties": {
-            "label": {"type": "string"}, "description": {"type": "string"}}}}}}
-    openai = {"type": "object", "required": ["model", "input", "questions"], "properties": {
-        "model": {"type": "string"},
-        "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "object"}}],
-                  "description": "a string (the state), or messages, calls and outputs (a JSON state, see "
-                                 "docs/api.md); images as input_image base64 data URLs, never URLs"},
-        "questions": {"type": "array", "minItems": 1, "items": question},
-        "prompt_cache_key": {"type": ["string", "null"], "description": "partitions the prefix cache"},
-        "prompt_cache_options": {"type": ["object", "null"], "description": "accepted; changes nothing"},
-        "safety_identifier": {"type": ["string", "null"], "description": "accepted and ignored"}}}
+    openai = json_schema(REQUEST)
     answer = {"type": "object", "required": ["type", "name"], "properties": {
         "type": {"type": "string", "enum": list(QUESTION_TYPES)}, "name": {"type": ["string", "null"]},
         "probability": {"type": "number"}, "choice": {"anyOf": [{"type": "string"}, {"type": "boolean"}]},

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
 from aiohttp import web
 
 from ....head.answer import systemone_answers
+from ....head.declaration import Node, json_schema, node
+from ....head.schema import request_declaration
+from ...config.registry import LATEST, ServerSpec
+from ...media.fields import media_declarations
 from ...service.decision import Decision
 from ..appstate import REGISTRY
 from ..context import Door, jev_error, json_response
@@ -45,9 +50,21 @@ async def systemone_answer(request: web.Request, body: RequestBody, start: float
     return json_response({**systemone_body(decision), **extra}, headers=headers)
 
 
-def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+def declaration(server: ServerSpec, names: Sequence[str] = ()) -> Node:
+    """System One's request as this route takes it, declared once: head/'s text request (parse_request checks it; a
+    model left out gets the default) and the media fields (find_references checks them). /openapi.json publishes it
+    as SystemOneRequest; names: the served names it gives as examples."""
+    model = node("string", "null", description=f"a served name, an alias, or {LATEST}; left out (or null): the "
+                                               "default model, said in x_warnings", published={"examples": list(names)})
+    text = request_declaration(server.limits, name_resolved=True)
+    return replace(text.with_fields(("state", "questions"), model=model, **media_declarations(server.media_limits)),
+                   ref="SystemOneRequest")
+
+
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
+                  ) -> dict[str, Any]:
     """POST /v1/systemone in /openapi.json: a JSON body, or multipart with a `request` part and media parts."""
-    schema = {"$ref": "#/components/schemas/SystemOneRequest"}
+    schema = json_schema(declaration(server), {})  # a $ref to the components' copy
     body = {"required": True, "content": {
         "application/json": {"schema": schema},
         "multipart/form-data": {"schema": {"type": "object", "required": ["request"], "properties": {

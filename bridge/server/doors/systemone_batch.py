@@ -23,6 +23,7 @@ from ....head.schema import (
     parse_questions,
     unpaired_surrogates,
 )
+from ...config.registry import ServerSpec
 from ...media.request import UnsupportedMediaType
 from ...service.decision import Decision, DecisionInput
 from ..appstate import REGISTRY
@@ -145,7 +146,8 @@ async def batch_handler(request: web.Request) -> web.Response:
     return json_response({**batch, **extra}, headers=headers)
 
 
-def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
+                  ) -> dict[str, Any]:
     """POST /v1/systemone/batch in /openapi.json: System One's questions over an array of states."""
     request = {"type": "object", "required": ["states", "questions"], "properties": {
         "model": {"type": "string"},

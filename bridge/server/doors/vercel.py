@@ -14,6 +14,7 @@ from aiohttp import web
 
 from ....head.answer import ChoiceAnswer, NoulAnswer, ScoreAnswer
 from ....head.errors import Problem, RequestInvalid
+from ...config.registry import ServerSpec
 from ...service.decision import Decision
 from ..appstate import REGISTRY
 from ..body import header
@@ -97,7 +98,8 @@ async def evaluation_handler(request: web.Request) -> web.Response:
     return json_response({**to_vercel(decision, model, extra.get("x_warnings", [])), **extra}, headers=headers)
 
 
-def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
+                  ) -> dict[str, Any]:
     """POST /v4/ai/evaluation-model in /openapi.json: System One's state and questions (boolean for noul)."""
     request = {"type": "object", "required": ["state", "questions"], "properties": {
         "state": {"description": "a string, an object or an array, as System One's"},

@@ -12,14 +12,16 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from ....head.declaration import check, json_schema, node
 from ....head.errors import Problem, RequestInvalid
 from ....head.schema import MAX_TEXT_PROBLEMS, Limits
+from ...config.registry import ServerSpec
 from ...model.worker import RequestOptions
 from ...service.systemone import Contract
 from ..context import Door, json_response
 from ..routes import PATHS, WORKERS_AI_ROUTES, WORKERS_AI_SHAPE
 from .decisions import decide, extensions, read_body, systemone_input
-from .systemone import systemone_body
+from .systemone import declaration, systemone_body
 
 MAX_QUESTIONS = 64
 MAX_BODY_BYTES = 13 * 2**20
@@ -39,21 +41,22 @@ def workers_ai_error(exc: BaseException | None, status: int, error_type: str, me
     return workers_ai_envelope(errors=[{"code": WORKERS_AI_CODES.get(status, status), "message": message}])
 
 
+OPTIONS = node("object", "null", msg='options must be an object, such as {"rejectIfBusy": true}',
+               description="{rejectIfBusy: true} answers 429 (code 3040) instead of waiting behind other requests",
+               fields={"rejectIfBusy": node("boolean", msg="rejectIfBusy must be true or false, got {got!r}",
+                                            shows_value=True)})
+
+
 def take_options(body: dict[str, Any]) -> tuple[RequestOptions, dict[str, Any]]:
     """The request's options and the body without them (they change no answer, so identical requests still
     share one computation); a malformed `options` is a 422."""
-    raw = body.get("options")
+    raw, problems = body.get("options"), []
     rest = {k: v for k, v in body.items() if k != "options"}
+    if not check(OPTIONS, raw, ("body", "options"), problems):
+        raise RequestInvalid(problems)
     if raw is None:
         return RequestOptions(), rest
-    if not isinstance(raw, dict):
-        raise RequestInvalid([Problem(("body", "options"), 'options must be an object, such as {"rejectIfBusy": true}',
-                                      "type_error")])
-    busy = raw.get("rejectIfBusy", False)
-    if not isinstance(busy, bool):
-        raise RequestInvalid([Problem(("body", "options", "rejectIfBusy"), f"rejectIfBusy must be true or false, got "
-                                      f"{busy!r}", "type_error")])
-    return RequestOptions(reject_if_busy=busy), rest  # busy: 429 with code 3040 rather than waiting
+    return RequestOptions(reject_if_busy=raw.get("rejectIfBusy", False)), rest  # busy: 429, code 3040, not waiting
 
 
 def hosted_problems(body: Any, limits: Limits) -> list[Problem]:
@@ -90,16 +93,18 @@ async def workers_ai_handler(request: web.Request) -> web.Response:
     return json_response(workers_ai_envelope({**systemone_body(decision), **extra}), headers=headers)
 
 
-def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
+                  ) -> dict[str, Any]:
     """Cloudflare's routes (the account's, the REST API's /client/v4 one, and /ai/run/... alone, where clients given
     the server root post) in /openapi.json: the model from the path, every answer in the envelope."""
     envelope = "Workers AI envelope {result, success, errors: [{code, message}], messages}"
+    # System One's request with options, its model from the path (a body's is replaced)
+    schema = json_schema(declaration(server).without("model").with_fields(options=OPTIONS), {})
     return {PATHS[name]: {"post": {
         "operationId": name, "security": security,
         "parameters": [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
                        for p in ("account_id", "model") if "{" + p + "}" in PATHS[name]],
-        "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": "#/components/schemas/SystemOneRequest"}}}},
+        "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
         "responses": {"200": {"description": envelope},
                       **{k: {"description": f"{envelope}; code 3040 with 429, 3006 with 413, 3007 with 408, else "
                                             "the status"}

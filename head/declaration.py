@@ -1,0 +1,175 @@
+"""JSON request shapes declared once. A declaration checks a decoded body (every problem located, as the Jev 422's
+{loc, msg, type}) and writes its own JSON Schema for /openapi.json, so what a door refuses and what it publishes are
+one text. What a declaration cannot say (a name used twice, a tool output before its call, criteria whose shape
+follows the question's type) stays in the door's code, which runs on what the declaration let through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from .errors import Problem
+
+Loc = tuple[str | int, ...]
+# JSON's types as the decoded value holds them (a boolean is no number here, though Python's bool is an int)
+JSON_TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType({
+    "string": (str,), "object": (dict,), "array": (list,), "boolean": (bool,), "number": (int, float),
+    "integer": (int,), "null": (type(None),)})
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def is_type(value: Any, name: str) -> bool:
+    """Whether a decoded JSON value is of the JSON type `name`."""
+    return isinstance(value, JSON_TYPES[name]) and not (isinstance(value, bool) and name in ("number", "integer"))
+
+
+@dataclass(frozen=True)
+class Bound:
+    """At most `most` items (or properties, or characters), and the refusal naming the limit: msg takes {most} and
+    {got}."""
+
+    most: int
+    msg: str
+    type: str = "value_error"
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One JSON value's declaration: its types, its refusal when it has none of them, and what it holds."""
+
+    types: tuple[str, ...] = ()  # (): any JSON value
+    msg: str = ""  # the refusal of a value of another type (or an empty one where nonempty)
+    shows_value: bool = False  # msg takes {got!r}, the value refused
+    description: str = ""
+    missing: str = ""  # a required field's refusal when it is absent (default: msg)
+    missing_type: str = "missing"
+    null_missing: bool = False  # a required field's null reads as its absence (OpenAI's doors)
+    nonempty: bool = False  # an array or an object needs an item (a string may be empty)
+    nonblank: bool = False  # a string needs a character
+    blank: str = ""  # the refusal of an empty string where nonblank (default: msg)
+    bound: Bound | None = None
+    enum: tuple[Any, ...] = ()
+    enum_msg: str = ""  # takes {got!r}
+    enum_type: str = "value_error"
+    # a value refused by name, before the enum: (msg, type)
+    refused: Mapping[str, tuple[str, str]] = field(default_factory=lambda: EMPTY)
+    fields: Mapping[str, "Node"] = field(default_factory=lambda: EMPTY)  # an object's known properties
+    required: tuple[str, ...] = ()
+    values: "Node | None" = None  # an object's other properties (a map's values)
+    items: "Node | None" = None  # an array's items
+    ref: str = ""  # its name among /openapi.json's components (the schema is written there once)
+    published: Mapping[str, Any] = field(default_factory=lambda: EMPTY)  # what only the description says (examples)
+
+    def with_fields(self, required: tuple[str, ...] | None = None, **fields: "Node") -> "Node":
+        """This object's declaration with fields added or replaced (a door's shape built on another's)."""
+        return replace(self, fields=MappingProxyType({**self.fields, **fields}),
+                       required=self.required if required is None else required)
+
+    def without(self, *names: str) -> "Node":
+        """This object's declaration without some fields."""
+        return replace(self, fields=MappingProxyType({k: v for k, v in self.fields.items() if k not in names}),
+                       required=tuple(k for k in self.required if k not in names))
+
+
+def node(*types: str, **kwargs: Any) -> Node:
+    """A declaration (fields given as a dict are kept read-only)."""
+    for key in ("fields", "refused"):
+        if key in kwargs:
+            kwargs[key] = MappingProxyType(dict(kwargs[key]))
+    return Node(types, **kwargs)
+
+
+def _absent(declared: Node, value: Any) -> bool:
+    return value is None and declared.null_missing
+
+
+def _empty(declared: Node, value: Any) -> bool:
+    if isinstance(value, str):
+        return declared.nonblank and not value
+    return declared.nonempty and isinstance(value, (list, dict)) and not value
+
+
+def check(declared: Node, value: Any, loc: Loc, problems: list[Problem], deep: bool = True) -> bool:
+    """Whether value has the declared shape; each way it has not added to problems at its location (deep: the
+    fields', items' and values' shapes too, else only this value's own)."""
+    before = len(problems)
+    if declared.refused and isinstance(value, str) and value in declared.refused:
+        msg, kind = declared.refused[value]
+        problems.append(Problem(loc, msg, kind))
+        return False
+    if declared.types and not any(is_type(value, t) for t in declared.types):
+        problems.append(Problem(loc, declared.msg.format(got=value) if declared.shows_value else declared.msg,
+                                "type_error"))
+        return False
+    if _empty(declared, value):
+        problems.append(Problem(loc, (declared.blank if isinstance(value, str) else "") or declared.msg, "type_error"))
+        return False
+    if declared.enum and not any(value == e and type(value) is type(e) for e in declared.enum):
+        problems.append(Problem(loc, declared.enum_msg.format(got=value), declared.enum_type))
+        return False
+    bound = declared.bound
+    if bound is not None and isinstance(value, (str, list, dict)) and len(value) > bound.most:
+        problems.append(Problem(loc, bound.msg.format(most=bound.most, got=len(value)), bound.type))
+        return False
+    if deep and isinstance(value, dict):
+        for name in declared.fields:
+            check_field(declared, value, name, loc, problems)
+        if declared.values is not None:
+            for name, item in value.items():
+                if name not in declared.fields:
+                    check(declared.values, item, loc + (name,), problems)
+    elif deep and isinstance(value, list) and declared.items is not None:
+        for i, item in enumerate(value):
+            check(declared.items, item, loc + (i,), problems)
+    return len(problems) == before
+
+
+def check_field(declared: Node, value: dict[str, Any], name: str, loc: Loc, problems: list[Problem],
+                deep: bool = True) -> bool:
+    """One field of an object as declared: its absence where it is required, else its value's shape (an optional
+    field absent is fine)."""
+    sub = declared.fields[name]
+    if name not in value or (name in declared.required and _absent(sub, value[name])):
+        if name not in declared.required:
+            return True
+        problems.append(Problem(loc + (name,), sub.missing or sub.msg, sub.missing_type))
+        return False
+    return check(sub, value[name], loc + (name,), problems, deep)
+
+
+SIZES = {"array": ("minItems", "maxItems"), "object": ("minProperties", "maxProperties"),
+         "string": ("minLength", "maxLength")}
+
+
+def json_schema(declared: Node, refs: dict[str, Any] | None = None, published: bool = True) -> dict[str, Any]:
+    """The declaration as JSON Schema (OpenAPI 3.1's dialect). refs: where named declarations are written once (a
+    {"$ref"} stands in their place); None writes every one in place. published: with what only the description says
+    (False: exactly what check() checks)."""
+    if declared.ref and refs is not None:
+        if declared.ref not in refs:
+            refs[declared.ref] = {}  # a declaration that holds itself stops here
+            refs[declared.ref] = json_schema(replace(declared, ref=""), refs, published)
+        return {"$ref": f"#/components/schemas/{declared.ref}"}
+    out: dict[str, Any] = {}
+    if declared.types:
+        out["type"] = declared.types[0] if len(declared.types) == 1 else list(declared.types)
+    if declared.enum:
+        out["enum"] = list(declared.enum)
+    for kind, (least, most) in SIZES.items():
+        if kind in declared.types:
+            if declared.nonblank if kind == "string" else declared.nonempty:
+                out[least] = 1
+            if declared.bound is not None:
+                out[most] = declared.bound.most
+    if declared.fields:
+        out["properties"] = {name: json_schema(sub, refs, published) for name, sub in declared.fields.items()}
+    if declared.required:
+        out["required"] = list(declared.required)
+    if declared.values is not None:
+        out["additionalProperties"] = json_schema(declared.values, refs, published)
+    if declared.items is not None:
+        out["items"] = json_schema(declared.items, refs, published)
+    if declared.description:
+        out["description"] = declared.description
+    return {**out, **declared.published} if published else out
