@@ -41,6 +41,7 @@ class Node:
     types: tuple[str, ...] = ()  # (): any JSON value
     msg: str = ""  # the refusal of a value of another type (or an empty one where nonempty)
     shows_value: bool = False  # msg takes {got!r}, the value refused
+    type_error: str = "type_error"  # that refusal's problem type
     description: str = ""
     missing: str = ""  # a required field's refusal when it is absent (default: msg)
     missing_type: str = "missing"
@@ -100,7 +101,7 @@ def check(declared: Node, value: Any, loc: Loc, problems: list[Problem], deep: b
         return False
     if declared.types and not any(is_type(value, t) for t in declared.types):
         problems.append(Problem(loc, declared.msg.format(got=value) if declared.shows_value else declared.msg,
-                                "type_error"))
+                                declared.type_error))
         return False
     if _empty(declared, value):
         problems.append(Problem(loc, (declared.blank if isinstance(value, str) else "") or declared.msg, "type_error"))

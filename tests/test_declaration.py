@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.media.fields import media_declarations
-from clef_bridge.bridge.server.doors import openai_decisions, systemone, workers_ai
+from clef_bridge.bridge.server.doors import openai_decisions, systemone, systemone_batch, vercel, workers_ai
 from clef_bridge.head.declaration import Bound, check, is_type, json_schema, node
 from clef_bridge.head.schema import Limits, question_declaration, questions_declaration, request_declaration
 from hypothesis import HealthCheck, given, settings
@@ -128,3 +128,21 @@ def test_the_system_one_routes_declarations_check_what_their_schemas_say(body, m
     server = ServerSpec(images=replace(ServerSpec().images, max_images=2))
     whole = {**body, **media, **options} if isinstance(body, dict) else body
     agrees(systemone.declaration(server).with_fields(options=workers_ai.OPTIONS), whole)
+
+
+BATCH = st.fixed_dictionaries({}, optional={
+    "model": st.sampled_from(["m", ""]) | JSON, "states": st.lists(JSON, max_size=4) | JSON,
+    "questions": st.dictionaries(st.sampled_from(["a", "b"]), QUESTION, max_size=2) | JSON,
+    "max_len": JSON, "batch_size": JSON}) | JSON
+VERCEL_QUESTION = st.fixed_dictionaries({"type": st.sampled_from(["boolean", "noul", "choice", "score", "box"])},
+                                        optional={"instructions": JSON, "criteria": JSON}) | JSON
+VERCEL = st.fixed_dictionaries({}, optional={
+    "model": st.none() | JSON, "state": JSON,
+    "questions": st.dictionaries(st.sampled_from(["a", "b"]), VERCEL_QUESTION, max_size=3) | JSON}) | JSON
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(BATCH, VERCEL)
+def test_the_batch_and_the_evaluation_model_declarations_check_what_their_schemas_say(batch, evaluation):
+    agrees(systemone_batch.declaration(SMALL, 3), batch)
+    agrees(vercel.declaration(SMALL), evaluation)

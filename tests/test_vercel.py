@@ -83,3 +83,13 @@ def test_boolean_is_noul_and_other_types_are_named_in_the_specifications_words()
     with pytest.raises(RequestInvalid) as refused:
         to_systemone({"state": "s", "questions": {"a": {"type": "box"}}}, "m")
     assert [p.loc for p in refused.value.problems] == [("body", "questions", "a", "type")]
+
+
+def test_a_type_that_is_no_string_is_a_422_not_a_crash():
+    """A type of [] or {} (which would not hash) is refused where it is, with every other question's (it once reached
+    the mapping to Jev's names and answered 500)."""
+    with pytest.raises(RequestInvalid) as refused:
+        to_systemone({"state": "s", "questions": {"a": {"type": []}, "b": {"type": {}}, "c": {}, "d": "x"}}, "m")
+    assert [(p.loc, p.type) for p in refused.value.problems] == [
+        (("body", "questions", "a", "type"), "value_error"), (("body", "questions", "b", "type"), "value_error"),
+        (("body", "questions", "c", "type"), "value_error")]  # d is no object: System One's validation says so

@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from functools import cache
 from typing import Any, Callable
 
 from aiohttp import web
 
+from ....head.declaration import Bound, Node, check, check_field, json_schema, node
 from ....head.errors import ContextLengthExceeded, Problem, RequestInvalid
 from ....head.schema import (
     MEDIA_FIELDS,
@@ -21,6 +23,8 @@ from ....head.schema import (
     checked_state,
     is_unicode,
     parse_questions,
+    questions_declaration,
+    request_declaration,
     unpaired_surrogates,
 )
 from ...config.registry import ServerSpec
@@ -45,21 +49,36 @@ REFUSED = {
 PASSES = ("batch_size", "sort_by_length")
 
 
-def batch_problems(data: Any, max_states: int) -> list[Problem]:
+@cache
+def declaration(limits: Limits, max_states: int) -> Node:
+    """The batch's body declared once: what parse_batch checks and /openapi.json publishes (each state is declared as
+    System One's state, checked by checked_state; the questions are System One's)."""
+    state = request_declaration(limits).fields["state"]
+    return node("object", msg="the body must be a JSON object with states and questions",
+                required=("states", "questions"), fields={
+                    "model": node("string", "null", msg="model must be a non-empty string", nonblank=True),
+                    "states": node("array", msg="states must be a non-empty array of states (strings, objects or "
+                                   "arrays)", null_missing=True, nonempty=True, items=state, bound=Bound(
+                                       max_states, "at most {most} states per batch (max_queue_per_key: a batch's "
+                                       "states are queued one each), got {got}; split the batch", "too_many_states"),
+                                   description="at most max_queue_per_key states; each is asked every question"),
+                    "questions": replace(questions_declaration(limits),
+                                         description="System One's questions, asked of every state"),
+                    **{key: node("null", msg=f"the batch route takes no {key}: {why}",
+                                 type_error="control_not_supported", description=f"refused: {why}")
+                       for key, why in REFUSED.items()},
+                    **{key: node(description="accepted; changes nothing (the worker batches by its own token "
+                                             "budget)") for key in PASSES}})
+
+
+def batch_problems(data: Any, max_states: int, limits: Limits = Limits()) -> list[Problem]:
     """What the batch body itself gets wrong (its shape, laya's refused controls, media)."""
-    if not isinstance(data, dict):
-        return [Problem(("body",), "the body must be a JSON object with states and questions", "type_error")]
-    problems = []
-    states = data.get("states")
-    if not isinstance(states, list) or not states:
-        problems.append(Problem(("body", "states"), "states must be a non-empty array of states (strings, objects or "
-                                "arrays)", "missing" if states is None else "type_error"))
-    elif len(states) > max_states:
-        problems.append(Problem(("body", "states"), f"at most {max_states} states per batch (max_queue_per_key: "
-                                "a batch's states are queued one each), got "
-                                f"{len(states)}; split the batch", "too_many_states"))
-    problems += [Problem(("body", key), f"the batch route takes no {key}: {why}", "control_not_supported")
-                 for key, why in REFUSED.items() if data.get(key) is not None]
+    declared, problems = declaration(limits, max_states), []
+    if not check(declared, data, ("body",), problems, deep=False):
+        return problems
+    check_field(declared, data, "states", ("body",), problems, deep=False)  # each state: checked_state
+    for key in REFUSED:
+        check_field(declared, data, key, ("body",), problems)
     problems += [Problem(("body", field), "the batch route takes text states only: send media to POST /v1/systemone",
                          error_type) for field, error_type in MEDIA_FIELDS.items() if data.get(field)]
     return problems
@@ -68,15 +87,17 @@ def batch_problems(data: Any, max_states: int) -> list[Problem]:
 def parse_batch(data: Any, model: str, limits: Limits, max_states: int) -> list[DecisionRequest]:
     """The batch as one typed request per state, its questions validated once; every problem of the body (each
     state's at states[i]) in one RequestInvalid."""
-    problems = batch_problems(data, max_states)
+    declared = declaration(limits, max_states)
+    problems = batch_problems(data, max_states, limits)
     if problems:
         raise RequestInvalid(problems)
     check_depth(data, limits)
     states = data["states"]
     problems = unpaired_surrogates([(data["questions"], ("body", "questions"))] if "questions" in data else [])
     problems += unpaired_surrogates([(state, ("body", "states", i)) for i, state in enumerate(states)])
-    if not isinstance(model, str) or not model or not is_unicode(model):
-        problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
+    named = declared.fields["model"]  # the handler has put the default in place of a null
+    if check(named, model, ("body", "model"), problems) and (model is None or not is_unicode(model)):
+        problems.append(Problem(("body", "model"), named.msg, "type_error"))
     texts = [checked_state(state, limits, problems, ("body", "states", i)) for i, state in enumerate(states)]
     questions = parse_questions(data.get("questions"), limits, problems)
     if problems:
@@ -149,17 +170,7 @@ async def batch_handler(request: web.Request) -> web.Response:
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
                   ) -> dict[str, Any]:
     """POST /v1/systemone/batch in /openapi.json: System One's questions over an array of states."""
-    request = {"type": "object", "required": ["states", "questions"], "properties": {
-        "model": {"type": "string"},
-        "states": {"type": "array", "minItems": 1, "items": {"anyOf": [
-            {"type": "string"}, {"type": "object"}, {"type": "array"}]},
-                   "description": "at most max_queue_per_key states; each is asked every question"},
-        "questions": {"type": "object", "minProperties": 1,
-                      "description": "System One's questions, asked of every state",
-                      "additionalProperties": {"$ref": "#/components/schemas/Question"}},
-        **{key: {"description": f"refused: {why}"} for key, why in REFUSED.items()},
-        **{key: {"description": "accepted; changes nothing (the worker batches by its own token budget)"}
-           for key in PASSES}}}
+    request = json_schema(declaration(server.limits, server.tenant_queue), {})
     ok = {"description": "each state's System One answer, in the states' order", "content": {"application/json": {
         "schema": {"type": "object", "required": ["model", "results", "total_usage"], "properties": {
             "model": {"type": "string"},

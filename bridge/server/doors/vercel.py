@@ -8,12 +8,16 @@ question's confidence under `providerMetadata.typesafe.confidence`, `usage` in c
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from functools import cache
 from typing import Any, Callable
 
 from aiohttp import web
 
 from ....head.answer import ChoiceAnswer, NoulAnswer, ScoreAnswer
+from ....head.declaration import Node, check, check_field, json_schema, node
 from ....head.errors import Problem, RequestInvalid
+from ....head.schema import Limits, question_declaration, request_declaration
 from ...config.registry import ServerSpec
 from ...service.decision import Decision
 from ..appstate import REGISTRY
@@ -38,27 +42,41 @@ def vercel_error(exc: BaseException | None, status: int, error_type: str, messag
     return {"error": error}
 
 
+@cache
+def declaration(limits: Limits) -> Node:
+    """The specification's body declared once: System One's text request without a model (it comes in a header),
+    a yes/no question's type `boolean`; to_systemone checks what differs from System One's, parse_request the rest."""
+    text = request_declaration(limits, name_resolved=True)
+    question = question_declaration(limits)
+    kind = node(enum=tuple(TYPES), enum_msg=f"type must be one of {', '.join(SPEC_TYPES)}; got {{got!r}}",
+                missing=f"type must be one of {', '.join(SPEC_TYPES)}; got None", missing_type="value_error",
+                published={"type": "string"})
+    questions = replace(text.fields["questions"], values=replace(question.with_fields(type=kind), ref=""),
+                        description="System One's questions, a yes/no question's type `boolean`")
+    model = node("null", msg=f"the evaluation-model body takes no model: name it in the {MODEL_HEADER} header",
+                 type_error="value_error")
+    return replace(text.with_fields(("state", "questions"), model=model, questions=questions),
+                   msg="the body must be a JSON object with state and questions")
+
+
 def to_systemone(data: Any, model: Any) -> dict[str, Any]:
     """The specification's body as System One's: `boolean` questions as noul, the model from the header; what else
     is wrong is found (and located, at the same paths) by System One's validation."""
-    if not isinstance(data, dict):
-        raise RequestInvalid([Problem(("body",), "the body must be a JSON object with state and questions",
-                                      "type_error")])
-    problems = []
-    if data.get("model") is not None:
-        problems.append(Problem(("body", "model"), f"the evaluation-model body takes no model: name it in the "
-                                f"{MODEL_HEADER} header", "value_error"))
+    declared, problems = declaration(Limits()), []  # the limits are System One's to check
+    if not check(declared, data, ("body",), problems, deep=False):
+        raise RequestInvalid(problems)
+    check_field(declared, data, "model", ("body",), problems)
     questions = data.get("questions")
     if isinstance(questions, dict):
+        question = declared.fields["questions"].values
         for qid, q in questions.items():  # in the specification's words; the rest is System One's to check
-            kind = q.get("type") if isinstance(q, dict) else None
-            if isinstance(q, dict) and not (isinstance(kind, str) and kind in TYPES):
-                problems.append(Problem(("body", "questions", qid, "type"), f"type must be one of "
-                                        f"{', '.join(SPEC_TYPES)}; got {kind!r}", "value_error"))
-        questions = {qid: {**q, "type": TYPES[q["type"]]} if isinstance(q, dict) and q.get("type") in TYPES else q
-                     for qid, q in questions.items()}
-    if problems:
+            if isinstance(q, dict):
+                check_field(question, q, "type", ("body", "questions", qid), problems)
+    if problems:  # before the mapping below: a type of [] or {} would not even hash
         raise RequestInvalid(problems)
+    if isinstance(questions, dict):
+        questions = {qid: {**q, "type": TYPES[q["type"]]} if isinstance(q, dict) else q
+                     for qid, q in questions.items()}
     return {**data, "model": model, "questions": questions}
 
 
@@ -101,10 +119,7 @@ async def evaluation_handler(request: web.Request) -> web.Response:
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
                   ) -> dict[str, Any]:
     """POST /v4/ai/evaluation-model in /openapi.json: System One's state and questions (boolean for noul)."""
-    request = {"type": "object", "required": ["state", "questions"], "properties": {
-        "state": {"description": "a string, an object or an array, as System One's"},
-        "questions": {"type": "object", "minProperties": 1, "description": "System One's questions, a yes/no "
-                      "question's type `boolean`", "additionalProperties": {"type": "object"}}}}
+    request = json_schema(declaration(server.limits), {})
     ok = {"description": "the answers in the evaluation model specification's shape", "content": {
         "application/json": {"schema": {"type": "object", "required": ["answers", "usage"], "properties": {
             "answers": {"type": "object"}, "usage": {"type": "object"}, "warnings": {"type": "array"},
