@@ -3,6 +3,7 @@ medium is read, and what /openapi.json publishes; the words every refusal of a m
 
 from __future__ import annotations
 
+from functools import cache
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -44,20 +45,25 @@ ASSET = node("object", msg=f"an asset must be an object: {{\"type\": {TYPES_TEXT
                  "part": node("string", description="multipart/form-data: the medium's part name")})
 
 
-def media_declarations(limits: Mapping[str, Any] = MappingProxyType({})) -> dict[str, Node]:
+def media_declarations(limits: Mapping[str, Any] = MappingProxyType({})) -> Mapping[str, Node]:
     """The body's media fields as declared, under the server's limits (each kind's by its name, its row's defaults
     where absent): each kind's array and `assets` (request.py reads each entry's bytes and each asset's data)."""
+    return _declared(tuple(limits[kind] if kind in limits else row.limits() for kind, row in TABLE.items()))
+
+
+@cache  # each kind's limits are frozen: one server's declarations are built once
+def _declared(counted: tuple[Any, ...]) -> Mapping[str, Node]:
     declared = {"assets": node("object", "null", msg="assets must be an object of placeholder -> asset", values=ASSET,
                                description=f"placeholder -> {' or '.join(row.noun for row in TABLE.values())}; each "
                                            "placeholder inside a string of the state, instructions or criteria reads "
                                            f"{' or '.join(MARKERS[kind].format('N') for kind in TABLE)}")}
-    for kind, row in TABLE.items():
+    for (kind, row), limits in zip(TABLE.items(), counted):
         arrays = f", frame arrays {frames.SHAPE}" if row.array is not None else ""
-        most = (limits[kind] if kind in limits else row.limits()).max_count
+        most = limits.max_count
         declared[row.field] = node(
             "array", "null", msg=f"{row.field} must be an array of data: URLs, base64 strings{arrays} or "
                                  "{\"content_type\", \"base64\"} objects",
             bound=Bound(most, f"at most {{most}} {row.noun}s per request ({row.count_key}), got {{got}}",
                         f"too_many_{row.noun.replace(' ', '_')}s"),
             description=row.description, published={"items": _entry(kind, row)})
-    return declared
+    return MappingProxyType(declared)
