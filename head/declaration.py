@@ -47,6 +47,7 @@ class Node:
     missing_type: str = "missing"
     null_missing: bool = False  # a required field's null reads as its absence (OpenAI's doors)
     nonempty: bool = False  # an array or an object needs an item (a string may be empty)
+    fewest: int = 0  # an array or an object needs this many items (refused as msg says, as an empty one is)
     nonblank: bool = False  # a string needs a character
     blank: str = ""  # the refusal of an empty string where nonblank (default: msg)
     bound: Bound | None = None
@@ -88,7 +89,7 @@ def _absent(declared: Node, value: Any) -> bool:
 def _empty(declared: Node, value: Any) -> bool:
     if isinstance(value, str):
         return declared.nonblank and not value
-    return declared.nonempty and isinstance(value, (list, dict)) and not value
+    return isinstance(value, (list, dict)) and len(value) < max(declared.fewest, declared.nonempty)
 
 
 def check(declared: Node, value: Any, loc: Loc, problems: list[Problem], deep: bool = True) -> bool:
@@ -159,8 +160,9 @@ def json_schema(declared: Node, refs: dict[str, Any] | None = None, published: b
         out["enum"] = list(declared.enum)
     for kind, (least, most) in SIZES.items():
         if kind in declared.types:
-            if declared.nonblank if kind == "string" else declared.nonempty:
-                out[least] = 1
+            fewest = declared.nonblank if kind == "string" else max(declared.fewest, declared.nonempty)
+            if fewest:
+                out[least] = int(fewest)
             if declared.bound is not None:
                 out[most] = declared.bound.most
     if declared.fields:

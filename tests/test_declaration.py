@@ -11,7 +11,15 @@ import jsonschema
 import pytest
 from clef_bridge.bridge.config.registry import ServerSpec
 from clef_bridge.bridge.media.fields import media_declarations
-from clef_bridge.bridge.server.doors import openai_decisions, systemone, systemone_batch, vercel, workers_ai
+from clef_bridge.bridge.server.doors import (
+    ainode,
+    deqio,
+    openai_decisions,
+    systemone,
+    systemone_batch,
+    vercel,
+    workers_ai,
+)
 from clef_bridge.head.declaration import Bound, check, is_type, json_schema, node
 from clef_bridge.head.schema import Limits, question_declaration, questions_declaration, request_declaration
 from hypothesis import HealthCheck, given, settings
@@ -146,3 +154,24 @@ VERCEL = st.fixed_dictionaries({}, optional={
 def test_the_batch_and_the_evaluation_model_declarations_check_what_their_schemas_say(batch, evaluation):
     agrees(systemone_batch.declaration(SMALL, 3), batch)
     agrees(vercel.declaration(SMALL), evaluation)
+
+
+AINODE = st.fixed_dictionaries({}, optional={
+    "model": st.sampled_from(["m", ""]) | JSON, "state": JSON, "instructions": JSON,
+    "calibration": st.sampled_from(["raw", "calibrated"]) | JSON,
+    "questions": st.dictionaries(st.sampled_from(["a", "b"]), st.fixed_dictionaries({}, optional={
+        "question": st.sampled_from(["Why?", ""]) | JSON, "options": JSON, "type": JSON}) | JSON, max_size=2) | JSON})
+DEQIO = st.fixed_dictionaries({}, optional={
+    "state": JSON, "question": JSON, "id": JSON, "mode": st.sampled_from(["serial", "parallel"]) | JSON,
+    "input_policy": st.fixed_dictionaries({}, optional={"overflow": st.sampled_from(["reject", "truncate"])}) | JSON,
+    "facts": st.sampled_from(["off", "auto"]) | JSON, "options": st.lists(JSON, max_size=3) | JSON,
+    "decisions": st.lists(st.fixed_dictionaries({}, optional={"options": st.lists(JSON, max_size=3) | JSON,
+                                                              "id": JSON}) | JSON, max_size=2) | JSON,
+    "questions": st.dictionaries(st.sampled_from(["a"]), QUESTION, max_size=1) | JSON}) | JSON
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(AINODE, DEQIO, st.sampled_from(deqio.DEQIO_ROUTES))
+def test_ainodes_and_deqios_declarations_check_what_their_schemas_say(body, deqio_body, route):
+    agrees(ainode.REQUEST, body)
+    agrees(deqio.declarations(SMALL)[route], deqio_body)

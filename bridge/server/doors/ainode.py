@@ -15,6 +15,7 @@ import numpy as np
 from aiohttp import web
 
 from ....head.answer import softmax64
+from ....head.declaration import check, check_field, json_schema, node
 from ....head.errors import Problem, RequestInvalid
 from ....head.schema import (
     DecisionRequest,
@@ -39,6 +40,31 @@ YES_NO = ("yes", "no")  # a boolean question's options, AINode's BOOLEAN_OPTIONS
 SCORE_RANGE = (1, 5)  # a score question's min and max when it sends none (AINode's defaults)
 MAX_OPTIONS = 255  # AINode's ceiling on a question's options, a score's range included (the model's limits follow)
 RAW = "raw"  # calibration: the probabilities before the model's temperatures
+# AINode's request declared once: parse() checks it (a question's options, type and range are read by _options,
+# which the declaration describes), /openapi.json publishes it
+QUESTION = node("object", msg="a question must be an object {question, options | type}", required=("question",),
+                fields={
+                    "question": node("string", msg="needs a non-empty question string", null_missing=True,
+                                     nonblank=True, published={"pattern": "\\S"}),
+                    "options": node(description="a choice of these (unique)", published={
+                        "type": "array", "minItems": 2, "items": {"type": "string", "minLength": 1}}),
+                    "type": node(description="without options: boolean is a noul answered yes or no; score asks "
+                                             "levels min..max (with options: ignored unless boolean, refused then)"),
+                    "min": node(published={"type": "integer", "default": SCORE_RANGE[0]}),
+                    "max": node(published={"type": "integer", "default": SCORE_RANGE[1]})})
+REQUEST = node("object", msg="the body must be a JSON object with state and questions", required=("questions",),
+               fields={
+                   "model": node("string", "null", msg="model must be a non-empty string", nonblank=True,
+                                 description="left out: the default model, said in x_warnings"),
+                   "state": node(description="a string, or JSON rendered compact with sorted keys (checked as System "
+                                             "One's state); left out: empty"),
+                   "questions": node("object", msg="questions must be a non-empty object of {key: {question, options "
+                                     "| type}}", null_missing=True, nonempty=True, values=QUESTION),
+                   "instructions": node(description="refused when not empty: Clef's prompt has no request-wide "
+                                                    "instructions"),
+                   "calibration": node(enum=(RAW, None), enum_msg=f'calibration must be "{RAW}" when given, got '
+                                       "{got!r}", enum_type="invalid_value", description="the probabilities before "
+                                       "the model's temperatures")})
 
 
 def ainode_error(exc: BaseException | None, status: int, error_type: str, message: str) -> dict[str, Any]:
@@ -98,13 +124,11 @@ def _options(key: str, spec: dict[str, Any], loc: Loc, problems: list[Problem]) 
 
 def _question(key: str, spec: Any, t: Parsed, problems: list[Problem]) -> dict[str, Any] | None:
     loc = ("body", "questions", key)
-    if not isinstance(spec, dict):
-        problems.append(Problem(loc, "a question must be an object {question, options | type}", "type_error"))
+    if not check(QUESTION, spec, loc, problems, deep=False):
         return None
     text = spec.get("question")
-    if not isinstance(text, str) or not text.strip():
-        problems.append(Problem(loc + ("question",), "needs a non-empty question string",
-                                "missing" if text is None else "type_error"))
+    if check_field(QUESTION, spec, "question", loc, problems) and not text.strip():  # blank: no question either
+        problems.append(Problem(loc + ("question",), QUESTION.fields["question"].msg, "type_error"))
     options = _options(key, spec, loc, problems)
     if options is None or not isinstance(text, str):
         return None
@@ -122,10 +146,9 @@ def _question(key: str, spec: Any, t: Parsed, problems: list[Problem]) -> dict[s
 def parse(data: Any, default_model: str, limits: Limits) -> tuple[Parsed, list[str]]:
     """The typed request and its warnings; every problem of the AINode request at once (RequestInvalid, located in
     it): its own shape's first, then Clef's limits on what it asks."""
-    if not isinstance(data, dict):
-        raise RequestInvalid([Problem(("body",), "the body must be a JSON object with state and questions",
-                                      "type_error")])
     problems: list[Problem] = []
+    if not check(REQUEST, data, ("body",), problems, deep=False):
+        raise RequestInvalid(problems)
     t, warnings = Parsed(), []
     model = data.get("model")
     if model is None:  # AINode's body may leave it out: the default model, said as POST /v1/systemone says it
@@ -134,23 +157,15 @@ def parse(data: Any, default_model: str, limits: Limits) -> tuple[Parsed, list[s
     if data.get("instructions"):
         problems.append(Problem(("body", "instructions"), "Clef's prompt has no request-wide instructions: write them "
                                 "into each question's question", "instructions_not_supported"))
-    calibration = data.get("calibration")
-    if calibration not in (None, RAW):
-        problems.append(Problem(("body", "calibration"), f'calibration must be "{RAW}" when given, got '
-                                f"{calibration!r}", "invalid_value"))
-    t.raw = calibration == RAW
-    raw = data.get("questions")
+    check_field(REQUEST, data, "calibration", ("body",), problems)
+    t.raw = data.get("calibration") == RAW
     questions: dict[str, dict[str, Any]] = {}
-    if not isinstance(raw, dict) or not raw:
-        problems.append(Problem(("body", "questions"), "questions must be a non-empty object of {key: {question, "
-                                "options | type}}", "missing" if raw is None else "type_error"))
-    else:
-        for key, spec in raw.items():
+    if check_field(REQUEST, data, "questions", ("body",), problems, deep=False):
+        for key, spec in data["questions"].items():
             question = _question(key, spec, t, problems)
             if question is not None:
                 questions[key] = question
-    if not isinstance(model, str) or not model:
-        problems.append(Problem(("body", "model"), "model must be a non-empty string", "type_error"))
+    check_field(REQUEST, data, "model", ("body",), problems)  # null: the default model, above
     if problems:
         raise RequestInvalid(problems)
     state = data.get("state")
@@ -212,20 +227,7 @@ async def decide_handler(request: web.Request) -> web.Response:
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
                   ) -> dict[str, Any]:
     """POST /v1/decide in /openapi.json: AINode's request and answer, its errors as {error: {message, type}}."""
-    question = {"type": "object", "required": ["question"], "properties": {
-        "question": {"type": "string", "minLength": 1},
-        "options": {"type": "array", "minItems": 2, "items": {"type": "string", "minLength": 1},
-                    "description": "a choice of these (unique)"},
-        "type": {"type": "string", "enum": ["boolean", "score"],
-                 "description": "without options: boolean is a noul answered yes or no; score asks levels min..max"},
-        "min": {"type": "integer", "default": SCORE_RANGE[0]}, "max": {"type": "integer", "default": SCORE_RANGE[1]}}}
-    request = {"type": "object", "required": ["questions"], "properties": {
-        "model": {"type": "string", "description": "left out: the default model, said in x_warnings"},
-        "state": {"description": "a string, or JSON rendered compact with sorted keys; left out: empty"},
-        "questions": {"type": "object", "minProperties": 1, "additionalProperties": question},
-        "instructions": {"description": "refused when not empty: Clef's prompt has no request-wide instructions"},
-        "calibration": {"type": "string", "enum": [RAW], "description": "the probabilities before the model's "
-                                                                        "temperatures"}}}
+    request = json_schema(REQUEST)
     verdict = {"type": "object", "required": ["answer", "confidence", "distribution", "latency_ms"], "properties": {
         "answer": {"type": "string"}, "confidence": {"type": "number"},
         "distribution": {"type": "object", "additionalProperties": {"type": "number"}},

@@ -9,12 +9,16 @@ What Deqio asks that has no place in Clef's prompt is refused by name: `facts: "
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from functools import cache
 from typing import Any, Callable
 
 from aiohttp import web
 
 from ....head.answer import NoulAnswer
+from ....head.declaration import Node, check, check_field, json_schema, node
 from ....head.errors import Problem, RequestInvalid
+from ....head.schema import Limits, questions_declaration
 from ...config.registry import ServerSpec
 from ...service.decision import Decision
 from ..appstate import REGISTRY
@@ -28,11 +32,54 @@ NAME = "decision"  # the question's name where Deqio's request has one question 
 MODES = ("serial", "direct")  # Deqio's ways of reading one question: with one question, one pass either way
 
 
-def _criteria(raw: Any, loc: tuple) -> tuple[dict[str, Any], list[Problem]]:
+OVERFLOW = ("a Clef prompt is read whole or refused (413 over max_length): input_policy takes overflow \"reject\" "
+            "only")
+# the fields every Deqio route takes that change nothing here, or that Clef cannot do
+COMMON = {
+    "state": node(description="System One's state (System One's validation checks it)"),
+    "id": node(description="given back as the answer's id when a string"),
+    "mode": node(enum=(*MODES, None), enum_msg=f"mode must be one of {', '.join(MODES)}"),
+    "input_policy": node("object", "null", msg=OVERFLOW, type_error="value_error",
+                         fields={"overflow": node(enum=("reject",), enum_msg=OVERFLOW)}),
+    "facts": node(enum=("off", None), enum_msg="facts \"auto\" is Deqio's own fact extraction, which Clef does not do: "
+                  "send facts \"off\" or leave it out")}
+OPTIONS = node("array", msg="options must be an array of at least 2 {id, description}", fewest=2, published={
+    "items": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["id"], "properties": {
+        "id": {"type": "string", "minLength": 1}, "description": {}}}]}})
+DECISION = node("object", msg="a decision must be an object", required=("options",), fields={
+    "question": node(description="System One's instructions"), "id": node(description="its answer's id (its index "
+                                                                                        "when left out)"),
+    "options": replace(OPTIONS, missing_type="type_error")})
+
+
+@cache
+def declarations(limits: Limits) -> dict[str, Node]:
+    """Each route's body declared once: what to_systemone checks (the state, a question's text and soam's questions
+    are System One's validation's, the same declarations) and /openapi.json publishes."""
+    question = node(description="the question's text: System One's instructions")
+    choice = node("object", msg="the body must be a JSON object", required=("state",), fields={
+        **COMMON, "question": question, "options": replace(OPTIONS, missing_type="type_error")})
+    return {
+        "noul": choice.without("options"),
+        "choice": choice, "decision": choice,
+        "shared": choice.without("options", "question").with_fields(("state", "decisions"), decisions=node(
+            "array", msg="decisions must be a non-empty array", missing_type="type_error", nonempty=True,
+            items=DECISION)),
+        "score": choice.without("options").with_fields(("state", "question"), name=node(
+            description="the question's name (decision when left out)"), question=node(
+            "object", msg="question must be a score question's object {instructions, criteria}",
+            missing_type="type_error", fields={"type": node(enum=("score",), enum_msg="question must be a score "
+                                                            "question's object {instructions, criteria}",
+                                                            enum_type="type_error")})),
+        "soam": choice.without("options", "question").with_fields(("state", "questions"),
+                                                                  questions=questions_declaration(limits))}
+
+
+def _criteria(raw: Any, loc: tuple, problems: list[Problem]) -> dict[str, Any]:
     """Deqio's options [{id, description}] (or ids) as a choice's criteria."""
-    if not isinstance(raw, list) or len(raw) < 2:
-        return {}, [Problem(loc, "options must be an array of at least 2 {id, description}", "type_error")]
-    criteria, problems = {}, []
+    criteria: dict[str, Any] = {}
+    if not check(OPTIONS, raw, loc, problems):
+        return criteria
     for i, option in enumerate(raw):
         option = {"id": option, "description": option} if isinstance(option, str) else option
         oid = option.get("id") if isinstance(option, dict) else None
@@ -42,57 +89,36 @@ def _criteria(raw: Any, loc: tuple) -> tuple[dict[str, Any], list[Problem]]:
             problems.append(Problem(loc + (i, "id"), f"option {oid!r} is named twice", "value_error"))
         else:
             criteria[oid] = option.get("description")
-    return criteria, problems
-
-
-def _common(data: dict[str, Any], problems: list[Problem]) -> None:
-    """The fields every Deqio route takes that change nothing here, or that Clef cannot do."""
-    if data.get("mode") not in (None, *MODES):
-        problems.append(Problem(("body", "mode"), f"mode must be one of {', '.join(MODES)}", "value_error"))
-    policy = data.get("input_policy")
-    if policy is not None and (not isinstance(policy, dict) or policy.get("overflow", "reject") != "reject"):
-        problems.append(Problem(("body", "input_policy"), "a Clef prompt is read whole or refused (413 over max_length): "
-                                "input_policy takes overflow \"reject\" only", "value_error"))
-    if data.get("facts") not in (None, "off"):
-        problems.append(Problem(("body", "facts"), "facts \"auto\" is Deqio's own fact extraction, which Clef does not "
-                                "do: send facts \"off\" or leave it out", "value_error"))
+    return criteria
 
 
 def to_systemone(route: str, data: Any) -> dict[str, Any]:
     """A Deqio body as System One's questions (the state and the model come after); every problem at once."""
-    if not isinstance(data, dict):
-        raise RequestInvalid([Problem(("body",), "the body must be a JSON object", "type_error")])
-    problems: list[Problem] = []
-    _common(data, problems)
+    declared, problems = declarations(Limits())[route], []  # the limits are System One's validation's
+    if not check(declared, data, ("body",), problems, deep=False):
+        raise RequestInvalid(problems)
+    for name in ("mode", "input_policy", "facts"):
+        check_field(declared, data, name, ("body",), problems)
     questions: dict[str, Any] = {}
     if route == "noul":
         questions[NAME] = {"type": "noul", "instructions": data.get("question")}
     elif route in ("choice", "decision"):
-        criteria, found = _criteria(data.get("options"), ("body", "options"))
-        problems += found
+        criteria = _criteria(data.get("options"), ("body", "options"), problems)
         questions[NAME] = {"type": "choice", "instructions": data.get("question"), "criteria": criteria}
     elif route == "shared":
-        decisions = data.get("decisions")
-        if not isinstance(decisions, list) or not decisions:
-            problems.append(Problem(("body", "decisions"), "decisions must be a non-empty array", "type_error"))
-        for i, item in enumerate(decisions if isinstance(decisions, list) else []):
-            if not isinstance(item, dict):
-                problems.append(Problem(("body", "decisions", i), "a decision must be an object", "type_error"))
-                continue
-            criteria, found = _criteria(item.get("options"), ("body", "decisions", i, "options"))
-            problems += found
-            qid = str(item.get("id", i))
-            if qid in questions:  # one answer per id: a second would be lost
-                problems.append(Problem(("body", "decisions", i, "id"), f"decision id {qid!r} is used twice",
-                                        "value_error"))
-            questions[qid] = {"type": "choice", "instructions": item.get("question"), "criteria": criteria}
+        if check_field(declared, data, "decisions", ("body",), problems, deep=False):
+            for i, item in enumerate(data["decisions"]):
+                if not check(DECISION, item, ("body", "decisions", i), problems, deep=False):
+                    continue
+                criteria = _criteria(item.get("options"), ("body", "decisions", i, "options"), problems)
+                qid = str(item.get("id", i))
+                if qid in questions:  # one answer per id: a second would be lost
+                    problems.append(Problem(("body", "decisions", i, "id"), f"decision id {qid!r} is used twice",
+                                            "value_error"))
+                questions[qid] = {"type": "choice", "instructions": item.get("question"), "criteria": criteria}
     elif route == "score":
-        question = data.get("question")
-        if not isinstance(question, dict) or question.get("type", "score") != "score":
-            problems.append(Problem(("body", "question"), "question must be a score question's object "
-                                    "{instructions, criteria}", "type_error"))
-        else:
-            questions[str(data.get("name", NAME))] = {**question, "type": "score"}
+        if check_field(declared, data, "question", ("body",), problems):
+            questions[str(data.get("name", NAME))] = {**data["question"], "type": "score"}
     else:  # soam: System One's questions as they are
         questions = data.get("questions")
     if problems:
@@ -140,23 +166,7 @@ async def deqio_handler(request: web.Request) -> web.Response:
 def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
                   ) -> dict[str, Any]:
     """Deqio's routes in /openapi.json: its request bodies, and its answers (System One's for score and soam)."""
-    option = {"anyOf": [{"type": "string"}, {"type": "object", "required": ["id"], "properties": {
-        "id": {"type": "string"}, "description": {}}}]}
-    common = {"state": {}, "id": {"type": "string"}, "mode": {"type": "string", "enum": list(MODES)},
-              "input_policy": {"type": "object"}, "facts": {"type": "string", "enum": ["off"]}}
-    choice = {"type": "object", "required": ["state", "question", "options"], "properties": {
-        **common, "question": {}, "options": {"type": "array", "minItems": 2, "items": option}}}
-    bodies = {
-        "noul": {"type": "object", "required": ["state", "question"], "properties": {**common, "question": {}}},
-        "choice": choice, "decision": choice,
-        "shared": {"type": "object", "required": ["state", "decisions"], "properties": {**common, "decisions": {
-            "type": "array", "minItems": 1, "items": {"type": "object", "required": ["question", "options"],
-                                                        "properties": {"question": {}, "id": {"type": "string"},
-                                                                       "options": choice["properties"]["options"]}}}}},
-        "score": {"type": "object", "required": ["state", "question"], "properties": {
-            **common, "question": {"type": "object"}, "name": {"type": "string"}}},
-        "soam": {"type": "object", "required": ["state", "questions"], "properties": {
-            **common, "questions": {"type": "object"}}}}
+    bodies = {route: json_schema(declared, {}) for route, declared in declarations(server.limits).items()}
     return {PATHS[f"deqio_{route}"]: {"post": {
         "operationId": f"deqio_{route}", "security": security,
         "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
