@@ -11,6 +11,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 from aiohttp import web
 
+from ...head.declaration import Node, json_schema, node
 from ...head.errors import Category, ClefError, RequestInvalid
 
 
@@ -80,6 +81,27 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OpenApiPaths = Callable[[list[dict[str, Any]], Callable[..., dict[str, Any]], Any], dict[str, Any]]
 
 
+TEXT = node("string")
+# The Jev shape declared: an invalid request's problems (ValidationError, 422) or any other error (Error)
+PROBLEM = node("object", required=("loc", "msg", "type"), fields={
+    "loc": node("array", items=node("string", "integer")), "msg": TEXT, "type": TEXT})
+VALIDATION_ERROR = node("object", ref="ValidationError", required=("detail",),
+                        fields={"detail": node("array", items=PROBLEM)})
+OTHER_ERROR = node("object", ref="Error", required=("detail",), fields={"detail": node(
+    "object", required=("error_type", "message"), fields={"error_type": TEXT, "message": TEXT})})
+# either, as one value: detail is an array of problems or an object (what a check of any Jev error body reads)
+JEV_ERROR = node("object", required=("detail",), fields={"detail": node(
+    "array", "object", items=PROBLEM, required=OTHER_ERROR.fields["detail"].required,
+    fields=OTHER_ERROR.fields["detail"].fields)})
+
+
+def error_responses(declared: Node, *statuses: int, description: str = "") -> dict[str, Any]:
+    """A door's error statuses in /openapi.json, each answering its declared error body."""
+    schema = json_schema(declared)
+    return {str(status): {"description": description or f"error {status}",
+                          "content": {"application/json": {"schema": schema}}} for status in statuses}
+
+
 def jev_error(exc: BaseException | None, status: int, error_type: str, message: str) -> Any:
     """The Jev shape: an invalid request's problems, each with its location; any other error's type and message."""
     if isinstance(exc, RequestInvalid) and status == 422:  # media too large (413) answer like other 413s
@@ -90,11 +112,13 @@ def jev_error(exc: BaseException | None, status: int, error_type: str, message: 
 @dataclass(frozen=True)
 class Door:
     """One API shape the server speaks over the decision service: its routes' handlers (by their names in
-    routes.py), the shape of its errors (routes.py's `shape` of its rows), its paths in /openapi.json, and the
-    statuses its protocol answers in place of errors.py's (OpenAI's 400 for an invalid request)."""
+    routes.py), the shape of its errors (routes.py's `shape` of its rows) and that shape declared (what
+    /openapi.json publishes for its error statuses), its paths in /openapi.json, and the statuses its protocol
+    answers in place of errors.py's (OpenAI's 400 for an invalid request)."""
 
     shape: str
     handlers: dict[str, Handler]
     error_body: ErrorShape
+    error_declared: Node
     openapi_paths: OpenApiPaths
     statuses: dict[int, int] = field(default_factory=dict)

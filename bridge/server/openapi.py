@@ -8,6 +8,7 @@ from ...head.declaration import json_schema
 from ..catalogue.media import READABLE
 from ..config.registry import Registry, ServerSpec
 from .doors import openapi_paths as door_paths
+from .context import OTHER_ERROR, VALIDATION_ERROR
 from .doors import systemone
 from .pages import FILES as PLAYGROUND_FILES
 from .routes import PATHS
@@ -17,9 +18,11 @@ PROBABILITY = {"type": "number", "minimum": 0, "maximum": 1}
 
 def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
     """The components; every limit is the one in force (models.toml's [server] table, else its default). The
-    requests' are written from their declarations (SystemOneRequest, Question, Asset: what the validation checks)."""
+    requests' and the Jev errors' are written from their declarations (SystemOneRequest, Question, Asset: what the
+    validation checks; ValidationError, Error: what jev_error writes)."""
     declared: dict[str, Any] = {}
-    json_schema(systemone.declaration(server, names), declared)
+    for each in (systemone.declaration(server, names), VALIDATION_ERROR, OTHER_ERROR):
+        json_schema(each, declared)
     return {
         **declared,
         "NoulAnswer": {"type": "object", "required": ["type", "noul"],
@@ -49,20 +52,6 @@ def _schemas(names: list[str], server: ServerSpec) -> dict[str, Any]:
                                               "makes an answer doubtful: the built-in demo's random weights (with the "
                                               "header X-Clef-Demo: random-weights)"},
             },
-        },
-        "ValidationError": {
-            "type": "object", "required": ["detail"],
-            "properties": {"detail": {"type": "array", "items": {
-                "type": "object", "required": ["loc", "msg", "type"],
-                "properties": {"loc": {"type": "array", "items": {"anyOf": [{"type": "string"},
-                                                                            {"type": "integer"}]}},
-                               "msg": {"type": "string"}, "type": {"type": "string"}}}}},
-        },
-        "Error": {
-            "type": "object", "required": ["detail"],
-            "properties": {"detail": {"type": "object", "required": ["error_type", "message"],
-                                      "properties": {"error_type": {"type": "string"},
-                                                     "message": {"type": "string"}}}},
         },
         "ModelList": {
             "type": "object", "required": ["models"],
@@ -107,7 +96,7 @@ def openapi_spec(registry: Registry, names: dict[str, str]) -> dict[str, Any]:
         "info": {"title": "clef-bridge", "version": "0.1.0",
                  "description": "Jev / TypeSafe System One API for self-hosted Clef decision models"},
         "paths": {
-            **door_paths(security, _errors, registry.server),
+            **door_paths(security, registry.server),
             PATHS["models"]: {"get": {
                 "operationId": "models", "security": security,
                 "parameters": [{"name": "shape", "in": "query", "required": False,

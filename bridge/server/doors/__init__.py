@@ -7,10 +7,11 @@ module here holding its Door (its handlers, the shape of its errors, its paths i
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 from ...config.registry import ServerSpec
-from ..context import Door, ErrorShape, Handler, jev_error
+from ..context import Door, ErrorShape, Handler, error_responses, jev_error
 from ..routes import JEV_SHAPE
 from . import ainode, deqio, openai_decisions, systemone, systemone_batch, vercel, workers_ai
 
@@ -24,7 +25,8 @@ ERROR_SHAPES: dict[str, ErrorShape] = {JEV_SHAPE: jev_error, **{door.shape: door
 STATUSES: dict[str, dict[int, int]] = {door.shape: door.statuses for door in DOORS}
 
 
-def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str, Any]], server: ServerSpec
-                  ) -> dict[str, Any]:
-    """Every door's paths in /openapi.json, under the server's limits."""
-    return {path: item for door in DOORS for path, item in door.openapi_paths(security, errors, server).items()}
+def openapi_paths(security: list[dict[str, Any]], server: ServerSpec) -> dict[str, Any]:
+    """Every door's paths in /openapi.json, under the server's limits, its errors as it declares them."""
+    return {path: item for door in DOORS
+            for path, item in door.openapi_paths(security, partial(error_responses, door.error_declared),
+                                                 server).items()}

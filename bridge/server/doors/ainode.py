@@ -67,6 +67,10 @@ REQUEST = node("object", msg="the body must be a JSON object with state and ques
                                        "the model's temperatures")})
 
 
+AINODE_ERROR = node("object", required=("error",), fields={"error": node(
+    "object", required=("message", "type"), fields={"message": node("string"), "type": node("string")})})
+
+
 def ainode_error(exc: BaseException | None, status: int, error_type: str, message: str) -> dict[str, Any]:
     """AINode's error shape, {"error": {message, type}}; an invalid request's message lists every problem."""
     if isinstance(exc, RequestInvalid) and exc.problems:
@@ -240,9 +244,8 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
     return {PATHS["ainode_decide"]: {"post": {
         "operationId": "ainode_decide", "security": security,
         "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-        "responses": {"200": ok, **{str(s): {"description": failed} for s in (400, 401, 404, 408, 413, 415, 429,
-                                                                               503)}}}}}
+        "responses": {"200": ok, **errors(400, 401, 404, 408, 413, 415, 429, 503, description=failed)}}}}
 
 
 # AINode answers a request it cannot decide as asked 400, where the Jev API answers 422
-DOOR = Door(AINODE_SHAPE, {"ainode_decide": decide_handler}, ainode_error, openapi_paths, {422: 400})
+DOOR = Door(AINODE_SHAPE, {"ainode_decide": decide_handler}, ainode_error, AINODE_ERROR, openapi_paths, {422: 400})

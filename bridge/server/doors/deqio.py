@@ -22,7 +22,7 @@ from ....head.schema import Limits, questions_declaration
 from ...config.registry import ServerSpec
 from ...service.decision import Decision
 from ..appstate import REGISTRY
-from ..context import INFO, Door, jev_error, json_response
+from ..context import INFO, JEV_ERROR, Door, jev_error, json_response
 from ..routes import DEQIO_SHAPE, PATHS
 from .decisions import decide, extensions, read_body, systemone_input
 from .systemone import no_model_warning, systemone_body
@@ -175,4 +175,5 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
         for route, schema in bodies.items()}
 
 
-DOOR = Door(DEQIO_SHAPE, {f"deqio_{route}": deqio_handler for route in DEQIO_ROUTES}, jev_error, openapi_paths)
+DOOR = Door(DEQIO_SHAPE, {f"deqio_{route}": deqio_handler for route in DEQIO_ROUTES}, jev_error, JEV_ERROR,
+            openapi_paths)

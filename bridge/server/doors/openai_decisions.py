@@ -86,6 +86,11 @@ def param(loc: Loc) -> str | None:
     return out or None
 
 
+OPENAI_ERROR = node("object", required=("error",), fields={"error": node(
+    "object", required=("message", "type", "param", "code"), fields={
+        "message": node("string"), "type": node("string"), "param": node("string", "null"), "code": node("string")})})
+
+
 def openai_error(exc: BaseException | None, status: int, error_type: str, message: str) -> dict[str, Any]:
     """OpenAI's error shape: {"error": {message, type, param, code}}; an invalid request's param names the first
     offending field (a too-long input's first), its code says what is wrong with it (context_length_exceeded for
@@ -477,8 +482,7 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
     return {PATHS[name]: {"post": {
         "operationId": name, "security": security,
         "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-        "responses": {"200": ok, **{str(s): {"description": failed}
-                                    for s in (400, 401, 404, 408, 413, 415, 429, 503)}}}}
+        "responses": {"200": ok, **errors(400, 401, 404, 408, 413, 415, 429, 503, description=failed)}}}
         for name in NAMES}
 
 
@@ -487,4 +491,5 @@ NAMES = ("openai_decisions", *(name for name in PATHS if name.startswith("openai
 
 # OpenAI answers an invalid request 400, where the Jev API answers 422, and a request over a limit 400 too (its
 # clients catch BadRequestError, langchain-openai reads code context_length_exceeded there), where Jev answers 413
-DOOR = Door(OPENAI_SHAPE, dict.fromkeys(NAMES, decisions_handler), openai_error, openapi_paths, {422: 400, 413: 400})
+DOOR = Door(OPENAI_SHAPE, dict.fromkeys(NAMES, decisions_handler), openai_error, OPENAI_ERROR, openapi_paths,
+            {422: 400, 413: 400})

@@ -15,7 +15,7 @@ from ...config.registry import LATEST, ServerSpec
 from ...media.fields import media_declarations
 from ...service.decision import Decision
 from ..appstate import REGISTRY
-from ..context import Door, jev_error, json_response
+from ..context import JEV_ERROR, Door, jev_error, json_response
 from ..routes import JEV_SHAPE, PATHS
 from ..multipart import RequestBody
 from .decisions import decide, extensions, read_body, systemone_input
@@ -77,4 +77,4 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
 
 
 NAMES = ("systemone", *(name for name in PATHS if name.startswith("systemone_at_")))
-DOOR = Door(JEV_SHAPE, dict.fromkeys(NAMES, systemone_handler), jev_error, openapi_paths)
+DOOR = Door(JEV_SHAPE, dict.fromkeys(NAMES, systemone_handler), jev_error, JEV_ERROR, openapi_paths)

@@ -31,7 +31,7 @@ from ...config.registry import ServerSpec
 from ...media.request import UnsupportedMediaType
 from ...service.decision import Decision, DecisionInput
 from ..appstate import REGISTRY
-from ..context import INFO, Door, jev_error, json_response
+from ..context import INFO, JEV_ERROR, Door, jev_error, json_response
 from ..routes import BATCH_SHAPE, PATHS
 from .decisions import decide, extensions, read_body
 from .systemone import no_model_warning, systemone_body
@@ -182,4 +182,4 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
         "responses": {"200": ok, **errors(400, 401, 404, 413, 415, 422, 429, 503)}}}}
 
 
-DOOR = Door(BATCH_SHAPE, {"systemone_batch": batch_handler}, jev_error, openapi_paths)
+DOOR = Door(BATCH_SHAPE, {"systemone_batch": batch_handler}, jev_error, JEV_ERROR, openapi_paths)

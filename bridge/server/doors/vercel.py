@@ -34,6 +34,15 @@ SPEC_TYPES = (BOOLEAN, "choice", "score")
 TYPES = {BOOLEAN: "noul", "noul": "noul", "choice": "choice", "score": "score"}  # Jev's own name taken too
 
 
+VERCEL_ERROR = node("object", required=("error",), fields={"error": node(
+    "object", required=("message", "type"), fields={
+        "message": node("string"), "type": node("string"),
+        "issues": node("array", description="an invalid request's problems", items=node(
+            "object", required=("path", "message", "type"), fields={
+                "path": node("array", items=node("string", "integer")), "message": node("string"),
+                "type": node("string")}))})})
+
+
 def vercel_error(exc: BaseException | None, status: int, error_type: str, message: str) -> Any:
     """The gateway's error shape, {error: {message, type}}; an invalid request's problems, located, beside them."""
     error: dict[str, Any] = {"message": message, "type": error_type}
@@ -127,17 +136,11 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
     parameters = [{"name": MODEL_HEADER, "in": "header", "schema": {"type": "string"},
                    "description": "the model (a served name or alias); absent: the default model"},
                   {"name": SPEC_HEADER, "in": "header", "schema": {"type": "string", "enum": [SPEC_VERSION]}}]
-    error = {"type": "object", "required": ["error"], "properties": {"error": {
-        "type": "object", "required": ["message", "type"], "properties": {
-            "message": {"type": "string"}, "type": {"type": "string"},
-            "issues": {"type": "array", "items": {"type": "object"}, "description": "an invalid request's problems, "
-                       "each {path, message, type}"}}}}}
-    failed = {"description": "the gateway's error {error: {message, type}}",
-              "content": {"application/json": {"schema": error}}}
+    failed = "the gateway's error {error: {message, type}}"
     return {PATHS["vercel_evaluation"]: {"post": {
         "operationId": "vercel_evaluation", "security": security, "parameters": parameters,
         "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-        "responses": {"200": ok, **{str(s): failed for s in (400, 401, 404, 408, 413, 415, 422, 429, 503)}}}}}
+        "responses": {"200": ok, **errors(400, 401, 404, 408, 413, 415, 422, 429, 503, description=failed)}}}}
 
 
-DOOR = Door(VERCEL_SHAPE, {"vercel_evaluation": evaluation_handler}, vercel_error, openapi_paths)
+DOOR = Door(VERCEL_SHAPE, {"vercel_evaluation": evaluation_handler}, vercel_error, VERCEL_ERROR, openapi_paths)

@@ -36,6 +36,12 @@ def workers_ai_envelope(result: Any = None, errors: list[dict[str, Any]] | None 
     return {"result": result, "success": not errors, "errors": errors or [], "messages": []}
 
 
+WORKERS_AI_ERROR = node("object", required=("result", "success", "errors", "messages"), fields={
+    "result": node("null"), "success": node(enum=(False,)), "messages": node("array"),
+    "errors": node("array", nonempty=True, items=node("object", required=("code", "message"), fields={
+        "code": node("integer"), "message": node("string")}))})
+
+
 def workers_ai_error(exc: BaseException | None, status: int, error_type: str, message: str) -> dict[str, Any]:
     """An error in the envelope: Cloudflare's code for the status where it has one, and the message."""
     return workers_ai_envelope(errors=[{"code": WORKERS_AI_CODES.get(status, status), "message": message}])
@@ -106,11 +112,10 @@ def openapi_paths(security: list[dict[str, Any]], errors: Callable[..., dict[str
                        for p in ("account_id", "model") if "{" + p + "}" in PATHS[name]],
         "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
         "responses": {"200": {"description": envelope},
-                      **{k: {"description": f"{envelope}; code 3040 with 429, 3006 with 413, 3007 with 408, else "
-                                            "the status"}
-                         for k in ("400", "401", "404", "408", "413", "415", "422", "429", "503")}}}}
+                      **errors(400, 401, 404, 408, 413, 415, 422, 429, 503, description=f"{envelope}; code 3040 with "
+                               "429, 3006 with 413, 3007 with 408, else the status")}}}
         for name in sorted(WORKERS_AI_ROUTES)}
 
 
 DOOR = Door(WORKERS_AI_SHAPE, dict.fromkeys(sorted(WORKERS_AI_ROUTES), workers_ai_handler), workers_ai_error,
-            openapi_paths)
+            WORKERS_AI_ERROR, openapi_paths)
