@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 import pytest
-from clef_bridge.bridge.model.worker import InferenceWorker, WorkerStopped
+from clef_bridge.bridge.model.worker import InferenceWorker, RequestOptions, WorkerStopped
 from clef_bridge.head.schema import parse_request
 
 from .conftest import open_tiny
@@ -99,3 +99,36 @@ def test_the_cpu_worker_runs_one_head_pass_over_what_it_took(fx):
     assert [d.timings.reused_tokens > 0 for d in decided] == [False, True, True]
     assert [systemone(d, b) for d, b in zip(decided, bodies)] == [respond(model._model, b) for b in bodies]
     model.close()
+
+
+class SlowToReturn(InferenceWorker):
+    """A worker whose prefill thread, after its first take, is held before it looks for work again: the moment after
+    an answer was delivered and before the thread is back waiting, which a loaded machine stretches."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.takes, self.back = 0, threading.Event()
+
+    def _take(self):
+        self.takes += 1
+        if self.takes == 2:
+            self.back.wait(60)
+        return super()._take()
+
+
+def test_a_request_sent_once_the_answers_came_is_not_refused_as_busy(tiny_model):
+    """rejectIfBusy refuses a request that would wait behind work under way; once every answer has been delivered
+    nothing is, even before the prefill thread is back waiting (it once answered 429 in that moment: Workers AI's
+    test_reject_if_busy_answers_429_with_3040_instead_of_queueing failed on a loaded machine)."""
+    worker = SlowToReturn(tiny_model, max_queue=4, overlap=False)
+    worker.start()
+    try:
+        async def main():
+            await worker.submit(tiny_model.prepare(parse_request(REQUESTS[0]))).future
+            wait_until(lambda: worker.takes == 2, "the thread to deliver and be held before it waits again")
+            worker.release(worker.reserve(RequestOptions(reject_if_busy=True)))  # admitted: no Busy
+
+        asyncio.run(main())
+    finally:
+        worker.back.set()
+        worker.stop()

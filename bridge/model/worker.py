@@ -182,6 +182,7 @@ class Job:
     cancelled: bool = False  # set from the event loop when nobody waits for it any more (InferenceWorker.withdraw)
     queue_s: float = 0.0
     hidden: HiddenStates | None = None  # a head-only shadow's job: another model's hidden states, no prefill
+    taken: bool = False  # taken by the prefill thread and not yet delivered (counted in InferenceWorker._under_way)
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,9 @@ class InferenceWorker:
         self._cv = threading.Condition()
         self._stopping = False
         self._idle = False  # the prefill thread waits for work: a request submitted now starts at once
+        # jobs taken and not yet delivered: what a rejectIfBusy request would wait behind (counted down before an
+        # answer reaches its client, so a request sent once the last answer came is never refused as busy)
+        self._under_way = 0
         self._heads: queue.SimpleQueue[list[tuple[Job, Prefilled]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"clef-prefill-{self.name}", daemon=True)
         self._head_thread = threading.Thread(target=self._run_heads, name=f"clef-head-{self.name}", daemon=True)
@@ -323,7 +327,7 @@ class InferenceWorker:
             return
         waiting = len(self._queue) + sum(self._held.values())  # held slots are requests about to be queued
         # it would wait when a batch is in progress, or when a full batch is already queued
-        if options.reject_if_busy and (not self._idle or waiting >= self.model.n_seq_max):
+        if options.reject_if_busy and (self._under_way or waiting >= self.model.n_seq_max):
             raise Busy(self.name, waiting)
         if waiting >= self.max_queue:
             raise Overloaded(self.name, waiting)
@@ -362,6 +366,9 @@ class InferenceWorker:
                     self._cv.wait()
                 self._idle = False
                 jobs = self._queue.take(self.model.n_seq_max)
+                for job in jobs:
+                    job.taken = True
+                self._under_way += len(jobs)
             if not jobs or not jobs[0].options.shadow or not self.busy_elsewhere():
                 return jobs
             for job in jobs:  # requests are under way: shadow scorings give way, dropped
@@ -498,9 +505,13 @@ class InferenceWorker:
         if handoff is not None and self.model.keep_hidden:
             handoff.states = self.model.hidden_states(done.item)
 
-    @staticmethod
-    def _deliver(job: Job, outcome: Scored | BaseException | object) -> None:
-        """Resolve job's future on its loop: an answer, an error, or CANCELLED."""
+    def _deliver(self, job: Job, outcome: Scored | BaseException | object) -> None:
+        """Resolve job's future on its loop: an answer, an error, or CANCELLED (a taken job no longer under way)."""
+        if job.taken:
+            with self._cv:
+                job.taken = False
+                self._under_way -= 1
+
         def resolve() -> None:
             if job.future.done():
                 return
