@@ -2,8 +2,8 @@
 Cloudflare's Workers AI, OpenAI's Decisions, laya-serve's batch, AINode's decide, Deqio's and Vercel AI Gateway's
 evaluation model, one module a door in this
 folder, and what they share (decisions.py: the body read, the service called, the reply timed). A new shape is a
-module here holding its Door (its handlers, the shape of its errors, its paths in /openapi.json), its rows in
-../routes.py, and its line below: three files."""
+module here holding its Door (its handlers, the shape of its errors and its declaration, its paths in /openapi.json,
+its request declared: head/declaration.py), its rows in ../routes.py, and its line below: three files."""
 
 from __future__ import annotations
 
