@@ -64,14 +64,15 @@ class Node:
     published: Mapping[str, Any] = field(default_factory=lambda: EMPTY)  # what only the description says (examples)
 
     def with_fields(self, required: tuple[str, ...] | None = None, **fields: "Node") -> "Node":
-        """This object's declaration with fields added or replaced (a door's shape built on another's)."""
+        """This object's declaration with fields added or replaced (a door's shape built on another's: a shape of
+        its own, so it keeps no component name)."""
         return replace(self, fields=MappingProxyType({**self.fields, **fields}),
-                       required=self.required if required is None else required)
+                       required=self.required if required is None else required, ref="")
 
     def without(self, *names: str) -> "Node":
-        """This object's declaration without some fields."""
+        """This object's declaration without some fields (a shape of its own, unnamed)."""
         return replace(self, fields=MappingProxyType({k: v for k, v in self.fields.items() if k not in names}),
-                       required=tuple(k for k in self.required if k not in names))
+                       required=tuple(k for k in self.required if k not in names), ref="")
 
 
 def node(*types: str, **kwargs: Any) -> Node:

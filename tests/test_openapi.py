@@ -88,3 +88,16 @@ def test_every_supported_medium_is_described_from_its_own_tables():
         assert set(doc.formats) <= set(spec["Asset"]["properties"]["format"]["enum"])
         assert doc.noun in fields["assets"]["description"] and MARKERS[kind].format("N") in fields["assets"][
             "description"]
+
+
+def test_each_door_publishes_its_own_request_from_its_declaration():
+    """Workers AI's routes take System One's body with `options` and without `model` (the path names it): their
+    schema is their own, not SystemOneRequest under another name (a derived declaration once kept the name)."""
+    spec = openapi_spec(registry(), {"m": "m"})
+    body = spec["paths"][PATHS["workers_ai"]]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "$ref" not in body and "options" in body["properties"] and "model" not in body["properties"]
+    assert body["properties"]["questions"]["additionalProperties"] == {"$ref": "#/components/schemas/Question"}
+    request = spec["components"]["schemas"]["SystemOneRequest"]
+    assert "options" not in request["properties"] and "model" in request["properties"]
+    jev = spec["paths"][PATHS["systemone"]]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert jev == {"$ref": "#/components/schemas/SystemOneRequest"}
