@@ -83,6 +83,14 @@ def node(*types: str, **kwargs: Any) -> Node:
     return Node(types, **kwargs)
 
 
+def said(template: str, **values: Any) -> str:
+    """A refusal's words with its placeholders filled ({got!r}, {got}, {most}): by name only, so any other brace in
+    the words (an example such as {"rejectIfBusy": true}) stays as written."""
+    for name, value in values.items():
+        template = template.replace(f"{{{name}!r}}", repr(value)).replace(f"{{{name}}}", str(value))
+    return template
+
+
 def _absent(declared: Node, value: Any) -> bool:
     return value is None and declared.null_missing
 
@@ -102,18 +110,18 @@ def check(declared: Node, value: Any, loc: Loc, problems: list[Problem], deep: b
         problems.append(Problem(loc, msg, kind))
         return False
     if declared.types and not any(is_type(value, t) for t in declared.types):
-        problems.append(Problem(loc, declared.msg.format(got=value) if declared.shows_value else declared.msg,
+        problems.append(Problem(loc, said(declared.msg, got=value) if declared.shows_value else declared.msg,
                                 declared.type_error))
         return False
     if _empty(declared, value):
         problems.append(Problem(loc, (declared.blank if isinstance(value, str) else "") or declared.msg, "type_error"))
         return False
     if declared.enum and not any(value == e and type(value) is type(e) for e in declared.enum):
-        problems.append(Problem(loc, declared.enum_msg.format(got=value), declared.enum_type))
+        problems.append(Problem(loc, said(declared.enum_msg, got=value), declared.enum_type))
         return False
     bound = declared.bound
     if bound is not None and isinstance(value, (str, list, dict)) and len(value) > bound.most:
-        problems.append(Problem(loc, bound.msg.format(most=bound.most, got=len(value)), bound.type))
+        problems.append(Problem(loc, said(bound.msg, most=bound.most, got=len(value)), bound.type))
         return False
     if deep and isinstance(value, dict):
         for name in declared.fields:

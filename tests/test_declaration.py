@@ -21,6 +21,7 @@ from clef_bridge.bridge.server.doors import (
     workers_ai,
 )
 from clef_bridge.head.declaration import Bound, check, is_type, json_schema, node
+from clef_bridge.head.errors import RequestInvalid
 from clef_bridge.head.schema import Limits, question_declaration, questions_declaration, request_declaration
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -175,3 +176,18 @@ DEQIO = st.fixed_dictionaries({}, optional={
 def test_ainodes_and_deqios_declarations_check_what_their_schemas_say(body, deqio_body, route):
     agrees(ainode.REQUEST, body)
     agrees(deqio.declarations(SMALL)[route], deqio_body)
+
+
+def test_words_with_braces_are_kept_as_written():
+    """Only a refusal's own placeholders are filled: Deqio's "{instructions, criteria}" once raised KeyError (a 500
+    that schemathesis found on POST /v1/score with a question of type {})."""
+    declared = node("object", fields={"type": node(enum=("score",), enum_msg="must be a score {instructions, criteria}"
+                                                   ", got {got!r}"),
+                                      "busy": node("boolean", msg='{"rejectIfBusy": true}, not {got!r}',
+                                                   shows_value=True)})
+    found = problems_of(declared, {"type": {}, "busy": 1})
+    assert [p.msg for p in found] == ["must be a score {instructions, criteria}, got {}",
+                                      '{"rejectIfBusy": true}, not 1']
+    with pytest.raises(RequestInvalid) as refused:  # the route's own words, through the same check
+        deqio.to_systemone("score", {"state": "s", "question": {"type": {}}})
+    assert [p.loc for p in refused.value.problems] == [("body", "question", "type")]
