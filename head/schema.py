@@ -272,8 +272,9 @@ def _options(at: Where, qtype: str, criteria: Any, limits: Limits, problems: lis
     return tuple(zip(keys, criteria)), keys
 
 
-def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem], at: Where) -> Question | None:
-    loc, declared = at.question, question_declaration(limits)
+def _question(qid: str, raw: Any, limits: Limits, problems: list[Problem], at: Where, declared: Node
+              ) -> Question | None:
+    loc = at.question
     if not (check(declared, raw, loc, problems, deep=False) and check_field(declared, raw, "type", loc, problems)):
         return None
     qtype, instructions = raw["type"], raw.get("instructions")
@@ -362,7 +363,8 @@ def parse_questions(raw_questions: Any, limits: Limits, problems: list[Problem],
                     where: Callable[[str], Where] = Where.systemone) -> tuple[Question, ...]:
     """A body's `questions` as typed questions in the request's order, each problem added to problems; where: each
     question's place in the door's body (a door whose shape is not System One's gives its own)."""
-    if not check(questions_declaration(limits), raw_questions, ("body", "questions"), problems, deep=False):
+    declared = questions_declaration(limits)
+    if not check(declared, raw_questions, ("body", "questions"), problems, deep=False):
         return ()
-    typed = (_question(qid, raw, limits, problems, where(qid)) for qid, raw in raw_questions.items())
+    typed = (_question(qid, raw, limits, problems, where(qid), declared.values) for qid, raw in raw_questions.items())
     return tuple(q for q in typed if q is not None)
