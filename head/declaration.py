@@ -70,9 +70,11 @@ class Node:
         object.__setattr__(self, "_python", python)
         object.__setattr__(self, "_bool", "boolean" in self.types or not numeric)  # bool is an int to Python
         object.__setattr__(self, "_enum", frozenset((type(e), e) for e in self.enum))
+        object.__setattr__(self, "_fewest", max(self.fewest, self.nonempty))  # items an array or object needs
+        object.__setattr__(self, "_sized", bool(self.nonblank or self._fewest))
 
     def accepts(self, value: Any) -> bool:
-        """Whether value is of one of its JSON types."""
+        """Whether value is of one of its JSON types (any value where it names none)."""
         return not self.types or (isinstance(value, self._python) and (self._bool or not isinstance(value, bool)))
 
     def with_fields(self, required: tuple[str, ...] | None = None, **fields: "Node") -> "Node":
@@ -117,7 +119,7 @@ def _listed(declared: Node, value: Any) -> bool:
 def _empty(declared: Node, value: Any) -> bool:
     if isinstance(value, str):
         return declared.nonblank and not value
-    return isinstance(value, (list, dict)) and len(value) < max(declared.fewest, declared.nonempty)
+    return isinstance(value, (list, dict)) and len(value) < declared._fewest
 
 
 def check(declared: Node, value: Any, loc: Loc, problems: list[Problem], deep: bool = True) -> bool:
@@ -128,11 +130,11 @@ def check(declared: Node, value: Any, loc: Loc, problems: list[Problem], deep: b
         msg, kind = declared.refused[value]
         problems.append(Problem(loc, msg, kind))
         return False
-    if not declared.accepts(value):
+    if declared.types and not declared.accepts(value):
         problems.append(Problem(loc, said(declared.msg, got=value) if declared.shows_value else declared.msg,
                                 declared.type_error))
         return False
-    if _empty(declared, value):
+    if declared._sized and _empty(declared, value):
         problems.append(Problem(loc, (declared.blank if isinstance(value, str) else "") or declared.msg, "type_error"))
         return False
     if declared.enum and not _listed(declared, value):
