@@ -57,7 +57,7 @@ def declarations(limits: Limits) -> dict[str, Node]:
     """Each route's body declared once: what to_systemone checks (the state, a question's text and soam's questions
     are System One's validation's, the same declarations) and /openapi.json publishes."""
     question = node(description="the question's text: System One's instructions")
-    choice = node("object", msg="the body must be a JSON object", required=("state",), fields={
+    choice = node("object", msg="the body must be a JSON object", required=("state", "options"), fields={
         **COMMON, "question": question, "options": replace(OPTIONS, missing_type="type_error")})
     return {
         "noul": choice.without("options"),

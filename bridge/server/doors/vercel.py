@@ -60,7 +60,7 @@ def declaration(limits: Limits) -> Node:
     kind = node(enum=tuple(TYPES), enum_msg=f"type must be one of {', '.join(SPEC_TYPES)}; got {{got!r}}",
                 missing=f"type must be one of {', '.join(SPEC_TYPES)}; got None", missing_type="value_error",
                 published={"type": "string"})
-    questions = replace(text.fields["questions"], values=replace(question.with_fields(type=kind), ref=""),
+    questions = replace(text.fields["questions"], values=question.with_fields(type=kind),
                         description="System One's questions, a yes/no question's type `boolean`")
     model = node("null", msg=f"the evaluation-model body takes no model: name it in the {MODEL_HEADER} header",
                  type_error="value_error")
