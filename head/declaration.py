@@ -19,11 +19,6 @@ JSON_TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType({
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
-def is_type(value: Any, name: str) -> bool:
-    """Whether a decoded JSON value is of the JSON type `name`."""
-    return isinstance(value, JSON_TYPES[name]) and not (isinstance(value, bool) and name in ("number", "integer"))
-
-
 @dataclass(frozen=True)
 class Bound:
     """At most `most` items (or properties, or characters), and the refusal naming the limit: msg takes {most} and
@@ -109,7 +104,7 @@ def _absent(declared: Node, value: Any) -> bool:
     return value is None and declared.null_missing
 
 
-def _listed(declared: Node, value: Any) -> bool:
+def _in_enum(declared: Node, value: Any) -> bool:
     try:
         return (type(value), value) in declared._enum  # True is no 1, 1 is no 1.0: the value as JSON wrote it
     except TypeError:  # an object or an array: in no enum
@@ -137,7 +132,7 @@ def check(declared: Node, value: Any, loc: Loc, problems: list[Problem], deep: b
     if declared._sized and _empty(declared, value):
         problems.append(Problem(loc, (declared.blank if isinstance(value, str) else "") or declared.msg, "type_error"))
         return False
-    if declared.enum and not _listed(declared, value):
+    if declared.enum and not _in_enum(declared, value):
         problems.append(Problem(loc, said(declared.enum_msg, got=value), declared.enum_type))
         return False
     bound = declared.bound

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from typing import Any, Callable, Mapping
 
@@ -39,6 +39,8 @@ class Limits:
 
 
 TEXT_TYPES = ("string", "object", "array")  # what a state, instructions, a description may be: text or JSON
+# a state as declared (its size, max_state_bytes, is checked on its rendered text: checked_state)
+STATE = node(*TEXT_TYPES, msg="state must be a string, an object or an array", missing="state is required")
 
 
 @cache
@@ -74,8 +76,7 @@ def request_declaration(limits: Limits, name_resolved: bool = False) -> Node:
     return node("object", msg="the body must be a JSON object", required=("model", "state", "questions"), fields={
         "model": node("string", msg="model must be a non-empty string", missing_type="type_error",
                       nonblank=not name_resolved),
-        "state": node(*TEXT_TYPES, msg="state must be a string, an object or an array", missing="state is required",
-                      description=f"at most {limits.max_state_bytes} bytes rendered (max_state_bytes)"),
+        "state": replace(STATE, description=f"at most {limits.max_state_bytes} bytes rendered (max_state_bytes)"),
         "questions": questions_declaration(limits)})
 
 
@@ -350,7 +351,7 @@ def checked_state(state: Any, limits: Limits, problems: list[Problem], loc: tupl
                   ) -> str | None:
     """A state as sent, rendered as the prompt writes it (DecisionRequest.rendered); what it gets wrong in its type
     or its size added to problems (its text's Unicode: unpaired_surrogates)."""
-    if not check(request_declaration(limits).fields["state"], state, loc, problems):
+    if not check(STATE, state, loc, problems):
         return None
     text = _rendered(state)
     if text is not None and len(text.encode("utf-8", "surrogatepass")) > limits.max_state_bytes:

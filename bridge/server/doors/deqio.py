@@ -9,7 +9,6 @@ What Deqio asks that has no place in Clef's prompt is refused by name: `facts: "
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from functools import cache
 from typing import Any, Callable
 
@@ -43,13 +42,14 @@ COMMON = {
                          fields={"overflow": node(enum=("reject",), enum_msg=OVERFLOW)}),
     "facts": node(enum=("off", None), enum_msg="facts \"auto\" is Deqio's own fact extraction, which Clef does not do: "
                   "send facts \"off\" or leave it out")}
-OPTIONS = node("array", msg="options must be an array of at least 2 {id, description}", fewest=2, published={
+OPTIONS = node("array", msg="options must be an array of at least 2 {id, description}", fewest=2,
+               missing_type="type_error", published={
     "items": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["id"], "properties": {
         "id": {"type": "string", "minLength": 1}, "description": {}}}]}})
 DECISION = node("object", msg="a decision must be an object", required=("options",), fields={
     "question": node(description="System One's instructions"), "id": node(description="its answer's id (its index "
                                                                                         "when left out)"),
-    "options": replace(OPTIONS, missing_type="type_error")})
+    "options": OPTIONS})
 
 
 @cache
@@ -58,7 +58,7 @@ def declarations(limits: Limits) -> dict[str, Node]:
     are System One's validation's, the same declarations) and /openapi.json publishes."""
     question = node(description="the question's text: System One's instructions")
     choice = node("object", msg="the body must be a JSON object", required=("state", "options"), fields={
-        **COMMON, "question": question, "options": replace(OPTIONS, missing_type="type_error")})
+        **COMMON, "question": question, "options": OPTIONS})
     return {
         "noul": choice.without("options"),
         "choice": choice, "decision": choice,

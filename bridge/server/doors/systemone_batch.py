@@ -17,6 +17,7 @@ from ....head.declaration import Bound, Node, check, check_field, json_schema, n
 from ....head.errors import ContextLengthExceeded, Problem, RequestInvalid
 from ....head.schema import (
     MEDIA_FIELDS,
+    STATE,
     DecisionRequest,
     Limits,
     check_depth,
@@ -24,7 +25,6 @@ from ....head.schema import (
     is_unicode,
     parse_questions,
     questions_declaration,
-    request_declaration,
     unpaired_surrogates,
 )
 from ...config.registry import ServerSpec
@@ -53,7 +53,7 @@ PASSES = ("batch_size", "sort_by_length")
 def declaration(limits: Limits, max_states: int) -> Node:
     """The batch's body declared once: what parse_batch checks and /openapi.json publishes (each state is declared as
     System One's state, checked by checked_state; the questions are System One's)."""
-    state = request_declaration(limits).fields["state"]
+    state = replace(STATE, description=f"at most {limits.max_state_bytes} bytes rendered (max_state_bytes)")
     return node("object", msg="the body must be a JSON object with states and questions",
                 required=("states", "questions"), fields={
                     "model": node("string", "null", msg="model must be a non-empty string", nonblank=True),
